@@ -1,0 +1,93 @@
+"""Parsing and validating ddpbench's command-line values (pure functions, no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+BACKENDS = ("gloo", "nccl", "auto")
+MAX_WORLD_SIZE = 64
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?B?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'10MB' -> 10485760 (KB/MB/GB are powers of 1024; a bare number is bytes)."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a message size; write a whole number with KB, MB or GB, e.g. 1MB,10MB,100MB"
+        )
+    value = int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a message size must be larger than 0 bytes")
+    return value
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1MB,10MB' -> [1048576, 10485760], order kept, duplicates dropped."""
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("needs at least one size, e.g. --dist-sizes=1MB,10MB")
+    return list(dict.fromkeys(parse_size(item) for item in items))
+
+
+def format_size(size_bytes: int) -> str:
+    """The inverse of parse_size for case ids: 10485760 -> '10MB', 1536 -> '1536B'."""
+    for unit in ("GB", "MB", "KB"):
+        factor = _SIZE_UNITS[unit]
+        if size_bytes % factor == 0:
+            return f"{size_bytes // factor}{unit}"
+    return f"{size_bytes}B"
+
+
+def parse_world_sizes(text: str) -> list[int]:
+    """'2,4' -> [2, 4]."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("needs at least one world size, e.g. --dist-world-sizes=2,4")
+    sizes = []
+    for item in items:
+        if not item.isdigit() or not 1 <= int(item) <= MAX_WORLD_SIZE:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not a world size; use whole numbers from 1 to {MAX_WORLD_SIZE}, e.g. 2,4"
+            )
+        sizes.append(int(item))
+    return list(dict.fromkeys(sizes))
+
+
+def parse_backend(text: str) -> str:
+    value = text.strip().lower()
+    if value not in BACKENDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a backend; choose one of {', '.join(BACKENDS)}")
+    return value
+
+
+def _positive_number(kind, text: str, what: str, allow_zero: bool = False):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of {what}") from None
+    if value < 0 or (value == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the number of {what} must be {'0 or more' if allow_zero else 'larger than 0'}"
+        )
+    return value
+
+
+def parse_timeout(text: str) -> float:
+    return _positive_number(float, text, "seconds")
+
+
+def parse_rounds(text: str) -> int:
+    """Recorded rounds per case; 0 means 'choose from --dist-min-time'."""
+    return _positive_number(int, text, "rounds", allow_zero=True)
+
+
+def parse_warmup(text: str) -> int:
+    return _positive_number(int, text, "warm-up rounds", allow_zero=True)
+
+
+def parse_min_time(text: str) -> float:
+    return _positive_number(float, text, "seconds")

@@ -1,0 +1,472 @@
+"""Persistent rank processes: start them once, run tasks on all of them, notice when they break.
+
+A :class:`RankPool` owns ``world_size`` spawned processes that have joined one process group. A
+task is a picklable callable ``task(ctx, *args, **kwargs)``; :meth:`RankPool.run` runs it on every
+rank and returns the per-rank return values in rank order. The pool knows nothing about
+benchmarks.
+
+Failure handling, in the order a caller sees it:
+
+* a task raises on some rank -> :class:`TaskFailed` with each failing rank's traceback; if the
+  other ranks finished the pool stays usable, otherwise they are stuck in a collective waiting
+  for the failed rank and the pool is torn down;
+* a rank process dies -> :class:`TaskFailed` naming the dead ranks and their exit status;
+* a task runs past its timeout -> :class:`TaskFailed` naming the stuck ranks, with a faulthandler
+  stack dump of where each one was.
+
+A pool that hit a death or a timeout is killed (every rank and the rank's own children, by pid)
+and reports ``alive == False``; :class:`PoolRegistry` then starts a fresh one on the next request.
+Rank processes ignore SIGINT (the controlling process decides when they stop) and exit by
+themselves if their parent disappears.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import itertools
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable
+
+import psutil
+
+from . import rendezvous
+
+# After one rank fails or dies, how long the others get to finish before they count as stuck.
+FAILURE_GRACE_S = 3.0
+# How long a stuck rank gets to write its faulthandler stack dump.
+STACK_DUMP_WAIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """The shape of a pool: one pool exists per distinct spec."""
+
+    backend: str  # "gloo" or "nccl"
+    world_size: int
+    device: str  # "cpu" or "cuda"
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}, {self.world_size} ranks, {self.device}"
+
+
+@dataclass
+class RankContext:
+    """What a task receives as its first argument on every rank."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device_type: str
+    # Per-rank storage that survives between tasks of the same pool (e.g. cached datasets).
+    scratch: dict = field(default_factory=dict)
+
+    @property
+    def device(self):
+        import torch
+
+        if self.device_type == "cuda":
+            return torch.device("cuda", self.rank % torch.cuda.device_count())
+        return torch.device("cpu")
+
+
+class PoolError(RuntimeError):
+    """Base class of the pool's failures."""
+
+
+class PoolStartError(PoolError):
+    """The rank processes could not be started or could not form the process group."""
+
+
+class TaskFailed(PoolError):
+    """A task raised, a rank died, or ranks were stuck past the timeout."""
+
+    def __init__(self, message: str, *, errors=None, dead=None, stuck=None, pool_torn_down=False):
+        super().__init__(message)
+        self.errors: dict[int, str] = dict(errors or {})
+        self.dead: dict[int, int | None] = dict(dead or {})
+        self.stuck: dict[int, str] = dict(stuck or {})
+        self.pool_torn_down = pool_torn_down
+
+
+# ----------------------------------------------------------------------------------------------
+# Rank side
+# ----------------------------------------------------------------------------------------------
+
+
+def _exit_when_parent_dies(parent_pid: int) -> None:
+    def watch():
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(3)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="ddpbench-parent-watch", daemon=True).start()
+
+
+def _rank_main(spec: PoolSpec, rank: int, store_dir: str, conn, parent_pid: int, pg_timeout_s: float):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_when_parent_dies(parent_pid)
+    dump_file = open(os.path.join(store_dir, f"rank{rank}.stack"), "w")
+    faulthandler.enable(file=dump_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True, chain=False)
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if spec.device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    rendezvous.init_loopback_process_group(spec.backend, rank, spec.world_size, store_dir, pg_timeout_s)
+    ctx = RankContext(rank, spec.world_size, spec.backend, spec.device)
+    conn.send(("ready", rank, os.getpid()))
+
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break
+        if message[0] == "stop":
+            break
+        _, task_id, sys_path, payload = message
+        for entry in sys_path:
+            if entry not in sys.path:
+                sys.path.append(entry)
+        try:
+            fn, args, kwargs = pickle.loads(payload)
+            reply = ("ok", task_id, fn(ctx, *args, **kwargs))
+        except BaseException:  # noqa: BLE001 - everything goes back to the controller
+            reply = ("error", task_id, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except Exception:  # the result could not be pickled
+            conn.send(("error", task_id, "the task's return value could not be sent back:\n"
+                       + traceback.format_exc()))
+    try:
+        dist.destroy_process_group()
+    finally:
+        conn.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Controller side
+# ----------------------------------------------------------------------------------------------
+
+_live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_pools_left_running() -> None:
+    for pool in list(_live_pools):
+        pool.kill()
+
+
+def _task_name(fn: Callable) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"{module}.{name}"
+
+
+class RankPool:
+    """``world_size`` persistent rank processes in one process group."""
+
+    def __init__(self, spec: PoolSpec, start_timeout_s: float = 120.0, pg_timeout_s: float = 1800.0):
+        self.spec = spec
+        self._task_ids = itertools.count(1)
+        self._store_dir = rendezvous.make_private_store_dir()
+        self._procs: list = []
+        self._conns: list = []
+        self.alive = False
+        context = multiprocessing.get_context("spawn")
+        try:
+            for rank in range(spec.world_size):
+                parent_end, child_end = context.Pipe(duplex=True)
+                proc = context.Process(
+                    target=_rank_main,
+                    args=(spec, rank, self._store_dir, child_end, os.getpid(), pg_timeout_s),
+                    name=f"ddpbench-rank{rank}",
+                    daemon=False,  # ranks may start DataLoader workers of their own
+                )
+                proc.start()
+                child_end.close()
+                self._procs.append(proc)
+                self._conns.append(parent_end)
+            _live_pools.add(self)
+            self._wait_until_ready(start_timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        self.alive = True
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def _wait_until_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = set(range(self.spec.world_size))
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PoolStartError(
+                    f"ddpbench: ranks {sorted(pending)} of the {self.spec.label} pool did not join the "
+                    f"process group within {timeout_s:.0f} s."
+                )
+            waitables = {self._conns[r]: r for r in pending}
+            waitables.update({self._procs[r].sentinel: r for r in pending})
+            for ready in wait(list(waitables), remaining):
+                rank = waitables[ready]
+                if rank not in pending:
+                    continue
+                if ready is self._conns[rank] or self._conns[rank].poll():
+                    try:
+                        self._conns[rank].recv()
+                        pending.discard(rank)
+                        continue
+                    except (EOFError, OSError):
+                        pass
+                self._procs[rank].join(0.5)
+                raise PoolStartError(
+                    f"ddpbench: rank {rank} of the {self.spec.label} pool exited while starting "
+                    f"({_describe_exit(self._procs[rank].exitcode)}); its stderr is in the captured "
+                    f"output above.{self._read_stack(rank)}"
+                )
+
+    # ------------------------------------------------------------------------------------------
+
+    def run(self, fn: Callable, *args: Any, timeout_s: float = 120.0, **kwargs: Any) -> list[Any]:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order."""
+        if not self.alive:
+            raise PoolError(f"ddpbench: the {self.spec.label} pool has been shut down")
+        try:
+            # ForkingPickler: tensors in the arguments travel through shared memory, the way
+            # torch.multiprocessing hands them to spawned processes.
+            payload = bytes(ForkingPickler.dumps((fn, args, kwargs)))
+        except Exception as exc:
+            raise PoolError(
+                f"ddpbench: task {_task_name(fn)} cannot be sent to the ranks because it does not "
+                f"pickle ({exc}). Tasks must be module-level functions or picklable objects."
+            ) from exc
+        task_id = next(self._task_ids)
+        try:
+            return self._run(fn, task_id, payload, timeout_s)
+        except TaskFailed:
+            raise
+        except BaseException:
+            # Interrupted half-way (Ctrl-C, pytest-timeout...): the ranks' state is unknown.
+            self.kill()
+            raise
+
+    def _run(self, fn, task_id, payload, timeout_s):
+        world = self.spec.world_size
+        results: list[Any] = [None] * world
+        errors: dict[int, str] = {}
+        dead: dict[int, int | None] = {}
+        pending = set(range(world))
+        message = ("run", task_id, list(sys.path), payload)
+        for rank in range(world):
+            try:
+                self._conns[rank].send(message)
+            except (BrokenPipeError, OSError):
+                dead[rank] = self._procs[rank].exitcode
+                pending.discard(rank)
+
+        start = time.monotonic()
+        deadline = start + timeout_s
+        grace_deadline = start + FAILURE_GRACE_S if dead else None
+        while pending:
+            now = time.monotonic()
+            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+            if now >= limit:
+                break
+            waitables = {self._conns[r]: r for r in pending}
+            waitables.update({self._procs[r].sentinel: r for r in pending})
+            for ready in wait(list(waitables), limit - now):
+                rank = waitables[ready]
+                if rank not in pending:
+                    continue
+                reply = None
+                if ready is self._conns[rank] or self._conns[rank].poll():
+                    try:
+                        reply = self._conns[rank].recv()
+                    except (EOFError, OSError):
+                        reply = None
+                if reply is None:
+                    self._procs[rank].join(0.5)
+                    dead[rank] = self._procs[rank].exitcode
+                elif reply[1] != task_id:
+                    continue  # a stale reply cannot happen on a healthy pool; ignore defensively
+                elif reply[0] == "ok":
+                    results[rank] = reply[2]
+                else:
+                    errors[rank] = reply[2]
+                pending.discard(rank)
+            if (errors or dead) and grace_deadline is None:
+                grace_deadline = time.monotonic() + FAILURE_GRACE_S
+
+        if not errors and not dead and not pending:
+            return results
+
+        stuck = self._dump_stacks(sorted(pending)) if pending else {}
+        dead_stacks = {rank: self._read_stack(rank) for rank in dead}
+        torn_down = bool(pending or dead)
+        if torn_down:
+            self.kill()
+        elapsed = time.monotonic() - start
+        raise TaskFailed(
+            self._failure_message(fn, timeout_s, elapsed, errors, dead, dead_stacks, stuck, torn_down),
+            errors=errors, dead=dead, stuck=stuck, pool_torn_down=torn_down,
+        )
+
+    def _failure_message(self, fn, timeout_s, elapsed, errors, dead, dead_stacks, stuck, torn_down):
+        world = self.spec.world_size
+        name = _task_name(fn)
+        lines = []
+        if errors:
+            lines.append(f"ddpbench: task {name} raised on rank(s) {sorted(errors)} of {world}.")
+        if dead:
+            lines.append(f"ddpbench: rank(s) {sorted(dead)} of {world} died while running task {name}.")
+        if stuck:
+            if errors or dead:
+                lines.append(f"ddpbench: rank(s) {sorted(stuck)} were still waiting "
+                             f"{FAILURE_GRACE_S:.0f} s later (stuck in a collective with the failed rank?).")
+            else:
+                lines.append(f"ddpbench: task {name} did not finish within {timeout_s:g} s "
+                             f"(--dist-timeout); stuck rank(s): {sorted(stuck)}.")
+        for rank, tb in sorted(errors.items()):
+            lines.append(f"\n--- rank {rank} traceback ---\n{tb.rstrip()}")
+        for rank, code in sorted(dead.items()):
+            lines.append(f"\n--- rank {rank}: {_describe_exit(code)} ---{dead_stacks.get(rank, '')}")
+        for rank, stack in sorted(stuck.items()):
+            lines.append(f"\n--- rank {rank} was stuck here (faulthandler dump) ---\n{stack.rstrip()}")
+        if torn_down:
+            lines.append(f"\nThe {self.spec.label} pool was torn down after {elapsed:.1f} s; the next "
+                         f"case starts a fresh one.")
+        return "\n".join(lines)
+
+    def _stack_path(self, rank: int) -> str:
+        return os.path.join(self._store_dir, f"rank{rank}.stack")
+
+    def _read_stack(self, rank: int) -> str:
+        try:
+            with open(self._stack_path(rank)) as fh:
+                text = fh.read().strip()
+        except OSError:
+            return ""
+        return f"\n{text}" if text else ""
+
+    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        sizes = {}
+        for rank in ranks:
+            try:
+                sizes[rank] = os.path.getsize(self._stack_path(rank))
+            except OSError:
+                sizes[rank] = 0
+            try:
+                os.kill(self._procs[rank].pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        deadline = time.monotonic() + STACK_DUMP_WAIT_S
+        stacks = {}
+        for rank in ranks:
+            text = ""
+            while True:
+                try:
+                    with open(self._stack_path(rank)) as fh:
+                        fh.seek(sizes[rank])
+                        text = fh.read()
+                except OSError:
+                    text = ""
+                if text.strip() or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+            stacks[rank] = text or "(no stack dump was written)"
+        return stacks
+
+    # ------------------------------------------------------------------------------------------
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the ranks politely; kill whatever does not exit in time."""
+        if self.alive:
+            self.alive = False
+            for conn in self._conns:
+                try:
+                    conn.send(("stop",))
+                except OSError:
+                    pass
+            deadline = time.monotonic() + timeout_s
+            for proc in self._procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every rank and every process a rank started, by pid; remove the store directory."""
+        self.alive = False
+        victims = []
+        for proc in self._procs:
+            if proc.pid is None:
+                continue
+            try:
+                parent = psutil.Process(proc.pid)
+                victims.extend(parent.children(recursive=True))
+                victims.append(parent)
+            except psutil.Error:
+                pass
+        for victim in victims:
+            try:
+                victim.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(victims, timeout=5)
+        for proc in self._procs:
+            proc.join(1)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+        rendezvous.remove_store_dir(self._store_dir)
+        _live_pools.discard(self)
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"
+
+
+class PoolRegistry:
+    """One live pool per :class:`PoolSpec`, reused until it breaks; a broken one is replaced."""
+
+    def __init__(self, start_timeout_s: float = 120.0):
+        self._pools: dict[PoolSpec, RankPool] = {}
+        self._start_timeout_s = start_timeout_s
+        self.started = 0  # how many pools this registry has started (tests check reuse with it)
+
+    def get(self, spec: PoolSpec) -> RankPool:
+        pool = self._pools.get(spec)
+        if pool is None or not pool.alive:
+            pool = RankPool(spec, start_timeout_s=self._start_timeout_s)
+            self._pools[spec] = pool
+            self.started += 1
+        return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()

@@ -56,6 +56,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs at least one CUDA device; skipped with a reason otherwise")
     config.addinivalue_line("markers", "multi_gpu: needs at least two CUDA devices; skipped with a reason otherwise")
     config.addinivalue_line("markers", "slow: large sizes and long loops, run with -m slow")
+    config.addinivalue_line("markers", "dist_extra_world_sizes(*sizes): also run this test's dist_spec "
+                            "cases at these world sizes (e.g. 1 as a scaling reference)")
 
 
 def cuda_device_count() -> int:
@@ -117,8 +119,11 @@ def spec_id(spec: PoolSpec) -> str:
 def pytest_generate_tests(metafunc):
     config = metafunc.config
     if "dist_spec" in metafunc.fixturenames:
-        specs = dist_specs(config.getoption("dist_backend"), config.getoption("dist_world_sizes"),
-                           cuda_device_count())
+        world_sizes = list(config.getoption("dist_world_sizes"))
+        extra = metafunc.definition.get_closest_marker("dist_extra_world_sizes")
+        if extra is not None:  # e.g. training's world-size-1 scaling reference
+            world_sizes = sorted(set(world_sizes) | set(extra.args))
+        specs = dist_specs(config.getoption("dist_backend"), world_sizes, cuda_device_count())
         metafunc.parametrize(
             "dist_spec",
             [pytest.param(spec, marks=marks, id=spec_id(spec)) for spec, marks in specs],

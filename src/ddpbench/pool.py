@@ -251,9 +251,10 @@ class RankPool:
         if not self.alive:
             raise PoolError(f"ddpbench: the {self.spec.label} pool has been shut down")
         try:
-            # ForkingPickler: tensors in the arguments travel through shared memory, the way
-            # torch.multiprocessing hands them to spawned processes.
-            payload = bytes(ForkingPickler.dumps((fn, args, kwargs)))
+            # ForkingPickler, once per rank: tensors in the arguments travel through shared memory
+            # the way torch.multiprocessing hands them to spawned processes (a shared file
+            # descriptor can be received only once, so each rank gets its own pickle).
+            payloads = [bytes(ForkingPickler.dumps((fn, args, kwargs))) for _ in range(self.spec.world_size)]
         except Exception as exc:
             raise PoolError(
                 f"ddpbench: task {_task_name(fn)} cannot be sent to the ranks because it does not "
@@ -261,7 +262,7 @@ class RankPool:
             ) from exc
         task_id = next(self._task_ids)
         try:
-            return self._run(fn, task_id, payload, timeout_s)
+            return self._run(fn, task_id, payloads, timeout_s)
         except TaskFailed:
             raise
         except BaseException:
@@ -269,16 +270,15 @@ class RankPool:
             self.kill()
             raise
 
-    def _run(self, fn, task_id, payload, timeout_s):
+    def _run(self, fn, task_id, payloads, timeout_s):
         world = self.spec.world_size
         results: list[Any] = [None] * world
         errors: dict[int, str] = {}
         dead: dict[int, int | None] = {}
         pending = set(range(world))
-        message = ("run", task_id, list(sys.path), payload)
         for rank in range(world):
             try:
-                self._conns[rank].send(message)
+                self._conns[rank].send(("run", task_id, list(sys.path), payloads[rank]))
             except (BrokenPipeError, OSError):
                 dead[rank] = self._procs[rank].exitcode
                 pending.discard(rank)

@@ -19,7 +19,10 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a message size; write a whole number with KB, MB or GB, e.g. 1MB,10MB,100MB"
         )
-    value = int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    unit = match.group(2).upper()
+    if unit and not unit.endswith("B"):
+        unit += "B"  # "10M" means 10MB
+    value = int(match.group(1)) * _SIZE_UNITS[unit]
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a message size must be larger than 0 bytes")
     return value

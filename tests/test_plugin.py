@@ -1,0 +1,136 @@
+"""The pytest plugin end to end (pytester subprocess runs): JSON output, options, markers, Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+TINY_BENCHMARK = '''
+from ddpbench.workloads.collectives import Collective
+
+def test_all_reduce(dist_benchmark, dist_message_size):
+    result = dist_benchmark(Collective("all_reduce", dist_message_size), rounds=7, warmup=1)
+    with open("round_times.json", "w") as fh:
+        import json
+        json.dump(result.round_times, fh)
+'''
+
+CONTRACT_KEYS = {"backend", "world_size", "device", "op", "size_bytes", "algbw_GBps", "busbw_GBps"}
+
+
+def _run(pytester, *args, timeout=240):
+    return pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider", timeout=timeout)
+
+
+def test_a_distributed_case_reaches_pytest_benchmark_json_intact(pytester):
+    pytester.makepyfile(test_bench=TINY_BENCHMARK)
+    result = _run(pytester, "--dist-sizes=64KB", "-m", "not gpu", "--benchmark-json=out.json",
+                  "--benchmark-save-data")
+    result.assert_outcomes(passed=1)
+    data = json.loads((pytester.path / "out.json").read_text())
+    (case,) = data["benchmarks"]
+    assert case["name"] == "test_all_reduce[gloo-2p-64KB]"
+    assert CONTRACT_KEYS <= set(case["extra_info"])
+    assert case["extra_info"]["backend"] == "gloo" and case["extra_info"]["world_size"] == 2
+    assert case["extra_info"]["size_bytes"] == 65536
+    # The per-round max over ranks is exactly what pytest-benchmark stored as the rounds: this is
+    # the guard on the pytest-benchmark internals ddpbench relies on.
+    round_times = json.loads((pytester.path / "round_times.json").read_text())
+    assert case["stats"]["rounds"] == 7 == len(round_times)
+    assert case["stats"]["data"] == round_times
+    assert "rank_max_round_time" in case["options"]["timer"]
+    median = case["stats"]["median"]
+    assert case["extra_info"]["algbw_GBps"] == pytest.approx(65536 / median / 1e9, rel=1e-3)
+
+
+def test_benchmark_disable_still_runs_and_checks_the_workload_once(pytester):
+    pytester.makepyfile(test_bench=TINY_BENCHMARK)
+    result = _run(pytester, "--dist-sizes=4KB", "-m", "not gpu", "--benchmark-disable")
+    result.assert_outcomes(passed=1)
+    assert len(json.loads((pytester.path / "round_times.json").read_text())) == 1
+
+
+@pytest.mark.parametrize("option,message", [
+    ("--dist-sizes=abc", "'abc' is not a message size"),
+    ("--dist-world-sizes=0", "'0' is not a world size"),
+    ("--dist-timeout=-5", "must be larger than 0"),
+    ("--dist-backend=mpi", "'mpi' is not a backend"),
+])
+def test_bad_options_are_usage_errors_without_a_traceback(pytester, option, message):
+    pytester.makepyfile(test_bench=TINY_BENCHMARK)
+    result = _run(pytester, option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+def test_gpu_cases_skip_with_a_reason_without_cuda(pytester):
+    pytester.makepyfile(test_bench=TINY_BENCHMARK)
+    result = _run(pytester, "--dist-sizes=4KB", "--dist-world-sizes=2", "-m", "gpu", "-rs")
+    result.assert_outcomes(skipped=2)  # nccl-1p (gpu) and nccl-2p (gpu + multi_gpu)
+    result.stdout.fnmatch_lines(["*needs 1 CUDA device(s)*no CUDA device here*",
+                                 "*needs 2 CUDA device(s)*no CUDA device here*"])
+    nccl = _run(pytester, "--dist-sizes=4KB", "--dist-backend=nccl", "-rs")
+    nccl.assert_outcomes(skipped=2)
+    assert nccl.ret == pytest.ExitCode.OK
+
+
+def test_oversubscription_is_announced(pytester):
+    pytester.makepyfile(test_bench=TINY_BENCHMARK)
+    cores = len(os.sched_getaffinity(0))
+    result = _run(pytester, f"--dist-world-sizes={cores + 1}", "--co")
+    result.stdout.fnmatch_lines([f"*WARNING: {cores + 1} ranks outnumber the {cores} CPU cores*"])
+
+
+HANGING_SECOND_CASE = '''
+import os, time
+from ddpbench.workloads import Workload
+from ddpbench.workloads.collectives import Collective
+
+class Hang(Workload):
+    def setup(self, ctx):
+        with open(os.path.join({where!r}, f"rank{{ctx.rank}}.pid"), "w") as fh:
+            fh.write(str(os.getpid()))
+        return None
+    def run_round(self, state):
+        time.sleep(600)
+
+def test_1_quick(dist_benchmark):
+    dist_benchmark(Collective("all_reduce", 4096), rounds=3, warmup=0)
+
+def test_2_hangs(dist_benchmark):
+    dist_benchmark(Hang(), rounds=1, warmup=0)
+'''
+
+
+def test_ctrl_c_stops_the_ranks_and_saves_nothing_over_the_baselines(pytester, tmp_path):
+    pytester.makepyfile(test_bench=HANGING_SECOND_CASE.format(where=str(tmp_path)))
+    storage = pytester.path / "store"
+    baseline = storage / "Linux-CPython-3-64bit" / "0001_baseline.json"
+    baseline.parent.mkdir(parents=True)
+    baseline.write_text('{"benchmarks": []}')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "test_bench.py", "-m", "not gpu", "-p", "no:cacheprovider",
+         "--benchmark-autosave", f"--benchmark-storage=file://{storage}"],
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+    deadline = time.monotonic() + 180
+    while not all(f.exists() and f.read_text() for f in pid_files):
+        assert proc.poll() is None and time.monotonic() < deadline, "the hanging case never started"
+        time.sleep(0.2)
+    rank_pids = [int(f.read_text()) for f in pid_files]
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert "no benchmark results were saved" in output
+    assert sorted(p.name for p in storage.rglob("*.json")) == ["0001_baseline.json"]
+    assert baseline.read_text() == '{"benchmarks": []}'
+    deadline = time.monotonic() + 15
+    while any(psutil.pid_exists(p) for p in rank_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(psutil.pid_exists(p) for p in rank_pids), "rank processes outlived Ctrl-C"

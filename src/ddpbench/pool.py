@@ -132,14 +132,22 @@ def _rank_main(spec: PoolSpec, rank: int, store_dir: str, conn, parent_pid: int,
     rendezvous.init_loopback_process_group(spec.backend, rank, spec.world_size, store_dir, pg_timeout_s)
     ctx = RankContext(rank, spec.world_size, spec.backend, spec.device)
     conn.send(("ready", rank, os.getpid()))
+    try:
+        serve_tasks(conn, ctx)
+    finally:
+        dist.destroy_process_group()
+        conn.close()
 
+
+def serve_tasks(conn, ctx: RankContext) -> None:
+    """The rank's task loop: receive a task, run it, send back its result or traceback."""
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            break
+            return
         if message[0] == "stop":
-            break
+            return
         _, task_id, sys_path, payload = message
         for entry in sys_path:
             if entry not in sys.path:
@@ -154,17 +162,13 @@ def _rank_main(spec: PoolSpec, rank: int, store_dir: str, conn, parent_pid: int,
         except Exception:  # the result could not be pickled
             conn.send(("error", task_id, "the task's return value could not be sent back:\n"
                        + traceback.format_exc()))
-    try:
-        dist.destroy_process_group()
-    finally:
-        conn.close()
 
 
 # ----------------------------------------------------------------------------------------------
 # Controller side
 # ----------------------------------------------------------------------------------------------
 
-_live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+_live_pools: "weakref.WeakSet[PoolBase]" = weakref.WeakSet()
 
 
 @atexit.register
@@ -179,16 +183,178 @@ def _task_name(fn: Callable) -> str:
     return f"{module}.{name}"
 
 
-class RankPool:
-    """``world_size`` persistent rank processes in one process group."""
+class PoolBase:
+    """Runs tasks on ``spec.world_size`` connected ranks; subclasses say how ranks live and die."""
 
-    def __init__(self, spec: PoolSpec, start_timeout_s: float = 120.0, pg_timeout_s: float = 1800.0):
+    spec: PoolSpec
+    alive: bool
+    nodes: int = 1
+    _conns: list
+
+    def __init__(self, spec: PoolSpec):
         self.spec = spec
         self._task_ids = itertools.count(1)
+        self._conns = []
+        self.alive = False
+
+    # What a subclass provides.
+    def _death_waitables(self, rank: int) -> list:
+        """Objects multiprocessing.connection.wait can watch that become ready when a rank dies."""
+        return []
+
+    def _exit_code(self, rank: int) -> int | None:
+        return None
+
+    def _describe_death(self, code: int | None) -> str:
+        return _describe_exit(code)
+
+    def _last_words(self, rank: int) -> str:
+        """Whatever the dead rank left behind (e.g. a fatal-signal stack dump)."""
+        return ""
+
+    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        raise NotImplementedError
+
+    def _wait_for_exit(self, timeout_s: float) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------
+
+    def run(self, fn: Callable, *args: Any, timeout_s: float = 120.0, **kwargs: Any) -> list[Any]:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order."""
+        if not self.alive:
+            raise PoolError(f"ddpbench: the {self.spec.label} pool has been shut down")
+        try:
+            # ForkingPickler, once per rank: tensors in the arguments travel through shared memory
+            # the way torch.multiprocessing hands them to spawned processes (a shared file
+            # descriptor can be received only once, so each rank gets its own pickle).
+            payloads = [bytes(ForkingPickler.dumps((fn, args, kwargs))) for _ in range(self.spec.world_size)]
+        except Exception as exc:
+            raise PoolError(
+                f"ddpbench: task {_task_name(fn)} cannot be sent to the ranks because it does not "
+                f"pickle ({exc}). Tasks must be module-level functions or picklable objects."
+            ) from exc
+        task_id = next(self._task_ids)
+        try:
+            return self._run(fn, task_id, payloads, timeout_s)
+        except TaskFailed:
+            raise
+        except BaseException:
+            # Interrupted half-way (Ctrl-C, pytest-timeout...): the ranks' state is unknown.
+            self.kill()
+            raise
+
+    def _run(self, fn, task_id, payloads, timeout_s):
+        world = self.spec.world_size
+        results: list[Any] = [None] * world
+        errors: dict[int, str] = {}
+        dead: dict[int, int | None] = {}
+        pending = set(range(world))
+        for rank in range(world):
+            try:
+                self._conns[rank].send(("run", task_id, list(sys.path), payloads[rank]))
+            except (BrokenPipeError, OSError):
+                dead[rank] = self._exit_code(rank)
+                pending.discard(rank)
+
+        start = time.monotonic()
+        deadline = start + timeout_s
+        grace_deadline = start + FAILURE_GRACE_S if dead else None
+        while pending:
+            now = time.monotonic()
+            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+            if now >= limit:
+                break
+            waitables = {self._conns[r]: r for r in pending}
+            waitables.update({w: r for r in pending for w in self._death_waitables(r)})
+            for ready in wait(list(waitables), limit - now):
+                rank = waitables[ready]
+                if rank not in pending:
+                    continue
+                reply = None
+                if ready is self._conns[rank] or self._conns[rank].poll():
+                    try:
+                        reply = self._conns[rank].recv()
+                    except (EOFError, OSError):
+                        reply = None
+                if reply is None:
+                    dead[rank] = self._exit_code(rank)
+                elif reply[1] != task_id:
+                    continue  # a stale reply cannot happen on a healthy pool; ignore defensively
+                elif reply[0] == "ok":
+                    results[rank] = reply[2]
+                else:
+                    errors[rank] = reply[2]
+                pending.discard(rank)
+            if (errors or dead) and grace_deadline is None:
+                grace_deadline = time.monotonic() + FAILURE_GRACE_S
+
+        if not errors and not dead and not pending:
+            return results
+
+        stuck = self._dump_stacks(sorted(pending)) if pending else {}
+        dead_stacks = {rank: self._last_words(rank) for rank in dead}
+        torn_down = bool(pending or dead)
+        if torn_down:
+            self.kill()
+        elapsed = time.monotonic() - start
+        raise TaskFailed(
+            self._failure_message(fn, timeout_s, elapsed, errors, dead, dead_stacks, stuck, torn_down),
+            errors=errors, dead=dead, stuck=stuck, pool_torn_down=torn_down,
+        )
+
+    def _failure_message(self, fn, timeout_s, elapsed, errors, dead, dead_stacks, stuck, torn_down):
+        world = self.spec.world_size
+        name = _task_name(fn)
+        lines = []
+        if errors:
+            lines.append(f"ddpbench: task {name} raised on rank(s) {sorted(errors)} of {world}.")
+        if dead:
+            lines.append(f"ddpbench: rank(s) {sorted(dead)} of {world} died while running task {name}.")
+        if stuck:
+            if errors or dead:
+                lines.append(f"ddpbench: rank(s) {sorted(stuck)} were still waiting "
+                             f"{FAILURE_GRACE_S:.0f} s later (stuck in a collective with the failed rank?).")
+            else:
+                lines.append(f"ddpbench: task {name} did not finish within {timeout_s:g} s "
+                             f"(--dist-timeout); stuck rank(s): {sorted(stuck)}.")
+        for rank, tb in sorted(errors.items()):
+            lines.append(f"\n--- rank {rank} traceback ---\n{tb.rstrip()}")
+        for rank, code in sorted(dead.items()):
+            lines.append(f"\n--- rank {rank}: {self._describe_death(code)} ---{dead_stacks.get(rank, '')}")
+        for rank, stack in sorted(stuck.items()):
+            lines.append(f"\n--- rank {rank} was stuck here (faulthandler dump) ---\n{stack.rstrip()}")
+        if torn_down:
+            lines.append(f"\nThe {self.spec.label} pool was torn down after {elapsed:.1f} s; the next "
+                         f"case starts a fresh one.")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------------------------------
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the ranks politely; kill whatever does not exit in time."""
+        if self.alive:
+            self.alive = False
+            for conn in self._conns:
+                try:
+                    conn.send(("stop",))
+                except OSError:
+                    pass
+            self._wait_for_exit(timeout_s)
+        self.kill()
+
+
+
+class RankPool(PoolBase):
+    """``world_size`` persistent rank processes on this machine, spawned by the controller."""
+
+    def __init__(self, spec: PoolSpec, start_timeout_s: float = 120.0, pg_timeout_s: float = 1800.0):
+        super().__init__(spec)
         self._store_dir = rendezvous.make_private_store_dir()
         self._procs: list = []
-        self._conns: list = []
-        self.alive = False
         context = multiprocessing.get_context("spawn")
         try:
             for rank in range(spec.world_size):
@@ -244,117 +410,20 @@ class RankPool:
                     f"output above.{self._read_stack(rank)}"
                 )
 
-    # ------------------------------------------------------------------------------------------
+    def _death_waitables(self, rank: int) -> list:
+        return [self._procs[rank].sentinel]
 
-    def run(self, fn: Callable, *args: Any, timeout_s: float = 120.0, **kwargs: Any) -> list[Any]:
-        """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order."""
-        if not self.alive:
-            raise PoolError(f"ddpbench: the {self.spec.label} pool has been shut down")
-        try:
-            # ForkingPickler, once per rank: tensors in the arguments travel through shared memory
-            # the way torch.multiprocessing hands them to spawned processes (a shared file
-            # descriptor can be received only once, so each rank gets its own pickle).
-            payloads = [bytes(ForkingPickler.dumps((fn, args, kwargs))) for _ in range(self.spec.world_size)]
-        except Exception as exc:
-            raise PoolError(
-                f"ddpbench: task {_task_name(fn)} cannot be sent to the ranks because it does not "
-                f"pickle ({exc}). Tasks must be module-level functions or picklable objects."
-            ) from exc
-        task_id = next(self._task_ids)
-        try:
-            return self._run(fn, task_id, payloads, timeout_s)
-        except TaskFailed:
-            raise
-        except BaseException:
-            # Interrupted half-way (Ctrl-C, pytest-timeout...): the ranks' state is unknown.
-            self.kill()
-            raise
+    def _exit_code(self, rank: int) -> int | None:
+        self._procs[rank].join(0.5)
+        return self._procs[rank].exitcode
 
-    def _run(self, fn, task_id, payloads, timeout_s):
-        world = self.spec.world_size
-        results: list[Any] = [None] * world
-        errors: dict[int, str] = {}
-        dead: dict[int, int | None] = {}
-        pending = set(range(world))
-        for rank in range(world):
-            try:
-                self._conns[rank].send(("run", task_id, list(sys.path), payloads[rank]))
-            except (BrokenPipeError, OSError):
-                dead[rank] = self._procs[rank].exitcode
-                pending.discard(rank)
+    def _last_words(self, rank: int) -> str:
+        return self._read_stack(rank)
 
-        start = time.monotonic()
-        deadline = start + timeout_s
-        grace_deadline = start + FAILURE_GRACE_S if dead else None
-        while pending:
-            now = time.monotonic()
-            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
-            if now >= limit:
-                break
-            waitables = {self._conns[r]: r for r in pending}
-            waitables.update({self._procs[r].sentinel: r for r in pending})
-            for ready in wait(list(waitables), limit - now):
-                rank = waitables[ready]
-                if rank not in pending:
-                    continue
-                reply = None
-                if ready is self._conns[rank] or self._conns[rank].poll():
-                    try:
-                        reply = self._conns[rank].recv()
-                    except (EOFError, OSError):
-                        reply = None
-                if reply is None:
-                    self._procs[rank].join(0.5)
-                    dead[rank] = self._procs[rank].exitcode
-                elif reply[1] != task_id:
-                    continue  # a stale reply cannot happen on a healthy pool; ignore defensively
-                elif reply[0] == "ok":
-                    results[rank] = reply[2]
-                else:
-                    errors[rank] = reply[2]
-                pending.discard(rank)
-            if (errors or dead) and grace_deadline is None:
-                grace_deadline = time.monotonic() + FAILURE_GRACE_S
-
-        if not errors and not dead and not pending:
-            return results
-
-        stuck = self._dump_stacks(sorted(pending)) if pending else {}
-        dead_stacks = {rank: self._read_stack(rank) for rank in dead}
-        torn_down = bool(pending or dead)
-        if torn_down:
-            self.kill()
-        elapsed = time.monotonic() - start
-        raise TaskFailed(
-            self._failure_message(fn, timeout_s, elapsed, errors, dead, dead_stacks, stuck, torn_down),
-            errors=errors, dead=dead, stuck=stuck, pool_torn_down=torn_down,
-        )
-
-    def _failure_message(self, fn, timeout_s, elapsed, errors, dead, dead_stacks, stuck, torn_down):
-        world = self.spec.world_size
-        name = _task_name(fn)
-        lines = []
-        if errors:
-            lines.append(f"ddpbench: task {name} raised on rank(s) {sorted(errors)} of {world}.")
-        if dead:
-            lines.append(f"ddpbench: rank(s) {sorted(dead)} of {world} died while running task {name}.")
-        if stuck:
-            if errors or dead:
-                lines.append(f"ddpbench: rank(s) {sorted(stuck)} were still waiting "
-                             f"{FAILURE_GRACE_S:.0f} s later (stuck in a collective with the failed rank?).")
-            else:
-                lines.append(f"ddpbench: task {name} did not finish within {timeout_s:g} s "
-                             f"(--dist-timeout); stuck rank(s): {sorted(stuck)}.")
-        for rank, tb in sorted(errors.items()):
-            lines.append(f"\n--- rank {rank} traceback ---\n{tb.rstrip()}")
-        for rank, code in sorted(dead.items()):
-            lines.append(f"\n--- rank {rank}: {_describe_exit(code)} ---{dead_stacks.get(rank, '')}")
-        for rank, stack in sorted(stuck.items()):
-            lines.append(f"\n--- rank {rank} was stuck here (faulthandler dump) ---\n{stack.rstrip()}")
-        if torn_down:
-            lines.append(f"\nThe {self.spec.label} pool was torn down after {elapsed:.1f} s; the next "
-                         f"case starts a fresh one.")
-        return "\n".join(lines)
+    def _wait_for_exit(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
 
     def _stack_path(self, rank: int) -> str:
         return os.path.join(self._store_dir, f"rank{rank}.stack")
@@ -394,22 +463,6 @@ class RankPool:
                 time.sleep(0.05)
             stacks[rank] = text or "(no stack dump was written)"
         return stacks
-
-    # ------------------------------------------------------------------------------------------
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the ranks politely; kill whatever does not exit in time."""
-        if self.alive:
-            self.alive = False
-            for conn in self._conns:
-                try:
-                    conn.send(("stop",))
-                except OSError:
-                    pass
-            deadline = time.monotonic() + timeout_s
-            for proc in self._procs:
-                proc.join(max(0.0, deadline - time.monotonic()))
-        self.kill()
 
     def kill(self) -> None:
         """Kill every rank and every process a rank started, by pid; remove the store directory."""

@@ -1,0 +1,84 @@
+"""A minimal torch.distributed all_reduce timing, independent of ddpbench (the fidelity reference).
+
+It times the op the same way the suite does (barrier -> perf_counter -> all_reduce -> perf_counter
+inside every rank, max over ranks per round, median over rounds) but with nothing but torch:
+mp.spawn, a FileStore rendezvous, gloo, one thread per rank.
+
+    python benchmarks/raw/standalone_allreduce.py --sizes 1MB,10MB,100MB --world-size 2
+prints one JSON object: {"<size in bytes>": {"median_s": ..., "rounds": ...}, ...}
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+UNITS = {"KB": 1024, "MB": 1024**2, "GB": 1024**3}
+
+
+def parse_size(text):
+    text = text.strip().upper()
+    return int(text[:-2]) * UNITS[text[-2:]] if text[-2:] in UNITS else int(text)
+
+
+def worker(rank, world_size, store_path, sizes, warmup, min_time, max_rounds, out_path):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    results = {}
+    for size in sizes:
+        tensor = torch.ones(size // 4, dtype=torch.float32)
+        for _ in range(warmup):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            last = time.perf_counter() - start
+        estimate = torch.tensor([last], dtype=torch.float64)
+        dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+        rounds = max(5, min(max_rounds, int(min_time / max(estimate.item(), 1e-9)) + 1))
+        times = []
+        for _ in range(rounds):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            times.append(time.perf_counter() - start)
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, times)
+        if rank == 0:
+            per_round = [max(values) for values in zip(*gathered)]
+            results[str(size)] = {"median_s": statistics.median(per_round), "rounds": rounds}
+    if rank == 0:
+        with open(out_path, "w") as fh:
+            json.dump(results, fh)
+    dist.destroy_process_group()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1MB,10MB,100MB")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--min-time", type=float, default=1.0)
+    parser.add_argument("--max-rounds", type=int, default=1000)
+    args = parser.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "result.json")
+        mp.spawn(worker, nprocs=args.world_size,
+                 args=(args.world_size, os.path.join(tmp, "store"), sizes, args.warmup,
+                       args.min_time, args.max_rounds, out_path))
+        with open(out_path) as fh:
+            json.dump(json.load(fh), sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()

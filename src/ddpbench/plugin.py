@@ -47,12 +47,30 @@ def pytest_addoption(parser):
                     help="recorded rounds per case; 0 picks enough rounds to fill --dist-min-time. Default: 0")
     group.addoption("--dist-warmup", type=opts.parse_warmup, default=2,
                     help="unrecorded warm-up rounds per case. Default: 2")
+    group.addoption("--dist-controller", default=None, metavar="HOST:PORT",
+                    help="multi-node: listen on HOST:PORT for ranks started by torchrun "
+                         "(-m ddpbench.worker) instead of spawning local pools")
+    group.addoption("--dist-secret-file", default=None, metavar="PATH",
+                    help="with --dist-controller: 0600 file holding the shared secret "
+                         "(default: $DDPBENCH_SECRET)")
+    group.addoption("--dist-controller-wait", type=opts.parse_timeout, default=300.0,
+                    help="with --dist-controller: seconds to wait for the workers. Default: 300")
     group.addoption("--dist-min-time", type=opts.parse_min_time, default=1.0,
                     help="with --dist-rounds=0: recorded seconds to aim for per case "
                          "(5 to 1000 rounds). Default: 1.0")
 
 
 def pytest_configure(config):
+    if config.getoption("dist_controller", None):
+        from .controller import SecretError, load_secret, parse_address
+
+        try:
+            config._ddpbench_controller = (parse_address(config.getoption("dist_controller")),
+                                           load_secret(config.getoption("dist_secret_file")))
+        except (ValueError, SecretError) as exc:
+            raise pytest.UsageError(f"--dist-controller: {exc}") from None
+        if config.getoption("numprocesses", None):
+            raise pytest.UsageError("--dist-controller serves one external pool: run without -n (xdist)")
     config.addinivalue_line("markers", "gpu: needs at least one CUDA device; skipped with a reason otherwise")
     config.addinivalue_line("markers", "multi_gpu: needs at least two CUDA devices; skipped with a reason otherwise")
     config.addinivalue_line("markers", "slow: large sizes and long loops, run with -m slow")
@@ -162,9 +180,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def dist_pools():
-    """The session's rank pools, one per (backend, world size, device), reused across cases."""
-    registry = PoolRegistry()
+def dist_pools(request):
+    """The session's rank pools, one per (backend, world size, device), reused across cases.
+
+    With --dist-controller: the one pool of ranks that torchrun started on the nodes.
+    """
+    controller = getattr(request.config, "_ddpbench_controller", None)
+    if controller is not None:
+        from .controller import ExternalPoolRegistry
+
+        address, secret = controller
+        registry = ExternalPoolRegistry(address, secret, request.config.getoption("dist_controller_wait"))
+    else:
+        registry = PoolRegistry()
     yield registry
     registry.close()
 
@@ -182,7 +210,12 @@ def dist_message_size():  # replaced by pytest_generate_tests' parametrization
 @pytest.fixture
 def dist_pool(dist_pools, dist_spec):
     """A live pool for this case's spec (tasks: ``dist_pool.run(fn, *args, timeout_s=...)``)."""
-    return dist_pools.get(dist_spec)
+    from .controller import PoolUnavailable
+
+    try:
+        return dist_pools.get(dist_spec)
+    except PoolUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture
@@ -289,6 +322,7 @@ class DistBenchmark:
             "backend": self.spec.backend,
             "world_size": self.spec.world_size,
             "device": self.spec.device,
+            "nodes": self.pool.nodes,
         })
         if self.spec.world_size > cpu_count():
             info["ranks_outnumber_cores"] = True

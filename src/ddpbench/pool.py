@@ -72,13 +72,16 @@ class RankContext:
     device_type: str
     # Per-rank storage that survives between tasks of the same pool (e.g. cached datasets).
     scratch: dict = field(default_factory=dict)
+    # The rank's index on its node (torchrun's LOCAL_RANK); None for single-node pools.
+    local_rank: int | None = None
 
     @property
     def device(self):
         import torch
 
         if self.device_type == "cuda":
-            return torch.device("cuda", self.rank % torch.cuda.device_count())
+            index = self.rank if self.local_rank is None else self.local_rank
+            return torch.device("cuda", index % torch.cuda.device_count())
         return torch.device("cpu")
 
 
@@ -198,6 +201,8 @@ class PoolBase:
         self.alive = False
 
     # What a subclass provides.
+    _after_teardown = "the next case starts a fresh one."
+
     def _death_waitables(self, rank: int) -> list:
         """Objects multiprocessing.connection.wait can watch that become ready when a rank dies."""
         return []
@@ -328,8 +333,8 @@ class PoolBase:
         for rank, stack in sorted(stuck.items()):
             lines.append(f"\n--- rank {rank} was stuck here (faulthandler dump) ---\n{stack.rstrip()}")
         if torn_down:
-            lines.append(f"\nThe {self.spec.label} pool was torn down after {elapsed:.1f} s; the next "
-                         f"case starts a fresh one.")
+            lines.append(f"\nThe {self.spec.label} pool was torn down after {elapsed:.1f} s; "
+                         f"{self._after_teardown}")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------------------------------

@@ -450,6 +450,9 @@ class _LightningLoop(_Loop):
             "MASTER_PORT": LIGHTNING_UNUSED_MASTER_PORT,
         })
         self.model = None  # built on the trainer thread, inside the memory probe
+        import torch
+
+        self._num_threads = torch.get_num_threads()  # the rank's setting (1 in the pool)
         self._thread = threading.Thread(target=self._fit, name="ddpbench-lightning", daemon=True)
         self._thread.start()
         try:
@@ -465,7 +468,10 @@ class _LightningLoop(_Loop):
             import logging
 
             import pytorch_lightning as pl
+            import torch
 
+            # OpenMP's thread count is per OS thread: a new thread would use every core again.
+            torch.set_num_threads(self._num_threads)
             logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)  # no banner per case
             if self._free_steps and self.ctx.device_type != "cuda":
                 self._probe = _CpuMemoryProbe().start()

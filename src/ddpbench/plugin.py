@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -235,6 +235,8 @@ class CaseResult:
     round_times: list[float]  # max over ranks, one per recorded round
     rank_metrics: list[dict[str, Any]]  # per rank, in rank order
     extra_info: dict[str, Any]
+    # each rank's own recorded round times, in rank order (round_times is their max per round)
+    rank_round_times: list[list[float]] = field(default_factory=list)
 
     @property
     def median_s(self) -> float:
@@ -329,7 +331,7 @@ class DistBenchmark:
         info.update(combine_rank_metrics(rank_metrics))
         info.update(workload.extra_info(self.spec.world_size, median_s))
         replay_into_pytest_benchmark(self.benchmark, round_times)
-        return CaseResult(round_times, rank_metrics, dict(info))
+        return CaseResult(round_times, rank_metrics, dict(info), [list(m.round_times) for m in measurements])
 
 
 @pytest.fixture

@@ -1,0 +1,70 @@
+"""Training-loop benchmarks: hand-written all-reduce vs torch DDP vs PyTorch Lightning, with scaling.
+
+Case ids read ``test_training[<backend>-<world size>p-<model>-<impl>-accum<k>-b<batch>]``. A round
+is one optimizer step (``grad_accum`` micro-batches of ``batch`` samples on every rank). World
+sizes are ``--dist-world-sizes`` plus 1, the scaling reference; world-size-1 cases run first
+(benchmarks/conftest.py orders them), and a case at world size N > 1 gets
+``scaling_efficiency = samples_per_second(N) / (N * samples_per_second(1))`` when the matching
+world-size-1 case (same backend, device, model, impl, accumulation and batch) ran in this session.
+
+Default run: batch 32, accumulation 1 and 4. ``-m slow`` adds batch 64.
+DataParallel (single process, every GPU) runs under ``gpu`` + ``multi_gpu``.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from ddpbench.plugin import DistBenchmark
+from ddpbench.pool import PoolSpec
+from ddpbench.workloads.training import MODELS, Training, lightning_unavailable_reason
+
+IMPLS = ("manual", "ddp", "lightning")
+ACCUMS = (1, 4)
+BATCHES = [pytest.param(32, id="b32"), pytest.param(64, id="b64", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="session")
+def training_reference() -> dict:
+    """samples_per_second of the world-size-1 cases run so far, by (backend, device, model, impl,
+    grad_accum, batch_size)."""
+    return {}
+
+
+@pytest.mark.dist_extra_world_sizes(1)
+@pytest.mark.parametrize("batch_size", BATCHES)
+@pytest.mark.parametrize("grad_accum", ACCUMS, ids=lambda k: f"accum{k}")
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("model", MODELS)
+def test_training(dist_benchmark, dist_spec, training_reference, model, impl, grad_accum, batch_size):
+    if impl == "lightning":
+        reason = lightning_unavailable_reason()
+        if reason:
+            pytest.skip(reason)
+    workload = Training(model, impl, batch_size=batch_size, grad_accum=grad_accum)
+    result = dist_benchmark(workload)
+    # per-rank view (the seed reports' "Rank | Time | Max Memory Allocated" table)
+    dist_benchmark.extra_info["rank_median_s"] = [round(statistics.median(t), 6) for t in result.rank_round_times]
+    dist_benchmark.extra_info["rank_peak_memory_bytes"] = [m.get("peak_memory_bytes") for m in result.rank_metrics]
+    key = (dist_spec.backend, dist_spec.device, model, impl, grad_accum, batch_size)
+    samples_per_second = result.extra_info["samples_per_second"]
+    if dist_spec.world_size == 1:
+        training_reference[key] = samples_per_second
+    elif key in training_reference:
+        efficiency = samples_per_second / (dist_spec.world_size * training_reference[key])
+        dist_benchmark.extra_info["scaling_efficiency"] = round(efficiency, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("grad_accum", ACCUMS, ids=lambda k: f"accum{k}")
+@pytest.mark.parametrize("model", MODELS)
+def test_training_dataparallel(benchmark, dist_pools, dist_round_plan, request, model, grad_accum):
+    """torch.nn.DataParallel in one process over every GPU (per-GPU batch 32), for the GIL comparison
+    with the ddp cases at the same world size."""
+    spec = PoolSpec("nccl", 1, "cuda")
+    bench = DistBenchmark(benchmark, dist_pools.get(spec), spec, dist_round_plan,
+                          request.config.getoption("dist_timeout"))
+    bench(Training(model, "dataparallel", batch_size=32, grad_accum=grad_accum))

@@ -1,0 +1,194 @@
+"""Training loops compute what they claim: manual all-reduce == DDP == Lightning, on a 2-rank gloo pool.
+
+Every rank trains on different data and starts from different random weights, so a missing
+broadcast or a broken gradient reduction changes the result (the negative control shows the
+comparison catches one). Named ``test_training_parity`` so it does not clash with
+``benchmarks/test_training.py`` when pytest collects both directories (rootdir-style imports).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddpbench.pool import PoolSpec, RankPool
+from ddpbench.timing import RoundPlan, measure_workload
+from ddpbench.workloads import training
+from ddpbench.workloads.training import Training, lightning_unavailable_reason, make_buckets, make_data, train_steps
+
+STEPS = 3
+# manual vs ddp: the same float operations in the same order on 2 ranks (sum then /2 is exact).
+PARAM_ATOL = 1e-6
+# Lightning runs the same DDP reducer and scales the loss by 1/accumulate_grad_batches itself;
+# per-step losses must agree within this (observed: bitwise equal with torch 2.13 / PL 2.6.6).
+LIGHTNING_LOSS_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = RankPool(PoolSpec("gloo", 2, "cpu"))
+    yield p
+    p.close()
+
+
+def _run(pool, workload, steps=STEPS):
+    return pool.run(train_steps, workload, steps, timeout_s=180)
+
+
+def _broken_reduction(buckets, world_size):
+    """What a gradient "reduction" without the all_reduce does: each rank keeps its own average."""
+    for bucket in buckets:
+        for p in bucket:
+            p.grad.div_(1)
+
+
+def _train_with_broken_reduction(ctx, workload, steps):
+    original = training.reduce_gradients
+    training.reduce_gradients = _broken_reduction
+    try:
+        return train_steps(ctx, workload, steps)
+    finally:
+        training.reduce_gradients = original
+
+
+@pytest.mark.parametrize("model,accum", [("mlp", 1), ("mlp", 4), ("lstm", 4)])
+def test_manual_and_ddp_reach_the_same_parameters(pool, model, accum):
+    kwargs = dict(batch_size=8, grad_accum=accum, measure_memory=False)
+    manual = _run(pool, Training(model, "manual", **kwargs))
+    ddp = _run(pool, Training(model, "ddp", **kwargs))
+    # The ranks saw different data (different local losses), yet ended with identical weights.
+    assert manual[0]["losses"] != manual[1]["losses"]
+    torch.testing.assert_close(manual[0]["params"], manual[1]["params"], rtol=0, atol=0)
+    for rank in range(2):
+        torch.testing.assert_close(manual[rank]["params"], ddp[rank]["params"], rtol=0, atol=PARAM_ATOL)
+        assert manual[rank]["losses"] == pytest.approx(ddp[rank]["losses"], abs=1e-6)
+    if (model, accum) == ("mlp", 1):  # and training moved the weights (a no-op would also "agree")
+        start = _run(pool, Training(model, "manual", **kwargs), steps=0)
+        assert not torch.allclose(start[0]["params"], manual[0]["params"], atol=1e-4)
+
+
+def test_parity_check_catches_a_broken_reduction(pool):
+    """Negative control: skip the all_reduce and the same comparison fails."""
+    workload = Training("mlp", "manual", batch_size=8, grad_accum=4, measure_memory=False)
+    broken = pool.run(_train_with_broken_reduction, workload, STEPS, timeout_s=180)
+    ddp = _run(pool, Training("mlp", "ddp", batch_size=8, grad_accum=4, measure_memory=False))
+    for rank in range(2):
+        assert not torch.allclose(broken[rank]["params"], ddp[rank]["params"], rtol=0, atol=PARAM_ATOL)
+    assert not torch.allclose(broken[0]["params"], broken[1]["params"], rtol=0, atol=PARAM_ATOL)
+
+
+def test_benchmark_check_fails_when_ranks_diverge(pool):
+    """The workload's own check (run in every benchmark case) rejects diverged ranks."""
+    from ddpbench.pool import TaskFailed
+
+    workload = Training("mlp", "manual", batch_size=8, measure_memory=False)
+    with pytest.raises(TaskFailed, match="gradient reduction is broken"):
+        pool.run(_measure_with_broken_reduction, workload, timeout_s=180)
+
+
+def _measure_with_broken_reduction(ctx, workload):
+    original = training.reduce_gradients
+    training.reduce_gradients = _broken_reduction
+    try:
+        return measure_workload(ctx, workload, RoundPlan(warmup=0, rounds=2))
+    finally:
+        training.reduce_gradients = original
+
+
+def test_cpu_peak_memory_is_measured(pool):
+    results = pool.run(measure_workload, Training("mlp", "manual", batch_size=8),
+                       RoundPlan(warmup=0, rounds=1), timeout_s=180)
+    param_bytes = sum(p.numel() * 4 for p in training.build_model("mlp").parameters())
+    for measurement in results:
+        # parameters + gradients + momentum buffers are all live at the peak
+        assert measurement.metrics["peak_memory_bytes"] >= 3 * param_bytes
+        assert measurement.metrics["optimizer_steps"] == 2  # the untimed memory step + 1 round
+
+
+lightning_missing = lightning_unavailable_reason()
+
+
+@pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
+@pytest.mark.parametrize("accum", [1, 4])
+def test_lightning_follows_the_ddp_loss_trajectory(pool, accum):
+    kwargs = dict(batch_size=8, grad_accum=accum, measure_memory=False)
+    ddp = _run(pool, Training("mlp", "ddp", **kwargs))
+    lit = _run(pool, Training("mlp", "lightning", **kwargs))
+    for rank in range(2):
+        assert len(lit[rank]["losses"]) == STEPS
+        assert lit[rank]["losses"] == pytest.approx(ddp[rank]["losses"], abs=LIGHTNING_LOSS_ATOL)
+        torch.testing.assert_close(lit[rank]["params"], ddp[rank]["params"], rtol=0, atol=1e-5)
+
+
+def _lightning_attachment(ctx):
+    """Train with Lightning; report what changed in the rank's process group and sockets."""
+    import os
+
+    import psutil
+    import torch.distributed as dist
+
+    def listeners():
+        return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN}
+
+    group_before, listen_before = dist.group.WORLD, listeners()
+    env_before = {k: os.environ.get(k) for k in training.LIGHTNING_ENV_KEYS}
+    train_steps(ctx, Training("mlp", "lightning", batch_size=8, measure_memory=False), 1)
+    return {
+        "same_group": dist.group.WORLD is group_before and dist.is_initialized(),
+        "new_listeners": sorted(listeners() - listen_before),
+        "env_restored": env_before == {k: os.environ.get(k) for k in training.LIGHTNING_ENV_KEYS},
+    }
+
+
+@pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
+def test_lightning_attaches_to_the_existing_group_without_listening(pool):
+    for result in pool.run(_lightning_attachment, timeout_s=180):
+        assert result["same_group"]
+        assert result["new_listeners"] == []
+        assert result["env_restored"]
+
+
+# ---- controller-side, no pool -----------------------------------------------------------------
+
+
+def test_synthetic_data_is_deterministic_and_differs_per_rank():
+    for model in ("cnn", "lstm"):
+        x0, y0 = make_data(model, 4, 2, seed=3, rank=0)
+        x0b, y0b = make_data(model, 4, 2, seed=3, rank=0)
+        x1, _ = make_data(model, 4, 2, seed=3, rank=1)
+        assert torch.equal(x0, x0b) and torch.equal(y0, y0b)
+        assert not torch.equal(x0, x1)
+    x, y = make_data("cnn", 4, 2, seed=0, rank=0)
+    assert x.shape == (2, 4, 3, 32, 32) and y.shape == (2, 4) and int(y.max()) < 100
+    x, y = make_data("lstm", 4, 2, seed=0, rank=0)
+    assert x.shape == y.shape == (2, 4, training.SEQ_LEN) and torch.equal(x[..., 1:], y[..., :-1])
+
+
+def test_buckets_respect_the_cap_and_cover_every_parameter():
+    params = list(training.build_model("cnn").parameters())
+    cap = 16 * 1024
+    buckets = make_buckets(params, cap)
+    assert sorted(map(id, (p for b in buckets for p in b))) == sorted(map(id, params))
+    for bucket in buckets:
+        assert len(bucket) == 1 or sum(p.numel() * 4 for p in bucket) <= cap
+    assert buckets[0][0] is params[-1]  # reverse registration order, as DDP
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(model="resnet", impl="ddp"), "unknown model 'resnet'"),
+    (dict(model="mlp", impl="horovod"), "unknown training implementation 'horovod'"),
+    (dict(model="mlp", impl="ddp", batch_size=0), "batch_size must be a positive integer"),
+    (dict(model="mlp", impl="ddp", grad_accum=2.5), "grad_accum must be a positive integer"),
+    (dict(model="mlp", impl="ddp", lr=0), "lr must be > 0"),
+])
+def test_bad_configuration_is_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Training(**kwargs)
+
+
+def test_dataparallel_needs_a_cuda_pool(pool):
+    from ddpbench.pool import TaskFailed
+
+    with pytest.raises(TaskFailed, match="needs a CUDA pool of world size 1"):
+        _run(pool, Training("mlp", "dataparallel", measure_memory=False), steps=1)

@@ -1,0 +1,32 @@
+"""The GitHub workflows lint clean with actionlint and call the commands that exist."""
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+def _actionlint() -> str:
+    candidate = pathlib.Path(sys.executable).parent / "actionlint"
+    found = str(candidate) if candidate.exists() else shutil.which("actionlint")
+    assert found, "actionlint is missing: install the dev extra (pip install -e '.[dev]')"
+    return found
+
+
+def test_workflows_lint_clean():
+    files = sorted(WORKFLOWS.glob("*.yml"))
+    assert {f.name for f in files} >= {"ci.yml", "gpu.yml"}
+    result = subprocess.run([_actionlint(), *map(str, files)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ci_runs_the_readme_test_command_and_gpu_runs_the_gpu_marker():
+    ci = (WORKFLOWS / "ci.yml").read_text()
+    gpu = (WORKFLOWS / "gpu.yml").read_text()
+    assert "make test" in ci and "make test" in (ROOT / ".ci" / "run").read_text()
+    assert "make test" in (ROOT / "README.md").read_text()
+    assert "pytest -m gpu benchmarks/" in gpu and "[self-hosted, gpu]" in gpu
+    assert "workflow_dispatch" in gpu and "schedule" in gpu

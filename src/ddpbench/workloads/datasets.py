@@ -383,6 +383,7 @@ def hand_over(pool, data, strategy: str, *, timeout_s: float = 120.0, preflight:
                 share_seconds = time.perf_counter() - start
     finally:
         handover.close_unfetched()
+        handover.data = None  # a failure's traceback must not pin the dataset through it
     created = len(torch_shm_files([os.getpid()]) - shm_before)
     return HandoverResult(share_seconds, metrics, created)
 

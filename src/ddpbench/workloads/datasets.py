@@ -1,0 +1,630 @@
+"""Dataset storage sharing: how a dataset's layout decides the cost of handing it to spawned ranks.
+
+The controller builds a dataset in one of these layouts:
+
+* ``list``   -- a Python list of tensors (the reported case: one shared storage per sample);
+* ``packed`` -- :class:`ddpbench.PackedTensorDataset`: one storage + offsets/shapes index;
+* ``numpy``  -- a Python list of numpy arrays (pickled by value: no shared memory, one copy per rank);
+* ``mmap``   -- the packed layout written to a file and memory-mapped by every rank (only the path
+  and the small index travel; the page cache is shared).
+
+:func:`hand_over` gives it to every rank the way launchers do (mp.spawn arguments, an mp.Queue):
+``ForkingPickler`` pickling, i.e. torch.multiprocessing's shared-memory reductions under the chosen
+sharing strategy. Each rank keeps what it received in ``ctx.scratch``; :class:`DatasetEpoch` then
+times one DataLoader epoch over it per round, and :func:`release` frees it and restores the rank's
+sharing strategy.
+
+File-descriptor budget. Under ``file_descriptor`` every shared storage is one descriptor: the
+receiver keeps one per storage, and the sender keeps one per storage plus one duplicate per
+storage per receiver until the receiver fetches it from the sender's ``multiprocessing``
+resource-sharer thread. Running out of descriptors on either side used to end in EMFILE and a
+receiver blocked forever; here both sides check before any descriptor moves
+(:class:`DatasetShareError` names the cause and the fixes), an EMFILE that happens anyway is turned
+into the same error, and the sender closes every duplicate a receiver did not fetch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import os
+import pickle
+import resource
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import Workload
+
+LAYOUTS = ("list", "packed", "numpy", "mmap")
+STRATEGIES = ("file_descriptor", "file_system")
+WORKER_START_METHODS = ("fork", "spawn")
+SCRATCH_KEY = "ddpbench.dataset"
+# Descriptors kept free for what else happens during a transfer (the connection to the sender's
+# resource sharer, DataLoader pipes): a handover that would leave fewer is refused up front.
+FD_MARGIN = 32
+FIXED_SHAPE = (3, 32, 32)  # the reported case: CIFAR-sized float32 images
+VARIABLE_SIDE = (16, 48)  # variable-size samples: 3 x H x W with H, W uniform in this range
+
+
+class DatasetShareError(RuntimeError):
+    """A handover cannot happen (the open-file limit would be exceeded)."""
+
+
+def fd_limit_message(side: str, tensors: int, needed: int, limit: int, open_now: int) -> str:
+    """The message of the fd-limit error: the cause and the three fixes."""
+    return (
+        f"ddpbench: {side}: handing over this dataset needs {needed} file descriptors under the "
+        f"'file_descriptor' sharing strategy ({tensors} tensors need {tensors} descriptors, one "
+        f"shared-memory segment each), but the open-file limit (RLIMIT_NOFILE soft limit) is "
+        f"{limit} with {open_now} already open. Fixes: pack the samples into one tensor "
+        f"(ddpbench.PackedTensorDataset, layout 'packed': 4 descriptors whatever the sample count); "
+        f"or torch.multiprocessing.set_sharing_strategy('file_system') in the sender and the "
+        f"receivers (no descriptor per tensor); or raise the limit "
+        f"(ulimit -n {_suggested_limit(needed + open_now)})."
+    )
+
+
+def _suggested_limit(needed: int) -> int:
+    limit = 1024
+    while limit < needed + FD_MARGIN:
+        limit *= 2
+    return limit
+
+
+def open_fd_count() -> int:
+    """Open file descriptors of this process (psutil's num_fds)."""
+    import psutil
+
+    return psutil.Process().num_fds()
+
+
+def soft_fd_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 30
+
+
+def mapped_shm_segments() -> set[str]:
+    """The shared-memory segments (/dev/shm files, unlinked or not) mapped into this process."""
+    segments = set()
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            at = line.find("/dev/shm/")
+            if at >= 0:
+                segments.add(line[at:].rstrip("\n").removesuffix(" (deleted)"))
+    return segments
+
+
+def torch_shm_files(pids) -> set[str]:
+    """/dev/shm files torch created for the given pids (``torch_<pid>_...``; file_system strategy)."""
+    prefixes = tuple(f"torch_{pid}_" for pid in pids)
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith(prefixes)}
+    except OSError:
+        return set()
+
+
+@contextlib.contextmanager
+def sharing_strategy(strategy: str):
+    """Set torch.multiprocessing's sharing strategy in this process; restore it afterwards."""
+    import torch.multiprocessing as tmp
+
+    check_strategy(strategy)
+    previous = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy(strategy)
+    try:
+        yield
+    finally:
+        tmp.set_sharing_strategy(previous)
+
+
+def check_strategy(strategy: str) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown sharing strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Building the dataset (controller)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What to build: layout, sample count, fixed (3x32x32) or variable-size float32 samples."""
+
+    layout: str
+    num_samples: int
+    variable: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown dataset layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
+        if not isinstance(self.num_samples, int) or self.num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {self.num_samples!r}")
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        if not self.variable:
+            return [FIXED_SHAPE] * self.num_samples
+        import random
+
+        rng = random.Random(self.seed)
+        lo, hi = VARIABLE_SIDE
+        return [(3, rng.randint(lo, hi), rng.randint(lo, hi)) for _ in range(self.num_samples)]
+
+    def samples(self):
+        """The samples as fresh float32 tensors of small integers (sums are exact in float64)."""
+        import torch
+
+        gen = torch.Generator().manual_seed(self.seed)
+        return [torch.randint(0, 256, shape, generator=gen).to(torch.float32) for shape in self.shapes()]
+
+
+@dataclass
+class BuiltDataset:
+    spec: DatasetSpec
+    data: Any  # what is handed over
+    checksum: float  # sum of every element (float64)
+    elements: int
+    path: str | None = None  # the mmap layout's file
+
+    def cleanup(self) -> None:
+        self.data = None
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(self.path))
+            self.path = None
+
+
+def build_dataset(spec: DatasetSpec) -> BuiltDataset:
+    """Build ``spec``'s dataset in this process (fresh storages: nothing shared yet)."""
+    from ..packed import PackedTensorDataset
+
+    samples = spec.samples()
+    checksum = float(sum(float(t.double().sum()) for t in samples))
+    elements = sum(t.numel() for t in samples)
+    if spec.layout == "list":
+        return BuiltDataset(spec, samples, checksum, elements)
+    if spec.layout == "numpy":
+        return BuiltDataset(spec, [t.numpy() for t in samples], checksum, elements)
+    packed = PackedTensorDataset.from_tensors(samples)
+    if spec.layout == "packed":
+        return BuiltDataset(spec, packed, checksum, elements)
+    directory = tempfile.mkdtemp(prefix="ddpbench-mmap-")
+    path = os.path.join(directory, "samples.bin")
+    packed.data.numpy().tofile(path)
+    data = MappedPackedDataset(path, str(packed.data.dtype).removeprefix("torch."), packed.data.numel(),
+                               packed.offsets.numpy(), packed.shapes.numpy(), packed.ndims.numpy())
+    return BuiltDataset(spec, data, checksum, elements, path=path)
+
+
+class MappedPackedDataset:
+    """The packed layout backed by a file: ranks map it (``torch.from_file``) instead of receiving
+    shared memory. Pickles as path + index (numpy, by value), so no storage is shared."""
+
+    def __init__(self, path, dtype: str, numel: int, offsets, shapes, ndims):
+        self.path, self.dtype, self.numel = path, dtype, numel
+        self.offsets, self.shapes, self.ndims = offsets, shapes, ndims
+        self._packed = None
+
+    def packed(self):
+        if self._packed is None:
+            import torch
+
+            from ..packed import PackedTensorDataset
+
+            data = torch.from_file(self.path, shared=False, size=self.numel, dtype=getattr(torch, self.dtype))
+            self._packed = PackedTensorDataset(data, torch.from_numpy(self.offsets),
+                                               torch.from_numpy(self.shapes), torch.from_numpy(self.ndims))
+        return self._packed
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index):
+        return self.packed()[index]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_packed"] = None
+        return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Counting what a handover shares
+# ----------------------------------------------------------------------------------------------
+
+
+def shared_storage_count(obj) -> int:
+    """Distinct tensor storages in ``obj`` (a list/tuple/dict of tensors, a PackedTensorDataset...):
+    under ``file_descriptor`` each is one descriptor in every receiver."""
+    import torch
+
+    seen: set = set()
+    stack = [obj]
+    visited_ids: set = set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            seen.add(item.untyped_storage().data_ptr() if item.untyped_storage().nbytes() else id(item))
+            continue
+        if id(item) in visited_ids:
+            continue
+        visited_ids.add(id(item))
+        if isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, MappedPackedDataset):
+            continue  # pickles by value
+        elif hasattr(item, "__dict__"):
+            stack.extend(vars(item).values())
+    return len(seen)
+
+
+# ----------------------------------------------------------------------------------------------
+# The handover: controller side
+# ----------------------------------------------------------------------------------------------
+
+
+def _resource_sharer_cache() -> dict | None:
+    """The sender's pending descriptor duplicates (multiprocessing private state; None if absent)."""
+    from multiprocessing import resource_sharer
+
+    sharer = getattr(resource_sharer, "_resource_sharer", None)
+    cache = getattr(sharer, "_cache", None)
+    return cache if isinstance(cache, dict) else None
+
+
+class _Sealed:
+    """What a rank receives: the dataset's own ForkingPickler pickle, not yet opened.
+
+    The rank checks its descriptor budget before ``pickle.loads`` fetches any descriptor.
+    """
+
+    def __init__(self, payload: bytes, storages: int, strategy: str):
+        self.payload, self.storages, self.strategy = payload, storages, strategy
+
+
+class _Handover:
+    """Pickled by the pool once per rank: each time, pickles the dataset afresh with
+    ForkingPickler (one descriptor duplicate per storage per rank under file_descriptor) and
+    remembers which resource-sharer entries it registered, so unfetched ones can be closed."""
+
+    def __init__(self, data, storages: int, strategy: str):
+        self.data, self.storages, self.strategy = data, storages, strategy
+        self.registered: set = set()
+        self.pickle_seconds = 0.0
+
+    def __reduce__(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        cache = _resource_sharer_cache()
+        before = set(cache) if cache is not None else set()
+        start = time.perf_counter()
+        try:
+            payload = bytes(ForkingPickler.dumps(self.data))
+        except OSError as exc:
+            if exc.errno == errno.EMFILE:
+                raise DatasetShareError(fd_limit_message(
+                    "sender (this process)", self.storages, self.storages, soft_fd_limit(),
+                    open_fd_count())) from exc
+            raise
+        finally:
+            self.pickle_seconds += time.perf_counter() - start
+            if cache is not None:
+                self.registered |= set(cache) - before
+        return (_Sealed, (payload, self.storages, self.strategy))
+
+    def close_unfetched(self) -> int:
+        """Close the descriptor duplicates no rank fetched (a refused or failed handover)."""
+        cache = _resource_sharer_cache()
+        closed = 0
+        if cache is None:
+            return closed
+        for key in self.registered:
+            entry = cache.pop(key, None)
+            if entry is not None:
+                _, close = entry
+                with contextlib.suppress(Exception):
+                    close()
+                closed += 1
+        self.registered.clear()
+        return closed
+
+
+@dataclass
+class HandoverResult:
+    share_seconds: float  # controller wall time: pickling + every rank receiving
+    rank_metrics: list[dict[str, Any]]
+    shm_files_created: int  # /dev/shm files the controller created for it (file_system)
+
+    def combined(self) -> dict[str, Any]:
+        """Numbers as the max over ranks."""
+        out: dict[str, Any] = {}
+        for metrics in self.rank_metrics:
+            for key, value in metrics.items():
+                out[key] = max(out.get(key, value), value)
+        return out
+
+
+def hand_over(pool, data, strategy: str, *, timeout_s: float = 120.0, preflight: bool = True,
+              key: str = SCRATCH_KEY) -> HandoverResult:
+    """Give ``data`` to every rank of ``pool`` through torch.multiprocessing pickling.
+
+    Sets ``strategy`` in the ranks (kept until :func:`release`) and, for the pickling, in this
+    process (restored on return). ``preflight=False`` skips both descriptor checks, so the fd
+    limit shows up as a real EMFILE (tests use it to check that path too).
+    """
+    check_strategy(strategy)
+    storages = shared_storage_count(data)
+    world = pool.spec.world_size
+    if preflight and strategy == "file_descriptor" and storages:
+        # This process keeps one descriptor per storage plus one duplicate per storage per rank
+        # until the rank fetches it.
+        needed = storages * (world + 1)
+        limit, open_now = soft_fd_limit(), open_fd_count()
+        if open_now + needed + FD_MARGIN > limit:
+            raise DatasetShareError(fd_limit_message(
+                f"sender (this process, {world} receiving ranks)", storages, needed, limit, open_now))
+    handover = _Handover(data, storages, strategy)
+    shm_before = torch_shm_files([os.getpid()])
+    try:
+        with sharing_strategy(strategy):
+            start = time.perf_counter()
+            try:
+                metrics = pool.run(_receive, handover, key, preflight, timeout_s=timeout_s)
+            finally:
+                share_seconds = time.perf_counter() - start
+    finally:
+        handover.close_unfetched()
+        handover.data = None  # a failure's traceback must not pin the dataset through it
+    created = len(torch_shm_files([os.getpid()]) - shm_before)
+    return HandoverResult(share_seconds, metrics, created)
+
+
+def release(pool, *, timeout_s: float = 120.0, key: str = SCRATCH_KEY) -> None:
+    """Drop the ranks' dataset and restore their sharing strategy."""
+    pool.run(_release, key, timeout_s=timeout_s)
+
+
+# ----------------------------------------------------------------------------------------------
+# The handover: rank side
+# ----------------------------------------------------------------------------------------------
+
+
+def _errno_in_chain(exc: BaseException, code: int) -> bool:
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno == code:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _receive(ctx, sealed: _Sealed, key: str, preflight: bool) -> dict[str, Any]:
+    import torch.multiprocessing as tmp
+
+    _release(ctx, key)  # a previous dataset (a failed case) goes first
+    ctx.scratch[key + ".previous_strategy"] = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy(sealed.strategy)
+    fd_strategy = sealed.strategy == "file_descriptor"
+    limit, fds_before = soft_fd_limit(), open_fd_count()
+    if preflight and fd_strategy and fds_before + sealed.storages + FD_MARGIN > limit:
+        raise DatasetShareError(fd_limit_message(
+            f"rank {ctx.rank}", sealed.storages, sealed.storages, limit, fds_before))
+    shm_before = mapped_shm_segments()
+    start = time.perf_counter()
+    try:
+        data = pickle.loads(sealed.payload)
+    except Exception as exc:
+        gc.collect()  # close the descriptors received before the failure
+        if fd_strategy and (_errno_in_chain(exc, errno.EMFILE)
+                            or fds_before + sealed.storages >= limit):
+            raise DatasetShareError(fd_limit_message(
+                f"rank {ctx.rank}", sealed.storages, sealed.storages, limit, fds_before)) from exc
+        raise
+    receive_seconds = time.perf_counter() - start
+    sealed.payload = b""
+    ctx.scratch[key] = data
+    return {
+        "receive_seconds": receive_seconds,
+        "open_fds": open_fd_count(),
+        "open_fds_before": fds_before,
+        "shm_segments": len(mapped_shm_segments() - shm_before),
+        "received_samples": len(data),
+    }
+
+
+def _release(ctx, key: str) -> None:
+    import torch.multiprocessing as tmp
+
+    ctx.scratch.pop(key, None)
+    previous = ctx.scratch.pop(key + ".previous_strategy", None)
+    if previous is not None:
+        tmp.set_sharing_strategy(previous)
+    gc.collect()
+
+
+def rank_state(ctx, key: str = SCRATCH_KEY) -> dict[str, Any]:
+    """Open descriptors, mapped shm segments and sharing strategy of a rank (tests use it)."""
+    import torch.multiprocessing as tmp
+
+    return {"open_fds": open_fd_count(), "shm_segments": len(mapped_shm_segments()),
+            "strategy": tmp.get_sharing_strategy(), "has_dataset": key in ctx.scratch,
+            "pid": os.getpid()}
+
+
+def set_fd_limit(ctx, soft: int | None) -> int:
+    """Set this rank's soft RLIMIT_NOFILE (None: back to the hard limit); returns the old soft."""
+    old_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if soft is None else soft, hard))
+    return old_soft
+
+
+# ----------------------------------------------------------------------------------------------
+# The timed workload: one DataLoader epoch per round
+# ----------------------------------------------------------------------------------------------
+
+
+class _ListDataset:
+    """A list of tensors or numpy arrays as a map-style dataset (numpy arrays become tensors)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        item = self.items[index]
+        if not hasattr(item, "untyped_storage"):
+            import torch
+
+            item = torch.from_numpy(item)
+        return item
+
+
+def as_map_dataset(data):
+    if isinstance(data, list):
+        return _ListDataset(data)
+    return data
+
+
+def flat_collate(batch):
+    """Variable-size samples cannot be stacked: concatenate them flat, with their lengths."""
+    import torch
+
+    return torch.cat([t.reshape(-1) for t in batch]), torch.tensor([t.numel() for t in batch])
+
+
+class _MemorySampler:
+    """Samples the summed PSS and USS of this process and its children (loader workers)."""
+
+    def __init__(self, interval_s: float = 0.02):
+        import psutil
+
+        self._proc = psutil.Process()
+        self.interval_s = interval_s
+        self.peak_pss = self.peak_uss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ddpbench-mem", daemon=True)
+
+    def sample(self) -> None:
+        import psutil
+
+        pss = uss = 0
+        for proc in [self._proc] + self._proc.children(recursive=True):
+            try:
+                info = proc.memory_full_info()
+            except psutil.Error:
+                continue
+            pss += info.pss
+            uss += info.uss
+        self.peak_pss, self.peak_uss = max(self.peak_pss, pss), max(self.peak_uss, uss)
+
+    def _loop(self):
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self):
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+@dataclass(frozen=True)
+class DatasetEpoch(Workload):
+    """One round = one epoch of a DataLoader over the dataset this rank received by hand_over.
+
+    ``layout``, ``variable`` and ``sharing_strategy`` describe what was handed over (extra_info);
+    ``expected_checksum`` / ``num_samples`` are checked after the timed rounds on one more,
+    untimed epoch, during which the peak memory is sampled.
+    """
+
+    layout: str
+    num_samples: int
+    num_workers: int
+    sharing_strategy: str
+    expected_checksum: float
+    variable: bool = False
+    batch_size: int = 64
+    # How the rank starts its loader workers: "fork" inherits the dataset; "spawn" (what a spawned
+    # rank defaults to) pickles it to every worker at every epoch, through the same sharing path.
+    worker_start: str = "fork"
+    key: str = SCRATCH_KEY
+    group: str | None = "dataset_sharing"
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown dataset layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
+        check_strategy(self.sharing_strategy)
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.worker_start not in WORKER_START_METHODS:
+            raise ValueError(f"unknown worker start method {self.worker_start!r}; expected one of "
+                             f"{', '.join(WORKER_START_METHODS)}")
+
+    def setup(self, ctx) -> dict[str, Any]:
+        import torch
+        from torch.utils.data import DataLoader
+
+        if self.key not in ctx.scratch:
+            raise RuntimeError(f"rank {ctx.rank} holds no dataset: call hand_over() before DatasetEpoch")
+        data = as_map_dataset(ctx.scratch[self.key])
+        if len(data) != self.num_samples:
+            raise AssertionError(f"rank {ctx.rank} holds {len(data)} samples, expected {self.num_samples}")
+        loader = DataLoader(data, batch_size=self.batch_size, shuffle=True,
+                            generator=torch.Generator().manual_seed(ctx.rank),
+                            num_workers=self.num_workers, collate_fn=flat_collate,
+                            multiprocessing_context=self.worker_start if self.num_workers else None)
+        return {"ctx": ctx, "loader": loader, "samples": 0}
+
+    def run_round(self, state) -> None:
+        samples = 0
+        for _, lengths in state["loader"]:
+            samples += len(lengths)
+        state["samples"] = samples
+
+    def rank_metrics(self, state) -> dict[str, Any]:
+        samples, checksum = 0, 0.0
+        with _MemorySampler() as sampler:
+            for flat, lengths in state["loader"]:
+                samples += len(lengths)
+                checksum += float(flat.double().sum())
+        state["check"] = (samples, checksum)
+        return {"peak_memory_bytes": sampler.peak_pss, "peak_uss_bytes": sampler.peak_uss}
+
+    def check(self, state) -> None:
+        samples, checksum = state["check"]
+        rank = state["ctx"].rank
+        if state["samples"] != self.num_samples or samples != self.num_samples:
+            raise AssertionError(f"rank {rank}: an epoch yielded {state['samples']} / {samples} samples, "
+                                 f"expected {self.num_samples}")
+        if checksum != self.expected_checksum:
+            raise AssertionError(f"rank {rank}: the samples' sum is {checksum}, expected "
+                                 f"{self.expected_checksum}: the dataset arrived corrupted")
+
+    def teardown(self, state) -> None:
+        state.clear()
+
+    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
+        return {
+            "layout": self.layout,
+            "num_samples": self.num_samples,
+            "num_workers": self.num_workers,
+            "sharing_strategy": self.sharing_strategy,
+            "variable_size": self.variable,
+            "batch_size": self.batch_size,
+            "worker_start": self.worker_start if self.num_workers else None,
+            "samples_per_second": round(self.num_samples / median_s, 3),
+        }

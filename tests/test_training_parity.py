@@ -149,6 +149,43 @@ def test_lightning_attaches_to_the_existing_group_without_listening(pool):
         assert result["env_restored"]
 
 
+def _lightning_thread_count(ctx):
+    """Train with Lightning in a rank whose environment has no OMP_NUM_THREADS (a fresh process)."""
+    import os
+
+    import torch
+
+    saved = os.environ.pop("OMP_NUM_THREADS", None)
+    try:
+        workload = Training("mlp", "lightning", batch_size=8, measure_memory=False)
+        state = workload.setup(ctx)
+        try:
+            workload.run_round(state)
+            trainer_threads = state["loop"].trainer_num_threads
+        finally:
+            workload.teardown(state)
+        return {"rank_threads": torch.get_num_threads(), "trainer_threads": trainer_threads,
+                "omp_env_after": os.environ.get("OMP_NUM_THREADS")}
+    finally:
+        if saved is not None:
+            os.environ["OMP_NUM_THREADS"] = saved
+
+
+@pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
+def test_lightning_keeps_the_rank_intra_op_thread_count():
+    """Lightning's launcher sets torch.set_num_threads(cpu_count // world_size) on the fit thread
+    when OMP_NUM_THREADS is unset (and writes the variable). At world size 1 that is every core
+    (here: > 1 when the machine has 2+ CPUs), which made the first Lightning case of a rank
+    process ~40x slower on a busy 2-core machine; the trainer must run with the rank's count."""
+    single = RankPool(PoolSpec("gloo", 1, "cpu"))
+    try:
+        (result,) = single.run(_lightning_thread_count, timeout_s=180)
+    finally:
+        single.close()
+    assert result["trainer_threads"] == result["rank_threads"] == 1
+    assert result["omp_env_after"] is None  # not leaked into the rank's environment
+
+
 # ---- controller-side, no pool -----------------------------------------------------------------
 
 

@@ -67,7 +67,15 @@ SEQ_LEN = 32  # characters per training sequence (the target is the next charact
 
 # Env vars set while a Lightning trainer is attached to the pool's process group.
 LIGHTNING_ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                      "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+                      "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+# OMP_NUM_THREADS is in that list because Lightning's launcher (``_SubprocessScriptLauncher.launch``
+# -> ``lightning_fabric.utilities.distributed._set_num_threads_if_needed``), when the variable is
+# unset, calls ``torch.set_num_threads(cpu_count // world_size)`` on the thread that runs ``fit``
+# and then *writes* OMP_NUM_THREADS into os.environ. In a pool rank (1 intra-op thread) that gave
+# the first Lightning case of every rank process 2+ OpenMP threads per op at world size 1 (all
+# cores, oversubscribed on a shared machine: ~40x slower steps), while later cases in the same
+# process saw the leaked variable and ran with 1. Setting it to the rank's own count makes
+# Lightning leave the thread count alone; it is restored when the trainer is closed.
 # Lightning reads MASTER_PORT but never opens it: the process group already exists, so its
 # _init_dist_connection returns early (checked by tests/test_training_parity.py).
 LIGHTNING_UNUSED_MASTER_PORT = "29499"
@@ -432,6 +440,12 @@ class _LightningLoop(_Loop):
     Attaching to the pool's group: with the torchelastic variables set, Lightning picks
     TorchElasticEnvironment (processes created externally, so no launcher) and, finding the
     default process group initialised, does not create another; MASTER_PORT is never opened.
+
+    Threads: the trainer thread runs with the rank's intra-op thread count, like the other loops.
+    OpenMP's count is per OS thread, so ``_fit`` sets it; and OMP_NUM_THREADS is set to it while
+    the trainer exists, because otherwise Lightning's launcher raises it to cpu_count // world_size
+    (see :data:`LIGHTNING_ENV_KEYS`). The first paced step checks the count and fails the case if
+    Lightning's set-up changed it anyway (``trainer_num_threads``).
     """
 
     def __init__(self, ctx, workload, data, memory_probe: bool):
@@ -442,17 +456,20 @@ class _LightningLoop(_Loop):
         self.peak_memory_bytes: int | None = None
         self._probe = None
         self._micro_losses: list[float] = []
+        import torch
+
+        self._num_threads = torch.get_num_threads()  # the rank's setting (1 in the pool)
+        self.trainer_num_threads: int | None = None  # seen on the trainer thread at the first step
         self._saved_env = {key: os.environ.get(key) for key in LIGHTNING_ENV_KEYS}
         os.environ.update({
             "RANK": str(ctx.rank), "LOCAL_RANK": str(ctx.rank), "GROUP_RANK": "0",
             "WORLD_SIZE": str(ctx.world_size), "LOCAL_WORLD_SIZE": str(ctx.world_size),
             "TORCHELASTIC_RUN_ID": "ddpbench", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": LIGHTNING_UNUSED_MASTER_PORT,
+            # Keeps Lightning's launcher from resetting the intra-op thread count (see above).
+            "OMP_NUM_THREADS": str(self._num_threads),
         })
         self.model = None  # built on the trainer thread, inside the memory probe
-        import torch
-
-        self._num_threads = torch.get_num_threads()  # the rank's setting (1 in the pool)
         self._thread = threading.Thread(target=self._fit, name="ddpbench-lightning", daemon=True)
         self._thread.start()
         try:
@@ -504,6 +521,17 @@ class _LightningLoop(_Loop):
         if self._probe is not None:
             self.peak_memory_bytes = self._probe.stop(floor_bytes=_parameter_bytes(self.model))
             self._probe = None
+        if not self._started:
+            import torch
+
+            # What the timed steps will run with (Lightning has finished its set-up by now); it
+            # must be the rank's count, as for the other implementations.
+            self.trainer_num_threads = torch.get_num_threads()
+            if self.trainer_num_threads != self._num_threads:
+                raise RuntimeError(
+                    f"the Lightning trainer thread runs with {self.trainer_num_threads} intra-op "
+                    f"threads, the rank with {self._num_threads}: something in Lightning's set-up "
+                    f"changed it, and the steps would not be comparable with the other loops")
         self._results.put(("step" if self._started else "ready", None))
         self._started = True
         command = self._commands.get()

@@ -197,14 +197,8 @@ def dist_pools(request):
     registry.close()
 
 
-@pytest.fixture
-def dist_spec():  # replaced by pytest_generate_tests' parametrization
-    raise pytest.UsageError("dist_spec is parametrized by the ddpbench plugin")
-
-
-@pytest.fixture
-def dist_message_size():  # replaced by pytest_generate_tests' parametrization
-    raise pytest.UsageError("dist_message_size is parametrized by the ddpbench plugin")
+# `dist_spec` (a PoolSpec) and `dist_message_size` (bytes) are not fixtures: pytest_generate_tests
+# parametrizes every test that names them.
 
 
 @pytest.fixture

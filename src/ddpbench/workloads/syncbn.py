@@ -1,0 +1,453 @@
+"""SyncBatchNorm: a hand-written fused module, a naive one, and their benchmark descriptors.
+
+:class:`FusedSyncBatchNorm` is a drop-in replacement for ``torch.nn.SyncBatchNorm`` that also runs
+on CPU with gloo (torch's refuses CPU tensors). One training step issues exactly two collectives:
+
+* forward: ONE all-reduce of a packed float64 vector ``[sum x, sum of squares about each rank's
+  own mean + n_r * mean_r**2, count]`` (2C + 1 values);
+* backward: ONE all-reduce of ``[sum dy, sum dy * (x - mean) * invstd]`` (2C values).
+
+Numerics (the |mean| >> std case). Each rank computes its local mean and its local M2 (sum of
+squared deviations about the *local* mean) with ``torch.var_mean`` -- a two-pass / Welford
+reduction that is exact-ish whatever the mean. Ranks are combined with Chan's parallel formula in
+its sum form, ``M2 = sum_r (M2_r + n_r mean_r**2) - n mean**2``, evaluated in float64: its
+cancellation error is about eps64 * (mean/std)**2 relative to the variance, i.e. 1e-10 at
+mean/std = 1e3, below float32's resolution for any mean/std < 5e8. The naive formula
+``E[x**2] - E[x]**2`` in the input's float32 loses about eps32 * (mean/std)**2 -- the whole
+variance once mean/std reaches ~3e3 (tests/test_syncbn_module.py shows both).
+
+Memory. The forward saves only the input (already alive), the per-channel mean and variance; the
+output is one fused ``batch_norm`` (inference-form) kernel; the backward produces the input
+gradient with one ``native_batch_norm_backward`` kernel plus two in-place per-channel updates.
+
+Semantics follow ``torch.nn.SyncBatchNorm``: the weight and bias gradients are *local* (the sums
+over this rank's batch; DDP all-reduces them like any parameter gradient), running statistics are
+updated from the global batch statistics (unbiased variance), eval mode with running statistics
+uses them and does no communication, and a module without running statistics uses the local batch
+statistics in eval mode (no communication either). Every rank of the group must call forward and
+backward the same number of times (they are collectives); a rank may hold fewer samples or none.
+
+:class:`NaiveSyncBatchNorm` is the straightforward version the issue's report measured: one
+all-reduce per statistic (count, sum, sum of squares) in the forward, autograd through
+``torch.distributed.nn.functional.all_reduce`` (two more in the backward) and every intermediate
+kept by autograd. It is exact for well-scaled data and is the benchmark's baseline.
+
+Benchmark descriptors: :class:`SyncBNCase` (variants ``torch_bn``, ``torch_syncbn``, ``fused``,
+``naive``). A round is forward + backward of a (batch_size, hidden_dim) float32 input per rank.
+``peak_memory_bytes`` (see :func:`cpu_peak_allocated_bytes`): on CUDA the engine's
+``torch.cuda.max_memory_allocated`` over the recorded rounds (peak reset after warm-up); on CPU the
+same quantity measured in one extra, untimed round: the bytes of the tensors the workload holds
+(input, upstream gradient, module parameters and buffers) plus the high-water mark of bytes
+allocated minus bytes freed during the round, from the CPU allocator's events in
+``torch.profiler`` (``profile_memory=True``). Allocations outside torch's CPU allocator (gloo's
+own buffers, Python objects) are not counted, so it is not process RSS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from . import Workload
+
+VARIANTS = ("torch_bn", "torch_syncbn", "fused", "naive")
+TORCH_SYNCBN_CPU_SKIP_REASON = (
+    "torch.nn.SyncBatchNorm rejects CPU tensors (\"SyncBatchNorm expected input tensor to be on GPU\"); "
+    "the torch_syncbn variant runs only in the gpu / multi_gpu cases"
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_input(input, num_features: int, who: str) -> None:
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{who}: expected a torch.Tensor input, got {type(input).__name__}")
+    if input.dim() < 2:
+        raise ValueError(
+            f"{who}: expected an (N, C) or (N, C, *) input, got a {input.dim()}-D tensor of shape "
+            f"{tuple(input.shape)}"
+        )
+    if input.shape[1] != num_features:
+        raise ValueError(
+            f"{who}: input has {input.shape[1]} channels (dim 1 of shape {tuple(input.shape)}) but the "
+            f"module was built with num_features={num_features}"
+        )
+
+
+def _stats_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _channel_shape(input) -> list[int]:
+    return [1, input.shape[1]] + [1] * (input.dim() - 2)
+
+
+def _reduce_dims(input) -> list[int]:
+    return [0] + list(range(2, input.dim()))
+
+
+def _group_size(process_group) -> int:
+    """World size of the group, or 1 when torch.distributed is not set up (no sync needed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(process_group)
+
+
+def _too_small(who: str, total: int, local: int) -> ValueError:
+    return ValueError(
+        f"{who}: expected more than 1 value per channel when training, got {total} over all ranks "
+        f"({local} on this rank); batch norm statistics of a single value are undefined"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused module
+# ----------------------------------------------------------------------------------------------
+
+
+def _fused_forward_stats(input, process_group, sync: bool, who: str):
+    """(mean, biased var) of the global batch in float64 and the global count: ONE all-reduce."""
+    channels = input.shape[1]
+    local_count = input.numel() // channels
+    packed = torch.zeros(2 * channels + 1, dtype=torch.float64, device=input.device)
+    if local_count > 0:
+        var, mean = torch.var_mean(input, dim=_reduce_dims(input), correction=0)
+        mean64 = mean.to(torch.float64)
+        packed[:channels] = mean64 * local_count
+        # M2_r + n_r * mean_r**2: the local M2 is exact; only the float64 combine below cancels.
+        packed[channels:2 * channels] = (var.to(torch.float64) + mean64.square()) * local_count
+        packed[2 * channels] = local_count
+    if sync:
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=process_group)
+    total = int(round(float(packed[2 * channels])))  # one host sync (torch's SyncBatchNorm has one too)
+    if total <= 1:
+        raise _too_small(who, total, local_count)
+    mean64 = packed[:channels] / total
+    m2 = (packed[channels:2 * channels] - mean64.square() * total).clamp_(min=0.0)
+    return mean64, m2 / total, total
+
+
+class FusedSyncBatchNormFunction(torch.autograd.Function):
+    """Forward and backward of :class:`FusedSyncBatchNorm` in training mode (one all-reduce each)."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, running_mean, running_var, momentum_factor, eps,
+                process_group, sync, who):
+        mean64, var64, total = _fused_forward_stats(input, process_group, sync, who)
+        stats_dtype = _stats_dtype(input.dtype)
+        mean = mean64.to(stats_dtype)
+        var = var64.to(stats_dtype)
+        if running_mean is not None:
+            running_mean.mul_(1.0 - momentum_factor).add_(mean64.to(running_mean.dtype) * momentum_factor)
+        if running_var is not None:
+            unbiased = var64 * (total / (total - 1))
+            running_var.mul_(1.0 - momentum_factor).add_(unbiased.to(running_var.dtype) * momentum_factor)
+        # Inference-form batch norm with the global statistics: one fused elementwise kernel.
+        output = F.batch_norm(input, mean, var, weight, bias, False, 0.0, eps)
+        ctx.save_for_backward(input, weight, mean, var)
+        ctx.eps, ctx.total, ctx.process_group, ctx.sync = eps, total, process_group, sync
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight, mean, var = ctx.saved_tensors
+        channels = input.shape[1]
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        w = weight if weight is not None else torch.ones(channels, dtype=mean.dtype, device=input.device)
+        if input.numel() > 0:
+            # Eval-mode backward with (mean, var) as the "running" statistics gives
+            # grad_out * w * invstd, sum(grad_out * (x - mean)) * invstd and sum(grad_out).
+            grad_input, sum_dy_xmu_invstd, sum_dy = torch.ops.aten.native_batch_norm_backward(
+                grad_output.contiguous(), input, w, mean, var, None, None, False, ctx.eps,
+                [need_input, True, True])
+        else:
+            grad_input = torch.zeros_like(input) if need_input else None
+            sum_dy_xmu_invstd = torch.zeros(channels, dtype=w.dtype, device=input.device)
+            sum_dy = torch.zeros(channels, dtype=w.dtype, device=input.device)
+        grad_weight = sum_dy_xmu_invstd.clone() if weight is not None and need_weight else None
+        grad_bias = sum_dy.clone() if need_bias else None
+        # Always communicate, even if this rank needs no input gradient: every rank must issue
+        # the same collectives.
+        packed = torch.cat([sum_dy, sum_dy_xmu_invstd]).to(mean.dtype)
+        if ctx.sync:
+            dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=ctx.process_group)
+        if need_input and input.numel() > 0:
+            invstd = torch.rsqrt(var + ctx.eps)
+            scale = w.to(mean.dtype) * invstd
+            mean_dy = packed[:channels] / ctx.total
+            mean_dy_xmu_invstd = packed[channels:] / ctx.total
+            # grad_in = scale * (dy - mean_dy - (x - mean) * invstd * mean_dy_xmu_invstd); the
+            # kernel above gave scale * dy, the rest is per-channel affine in x, added in place.
+            k_x = -scale * invstd * mean_dy_xmu_invstd
+            k_0 = -scale * mean_dy - mean * k_x
+            shape = _channel_shape(input)
+            grad_input.addcmul_(input, k_x.to(input.dtype).view(shape)).add_(k_0.to(input.dtype).view(shape))
+        return (grad_input if need_input else None, grad_weight, grad_bias,
+                None, None, None, None, None, None, None)
+
+
+class _SyncBatchNormBase(_BatchNorm):
+    """Common constructor, input checks and running-statistics bookkeeping."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True, process_group=None,
+                 device=None, dtype=None):
+        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features <= 0:
+            raise ValueError(f"num_features must be a positive int, got {num_features!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps!r}")
+        if momentum is not None and not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must be None or in [0, 1], got {momentum!r}")
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input):
+        _check_input(input, self.num_features, type(self).__name__)
+
+    def _tracks(self) -> bool:
+        return self.training and self.track_running_stats and self.running_mean is not None
+
+    def _momentum_factor(self) -> float:
+        """torch's rule: count the batch, then momentum, or the cumulative average 1/n if None."""
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
+
+    def _local_batch_norm(self, input):
+        """No communication: eval mode (running stats, or local batch stats without them)."""
+        return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
+                            self.running_mean is None, 0.0, self.eps)
+
+
+class FusedSyncBatchNorm(_SyncBatchNormBase):
+    """SyncBatchNorm with one fused all-reduce per forward and one per backward.
+
+    Works for (N, C) and (N, C, *) inputs on CPU (gloo) and CUDA (NCCL); ranks may hold different
+    batch sizes, including zero. See the module docstring for the numerics and semantics.
+    """
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        if not self.training:
+            return self._local_batch_norm(input)
+        track = self._tracks()
+        factor = self._momentum_factor() if track else 0.0
+        return FusedSyncBatchNormFunction.apply(
+            input, self.weight, self.bias,
+            self.running_mean if track else None, self.running_var if track else None,
+            factor, self.eps, self.process_group, _group_size(self.process_group) > 1,
+            type(self).__name__)
+
+
+class NaiveSyncBatchNorm(_SyncBatchNormBase):
+    """The straightforward SyncBatchNorm: one all-reduce per statistic, autograd for the rest.
+
+    Forward: all-reduce the count, the sum and the sum of squares separately (E[x^2] - E[x]^2 in
+    the input dtype: unsound when |mean| >> std); backward: autograd through the differentiable
+    all-reduces (two more) with every intermediate kept. The benchmark's baseline.
+    """
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        if not self.training:
+            return self._local_batch_norm(input)
+        track = self._tracks()
+        factor = self._momentum_factor() if track else 0.0
+        sync = _group_size(self.process_group) > 1
+        channels = input.shape[1]
+        dims = _reduce_dims(input)
+        local_count = input.numel() // channels
+        count = torch.tensor([float(local_count)], dtype=torch.float64, device=input.device)
+        total_sum = input.sum(dim=dims)
+        total_sq = (input * input).sum(dim=dims)
+        if sync:
+            dist.all_reduce(count, group=self.process_group)
+            total_sum = differentiable_all_reduce(total_sum, group=self.process_group)
+            total_sq = differentiable_all_reduce(total_sq, group=self.process_group)
+        total = int(round(float(count)))
+        if total <= 1:
+            raise _too_small(type(self).__name__, total, local_count)
+        mean = total_sum / total
+        var = total_sq / total - mean * mean
+        if track:
+            with torch.no_grad():
+                self.running_mean.mul_(1 - factor).add_(mean.detach() * factor)
+                self.running_var.mul_(1 - factor).add_(var.detach() * (total / (total - 1) * factor))
+        shape = _channel_shape(input)
+        output = (input - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
+        if self.weight is not None:
+            output = output * self.weight.view(shape) + self.bias.view(shape)
+        return output
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory measure on CPU
+# ----------------------------------------------------------------------------------------------
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (None entries skipped)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def cpu_peak_allocated_bytes(fn) -> int:
+    """High-water mark of (bytes allocated - bytes freed) by torch's CPU allocator while ``fn()`` runs.
+
+    Read from the allocator events ``torch.profiler`` records with ``profile_memory=True``: each
+    allocation and free of a CPU tensor storage, with its size. Frees of storages allocated before
+    ``fn`` started are not reported by the profiler, so free what should not count beforehand.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type().name == "CPU"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+# ----------------------------------------------------------------------------------------------
+# Benchmark descriptors
+# ----------------------------------------------------------------------------------------------
+
+
+def build_variant(variant: str, num_features: int, device) -> torch.nn.Module:
+    """A fresh batch-norm module of the given benchmark variant on ``device``."""
+    if variant == "torch_bn":
+        return torch.nn.BatchNorm1d(num_features, device=device)
+    if variant == "torch_syncbn":
+        if torch.device(device).type == "cpu":
+            raise ValueError(TORCH_SYNCBN_CPU_SKIP_REASON)
+        return torch.nn.SyncBatchNorm(num_features, device=device)
+    if variant == "fused":
+        return FusedSyncBatchNorm(num_features, device=device)
+    if variant == "naive":
+        return NaiveSyncBatchNorm(num_features, device=device)
+    raise ValueError(f"unknown SyncBatchNorm variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+
+
+@dataclass(frozen=True)
+class SyncBNCase(Workload):
+    """One benchmark case: forward + backward of a (batch_size, hidden_dim) float32 batch per rank.
+
+    ``batch_size`` is per rank (the global batch is batch_size * world_size). The input and the
+    upstream gradient are made in ``setup``; each round drops the previous gradients, runs the
+    module forward in training mode and back-propagates the fixed upstream gradient.
+    """
+
+    variant: str
+    batch_size: int
+    hidden_dim: int
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown SyncBatchNorm variant {self.variant!r}; expected one of "
+                             f"{', '.join(VARIANTS)}")
+        for name in ("batch_size", "hidden_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.batch_size < 2 and self.variant == "torch_bn":
+            raise ValueError("torch_bn needs batch_size >= 2 (local statistics of one sample are undefined)")
+
+    @property
+    def group(self) -> str:  # type: ignore[override]
+        return f"syncbn-bs{self.batch_size}-h{self.hidden_dim}"
+
+    def setup(self, ctx) -> dict[str, Any]:
+        generator = torch.Generator().manual_seed(1000 + ctx.rank)
+        shape = (self.batch_size, self.hidden_dim)
+        x = torch.randn(shape, generator=generator).to(ctx.device).requires_grad_()
+        grad_out = torch.randn(shape, generator=generator).to(ctx.device)
+        module = build_variant(self.variant, self.hidden_dim, ctx.device).train()
+        return {"ctx": ctx, "x": x, "grad_out": grad_out, "module": module}
+
+    @staticmethod
+    def _drop_grads(state) -> None:
+        state["x"].grad = None
+        state["module"].zero_grad(set_to_none=True)
+
+    def run_round(self, state) -> None:
+        self._drop_grads(state)
+        out = state["module"](state["x"])
+        out.backward(state["grad_out"])
+
+    def rank_metrics(self, state) -> dict[str, Any]:
+        """CPU: peak_memory_bytes of one extra untimed round (CUDA: the engine's max_memory_allocated)."""
+        if state["ctx"].device_type != "cpu":
+            return {}
+        self._drop_grads(state)
+        module = state["module"]
+        held = tensor_bytes([state["x"], state["grad_out"], *module.parameters(), *module.buffers()])
+        peak = cpu_peak_allocated_bytes(lambda: self.run_round_keep_grads(state))
+        return {"peak_memory_bytes": held + peak}
+
+    def run_round_keep_grads(self, state) -> None:
+        """A round without dropping gradients first (they were dropped before measuring)."""
+        state["module"](state["x"]).backward(state["grad_out"])
+
+    def check(self, state) -> None:
+        """The output of one more forward has per-channel mean 0 and variance 1 over the batch the
+        variant normalises (the global batch for the synced variants, the local one for torch_bn),
+        and the last round's input gradient sums to 0 per channel over that batch."""
+        ctx, module = state["ctx"], state["module"]
+        grad = state["x"].grad
+        if grad is None:
+            raise AssertionError(f"{self.variant}: the round left no input gradient on rank {ctx.rank}")
+        with torch.no_grad():
+            out = module(state["x"]).to(torch.float64)
+            sums = torch.cat([out.sum(0), (out * out).sum(0), grad.to(torch.float64).sum(0),
+                              torch.tensor([out.shape[0]], dtype=torch.float64, device=out.device)])
+        if self.variant != "torch_bn" and ctx.world_size > 1:
+            dist.all_reduce(sums)
+        c = self.hidden_dim
+        count = float(sums[-1])
+        mean = sums[:c] / count
+        var = sums[c:2 * c] / count - mean * mean
+        grad_sum = sums[2 * c:3 * c]
+        problems = []
+        if float(mean.abs().max()) > 1e-4:
+            problems.append(f"output mean up to {float(mean.abs().max()):.3g} (expected 0)")
+        if float((var - 1).abs().max()) > 1e-3:
+            problems.append(f"output variance off 1 by up to {float((var - 1).abs().max()):.3g}")
+        if float(grad_sum.abs().max()) > 1e-5 * count:
+            problems.append(f"input gradient sums to {float(grad_sum.abs().max()):.3g} per channel (expected 0)")
+        if problems:
+            raise AssertionError(f"{self.variant} on rank {ctx.rank} normalised wrongly over "
+                                 f"{count:.0f} samples: " + "; ".join(problems))
+
+    def teardown(self, state) -> None:
+        state.clear()
+
+    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "variant": self.variant,
+            "batch_size": self.batch_size,
+            "hidden_dim": self.hidden_dim,
+            "global_batch_size": self.batch_size * world_size,
+        }
+        if self.variant == "torch_syncbn" and world_size == 1:
+            # torch.nn.SyncBatchNorm skips synchronisation at world size 1 and runs F.batch_norm.
+            info["torch_syncbn_falls_back_to_batchnorm"] = True
+        return info

@@ -32,6 +32,10 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sca
 
 MODULES = {"fused": FusedSyncBatchNorm, "naive": NaiveSyncBatchNorm}
 
+# Under `pytest -n N --dist loadgroup` every test of this module runs on one worker, so only one
+# rank pool is started (a no-op under xdist's default `load` scheduling and without xdist).
+pytestmark = pytest.mark.xdist_group("syncbn_pool")
+
 
 # ----------------------------------------------------------------------------------------------
 # Rank tasks (module level, so the ranks can unpickle them)

@@ -276,7 +276,7 @@ PARITY_CASES = {
 def test_parity_with_batchnorm_on_the_global_batch(pool, world_size, variant):
     for name, (counts2, counts3, kwargs) in PARITY_CASES.items():
         counts = counts2 if world_size == 2 else counts3
-        results = pool.run(parity_task, world_size, variant, counts, timeout_s=60, **kwargs)
+        results = pool.run(parity_task, world_size, variant, counts, timeout_s=120, **kwargs)
         assert [r is not None for r in results] == [rank < world_size for rank in range(POOL_SIZE)]
         expected_keys = {"output", "input_grad"}
         assert expected_keys <= set(results[0]), results[0]
@@ -286,7 +286,7 @@ def test_parity_with_batchnorm_on_the_global_batch(pool, world_size, variant):
 
 def test_large_mean_matches_float64_reference(pool):
     counts = [70, 58]
-    results = pool.run(large_mean_task, counts, timeout_s=60)
+    results = pool.run(large_mean_task, counts, timeout_s=120)
     _assert_within(results, LARGE_MEAN_TOLERANCE, "fused, float32 input with mean 1e3 and std 1")
 
 
@@ -302,7 +302,7 @@ def test_large_mean_data_defeats_the_naive_sum_of_squares():
 @pytest.mark.parametrize("variant, forward_calls, backward_calls",
                          [("fused", 1, 1), ("naive", 3, 2)])
 def test_collectives_per_step_and_none_in_eval(pool, variant, forward_calls, backward_calls):
-    results = pool.run(communication_task, variant, timeout_s=30)
+    results = pool.run(communication_task, variant, timeout_s=60)
     for rank, counts in enumerate(results):
         assert len(counts["train_forward"]) == forward_calls, (rank, counts)
         assert len(counts["train_backward"]) == backward_calls, (rank, counts)
@@ -314,7 +314,7 @@ def test_collectives_per_step_and_none_in_eval(pool, variant, forward_calls, bac
 @pytest.mark.parametrize("variant", ["fused", "naive"])
 def test_global_batch_of_one_fails_cleanly_on_every_rank(pool, variant):
     with pytest.raises(TaskFailed) as failure:
-        pool.run(too_small_task, variant, [1, 0, 0], timeout_s=30)
+        pool.run(too_small_task, variant, [1, 0, 0], timeout_s=120)
     assert sorted(failure.value.errors) == [0, 1, 2]
     assert all("more than 1 value per channel" in tb for tb in failure.value.errors.values())
     assert not failure.value.pool_torn_down and pool.alive

@@ -195,7 +195,7 @@ class FusedSyncBatchNormFunction(torch.autograd.Function):
                 [need_input, True, True])
         else:
             grad_input = torch.zeros_like(input) if need_input else None
-            sum_dy_xmu_invstd = sum_dy = torch.zeros_like(w)
+            sum_dy_xmu_invstd, sum_dy = torch.zeros_like(w), torch.zeros_like(w)  # two tensors: no aliased grads
         # Always communicate, even if this rank needs no input gradient: every rank must issue
         # the same collectives. The local sums are this rank's weight / bias gradients.
         packed = torch.stack([sum_dy, sum_dy_xmu_invstd]).to(mean.dtype)

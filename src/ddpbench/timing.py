@@ -92,10 +92,9 @@ def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:
     try:
         # Choosing the round count from min_time needs at least one timed warm-up round.
         warmup = max(plan.warmup, 1 if plan.rounds == 0 else 0)
-        last_warmup = 0.0
-        for _ in range(warmup):
-            last_warmup = time_round(ctx, workload.run_round, state)
-        rounds = plan.rounds or plan.rounds_for(_agreed_max(ctx, last_warmup))
+        warmup_times = [time_round(ctx, workload.run_round, state) for _ in range(warmup)]
+        # The fastest warm-up round estimates a round best: one stall must not cut the count.
+        rounds = plan.rounds or plan.rounds_for(_agreed_max(ctx, min(warmup_times)))
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(ctx.device)
         times = [time_round(ctx, workload.run_round, state) for _ in range(rounds)]

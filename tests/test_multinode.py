@@ -4,13 +4,13 @@ loopback driven by a pytest controller, including losing a node mid-task."""
 import json
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
 import time
 from multiprocessing.connection import AuthenticationError, Client
 
+import psutil
 import pytest
 
 from ddpbench.controller import SecretError, _Listener, load_secret, parse_address
@@ -128,12 +128,19 @@ def _launch(tmp_path, hang):
 
 
 def _cleanup(processes):
+    """Kill each launched process and everything it started (torchrun's ranks live in sessions
+    of their own, so a process-group kill would miss them)."""
     for proc in processes:
-        if proc.poll() is None:
+        try:
+            parent = psutil.Process(proc.pid)
+            tree = parent.children(recursive=True) + [parent]
+        except psutil.NoSuchProcess:
+            tree = []
+        for member in tree:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
+                member.kill()
+            except psutil.NoSuchProcess:
+                pass
         proc.wait(timeout=30)
 
 
@@ -161,7 +168,11 @@ def test_losing_a_node_mid_task_fails_the_case_and_the_controller_finishes(tmp_p
             assert controller.poll() is None and time.monotonic() < deadline, controller.stdout.read()
             time.sleep(0.2)
         time.sleep(0.5)
-        os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1 disappears: agent and its rank
+        # Node 1 disappears: its torchrun agent and the rank it started (torchrun starts ranks
+        # in sessions of their own, so the whole process tree is killed, as a lost host would be).
+        agent = psutil.Process(nodes[1].pid)
+        for proc in agent.children(recursive=True) + [agent]:
+            proc.kill()
         killed_at = time.monotonic()
         output, _ = controller.communicate(timeout=120)
         assert time.monotonic() - killed_at < 30, "the controller took too long to notice"

@@ -184,7 +184,6 @@ class FusedSyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         input, weight, mean, var = ctx.saved_tensors
-        channels = input.shape[1]
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         w = weight if weight is not None else torch.ones_like(mean)
         if input.numel() > 0:

@@ -157,6 +157,22 @@ def test_probe_noise_within_tolerance_is_not_normalised(tmp_path):
     assert forced.normalised
 
 
+def test_unsteady_probe_is_not_trusted_and_overload_is_a_warning(tmp_path):
+    rng = np.random.default_rng(8)
+    docs = []
+    for name, probe_s, median_factor, load in (("b", 0.001, 1.1, 0.5), ("c", 0.0007, 1.8, 9.0)):
+        doc = run_doc([bench("a", sample(rng, 0.01))], probe_s=probe_s)
+        doc["machine_info"]["ddpbench_calibration"].update(
+            median_s=probe_s * median_factor, loadavg_1m=load, cpu_count=2)
+        docs.append(cmp.load_run(write(tmp_path / f"{name}.json", doc)))
+    result = cmp.compare_runs(*docs)
+    assert not result.normalised and result.drift == pytest.approx(0.7)
+    assert any("unsteady" in n and "1.80 in c.json" in n for n in result.notes)
+    assert any("overloaded" in w and "c.json (load 9.0 on 2 CPUs)" in w for w in result.warnings)
+    assert not any("b.json (" in w for w in result.warnings)
+    assert cmp.compare_runs(*docs, calibration="always").normalised
+
+
 def test_missing_probe_and_different_machines_are_notes_and_warnings_not_crashes(tmp_path):
     rng = np.random.default_rng(2)
     other = dict(run_doc([]).get("machine_info"), node="elsewhere", cpu={"brand_raw": "Other CPU"})

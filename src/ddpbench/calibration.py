@@ -14,6 +14,7 @@ is the least disturbed estimate). The result is stored in the run's ``machine_in
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -48,12 +49,18 @@ def run_probe(max_seconds: float = 0.3, max_repeats: int = 200, min_repeats: int
     finally:
         torch.set_num_threads(threads)
     ordered = sorted(times)
+    try:
+        load_1m = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load_1m = None
     return {
         "kind": PROBE_KIND,
         "version": PROBE_VERSION,
         "min_s": ordered[0],
         "median_s": ordered[len(ordered) // 2],
         "repeats": len(ordered),
+        "loadavg_1m": load_1m,
+        "cpu_count": os.cpu_count(),
     }
 
 
@@ -68,6 +75,28 @@ def probe_of(machine_info: dict | None) -> dict | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
         return None
     return probe
+
+
+# A probe whose median repetition is more than this multiple of its fastest ran on a busy machine:
+# its minimum then mixes machine speed with load, and normalising by it would only add noise.
+MAX_PROBE_SPREAD = 1.25
+
+
+def probe_spread(probe: dict | None) -> float | None:
+    """median / min of the probe's repetitions (1.0: perfectly steady), None if unknown."""
+    if probe is None or not isinstance(probe.get("median_s"), (int, float)):
+        return None
+    return float(probe["median_s"]) / float(probe["min_s"])
+
+
+def overload(probe: dict | None) -> str | None:
+    """'load 12.4 on 2 CPUs' when the 1-minute load average exceeded the CPU count, else None."""
+    if probe is None:
+        return None
+    load, cpus = probe.get("loadavg_1m"), probe.get("cpu_count")
+    if isinstance(load, (int, float)) and isinstance(cpus, int) and cpus > 0 and load > cpus:
+        return f"load {load:.1f} on {cpus} CPUs"
+    return None
 
 
 def drift_factor(baseline_probe: dict | None, current_probe: dict | None) -> float | None:

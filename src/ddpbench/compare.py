@@ -20,7 +20,11 @@ standard error) and says so; :attr:`Comparison.summary_only` is set (the CLI exi
 Machine drift: every run saved by ddpbench carries a calibration probe (:mod:`ddpbench.calibration`)
 in ``machine_info``. With ``calibration="auto"`` (default) the ratios are divided by
 current_probe / baseline_probe when that factor is outside 1 +- :data:`DRIFT_TOLERANCE` (inside it,
-the probe's own noise would only add noise); ``"always"`` / ``"never"`` force it.
+the probe's own noise would only add noise) and both probes were steady (median repetition at most
+:data:`ddpbench.calibration.MAX_PROBE_SPREAD` x the fastest: an unsteady probe means a busy machine,
+whose load a probe cannot tell from drift); ``"always"`` / ``"never"`` force it. A run saved while
+the load average exceeded the CPU count gets a warning: load that changes between runs is not in
+the rounds' noise, so no within-run statistic can guard against it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .calibration import drift_factor, probe_of
+from .calibration import MAX_PROBE_SPREAD, drift_factor, overload, probe_of, probe_spread
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_CONFIDENCE = 0.95
@@ -331,10 +335,23 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         result.warnings.append("the runs come from different machines or environments ("
                                + "; ".join(diffs) + "); ratios mix code and machine changes")
 
+    probes = {r.label: probe_of(r.machine_info) for r in (base, cur)}
+    busy = {label: overload(p) for label, p in probes.items() if overload(p)}
+    if busy:
+        result.warnings.append(
+            "the machine was overloaded while saving " + "; ".join(f"{k} ({v})" for k, v in busy.items())
+            + ": between-run load changes are not in the rounds' noise, so verdicts may be false alarms")
+    noisy = {label: probe_spread(p) for label, p in probes.items()
+             if probe_spread(p) is not None and probe_spread(p) > MAX_PROBE_SPREAD}
     drift = drift_factor(probe_of(base.machine_info), probe_of(cur.machine_info))
     result.drift = drift
     scale = 1.0
-    if drift is None:
+    if drift is not None and noisy and calibration == "auto":
+        result.notes.append(
+            f"not normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's time "
+            f"but was unsteady (median/min " + ", ".join(f"{v:.2f} in {k}" for k, v in noisy.items())
+            + f", limit {MAX_PROBE_SPREAD}): a busy machine, whose load cannot be told from drift")
+    elif drift is None:
         if calibration != "never":
             missing = [r.label for r in (base, cur) if probe_of(r.machine_info) is None]
             why = (f"no calibration probe in {', '.join(missing)}" if missing

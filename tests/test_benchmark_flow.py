@@ -2,7 +2,8 @@
 
 save a baseline (--benchmark-autosave --benchmark-save-data), slow the workload 3x, and see the
 native gate (--benchmark-compare --benchmark-compare-fail=median:10%) fail, an unchanged rerun pass,
---benchmark-json write the rounds, and `ddpbench compare` / `ddpbench report` read the saved runs.
+--benchmark-json write the rounds, and `ddpbench compare` / `ddpbench report` read the saved runs
+(including a stats-only run saved without --benchmark-save-data).
 
 Robust on a loaded 2-core machine: the round is a 50 ms sleep on each of 2 ranks (CPU contention
 barely moves the median of a sleep; a 10% move would need 5 ms of extra wake-up latency in most
@@ -57,9 +58,18 @@ BASE_DELAY = "0.05"
 SLOW_DELAY = "0.15"  # 3x
 
 
-def _run(pytester, monkeypatch, delay, *args):
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch):
+    # under `make test` (-n 2) this test runs in an xdist worker; pytest-benchmark in the child
+    # would see PYTEST_XDIST_WORKER and disable benchmarking
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _run(pytester, monkeypatch, delay, *args, save_data=True):
     monkeypatch.setenv("FLOW_DELAY_S", delay)
-    return pytester.runpytest_subprocess(*COMMON, *args, timeout=180)
+    common = COMMON if save_data else [a for a in COMMON if a != "--benchmark-save-data"]
+    return pytester.runpytest_subprocess(*common, *args, timeout=180)
 
 
 def _saved(pytester):
@@ -88,7 +98,8 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert "test_sleepy[gloo-2p]" in output.split("Performance has regressed:")[1]
     assert len(json.loads((pytester.path / "slow.json").read_text())["benchmarks"][0]["stats"]["data"]) == 7
 
-    same = _run(pytester, monkeypatch, BASE_DELAY, *GATE)
+    # the unchanged rerun is saved without --benchmark-save-data (stats only) to see compare's fallback
+    same = _run(pytester, monkeypatch, BASE_DELAY, *GATE, save_data=False)
     assert same.ret == 0, same.stdout.str()
     assert "Performance has regressed" not in same.stdout.str() + same.stderr.str()
 
@@ -103,10 +114,15 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert cli.main(["compare", "--calibration", "never", "--json", "1", "2"]) == 1
     [verdict] = json.loads(capsys.readouterr().out)["cases"]
     assert verdict["verdict"] == "regression" and verdict["ratio"] > 2
-    assert cli.main(["compare", "--calibration", "never", "--json", "1", "3"]) == 0
-    assert json.loads(capsys.readouterr().out)["cases"][0]["verdict"] == "unchanged"
+    # run 3 holds only summary stats: verdicts from them, said so, exit 2 unless accepted
+    assert cli.main(["compare", "--calibration", "never", "1", "3"]) == 2
+    out, err = capsys.readouterr()
+    assert "summary stats" in out and "--benchmark-save-data" in err and "Traceback" not in err
+    assert cli.main(["compare", "--calibration", "never", "--json", "--allow-summary-stats", "1", "3"]) == 0
+    [verdict] = json.loads(capsys.readouterr().out)["cases"]
+    assert verdict["verdict"] == "unchanged" and verdict["method"] == "summary-stats"
     # with no run named: the two newest runs (0002 slow -> 0003 back to normal: an improvement)
-    assert cli.main(["compare", "--calibration", "never"]) == 0
+    assert cli.main(["compare", "--calibration", "never", "--allow-summary-stats"]) == 0
     assert "improvement" in capsys.readouterr().out
 
     assert cli.main(["report", "slow.json", "--no-charts"]) == 0

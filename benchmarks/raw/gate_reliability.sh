@@ -47,9 +47,16 @@ false_alarms=0
 for i in $(seq 1 "$RERUNS"); do
   CUR=$(saved "rerun$i")
   rc=$(compare "$BASE" "$CUR" "$GATE_DIR/rerun$i.compare.json")
-  flagged=$("$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(' '.join(c['name'] for c in d['cases'] if c['verdict']=='regression') or '-')" "$GATE_DIR/rerun$i.compare.json")
+  flagged=$("$PY" -c "
+import json,sys
+d=json.load(open(sys.argv[1]))
+gate=[c['name'] for c in d['cases'] if c['verdict']=='regression']
+# pytest-benchmark's --benchmark-compare-fail=median:10% on the same runs: current median > 1.1 x baseline
+native=[c['name'] for c in d['cases'] if c['current_median_s'] and c['baseline_median_s'] and c['current_median_s'] > 1.1*c['baseline_median_s']]
+print(f'{len(gate)} cases flagged ({\" \".join(gate) or \"-\"}); native median:10% gate would flag {len(native)}; {d[\"notes\"][0] if d[\"notes\"] else \"\"}')
+" "$GATE_DIR/rerun$i.compare.json")
   [ "$rc" = 0 ] || false_alarms=$((false_alarms + 1))
-  echo "unchanged rerun $i: exit $rc, flagged: $flagged"
+  echo "unchanged rerun $i: exit $rc, $flagged"
 done
 caught=0
 for i in $(seq 1 "$TRIALS"); do

@@ -226,6 +226,8 @@ def _collectives_chart(plt, cases: list[Case], path: Path, metric: str) -> Path:
         ax.set_xscale("log", base=2)
         if metric == "time":
             ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
         ax.set_title(op)
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("median time (ms)" if metric == "time" else "bus bandwidth (GB/s)")

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.ddpbench-installed
 # Parallel test workers; the suite's distributed tests start 2-rank pools, so 2 workers suit 2 cores.
 TEST_WORKERS ?= 2
 
-.PHONY: test bench venv clean
+.PHONY: test bench compare venv clean
 
 venv: $(STAMP)
 
@@ -21,8 +21,16 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	$(PY) -m pytest tests/ -n $(TEST_WORKERS)
 
+# --benchmark-save-data keeps every round's time in the saved run (autosave alone keeps only summary
+# stats), which `ddpbench compare` needs for its confidence intervals. The run ends with the report
+# tables; charts go to reports/<run>/.
 bench: $(STAMP)
-	$(PY) -m pytest benchmarks/ --benchmark-autosave
+	$(PY) -m pytest benchmarks/ --benchmark-autosave --benchmark-save-data
+	$(VENV)/bin/ddpbench report
+
+# The noise-aware gate between the two newest saved runs (exit 1 on a regression).
+compare: $(STAMP)
+	$(VENV)/bin/ddpbench compare
 
 clean:
 	rm -rf $(VENV) .pytest_cache src/*.egg-info

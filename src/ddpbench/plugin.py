@@ -350,3 +350,20 @@ def pytest_sessionfinish(session, exitstatus):
                 "ddpbench: run interrupted; no benchmark results were saved and stored baselines "
                 "are untouched.", yellow=True)
     yield
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine-drift calibration: recorded with every saved / --benchmark-json run
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """Store a short local probe (:mod:`ddpbench.calibration`) that ``ddpbench compare`` uses to
+    normalise a uniformly slower or faster machine. Runs once per saved run, a few hundred ms."""
+    from .calibration import MACHINE_INFO_KEY, run_probe
+
+    try:
+        machine_info[MACHINE_INFO_KEY] = run_probe()
+    except Exception as exc:  # never lose a run's results over the probe
+        machine_info[MACHINE_INFO_KEY] = {"error": f"{type(exc).__name__}: {exc}"}

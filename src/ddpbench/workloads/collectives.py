@@ -7,10 +7,18 @@ all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1.
 
 After the timed rounds every rank re-fills its buffers with a known pattern, runs the op once more
 and compares with the exact expected result (small integers, exact in float32).
+
+Test knob for measuring the regression gate's power (README, "How reliable is the gate?"):
+``DDPBENCH_INJECT_SLOWDOWN="all_reduce:10%"`` (comma list of ``op:percent``) makes every timed
+round of those ops ``percent`` slower: after the op, the rank busy-waits for that fraction of the
+op's own duration in this round. Read in the rank processes at set-up, so it must be in the
+environment of the pytest process. Cases run with it record ``injected_slowdown_pct`` in extra_info.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +27,33 @@ from . import Workload
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 ELEMENT_BYTES = 4  # float32
 PATTERN_PERIOD = 13  # values stay small integers, so sums are exact in float32
+INJECT_ENV = "DDPBENCH_INJECT_SLOWDOWN"
+
+
+def parse_injected_slowdown(text: str | None) -> dict[str, float]:
+    """``"all_reduce:10%,broadcast:5"`` -> ``{"all_reduce": 0.10, "broadcast": 0.05}``."""
+    result: dict[str, float] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        op, sep, pct = item.partition(":")
+        op, pct = op.strip(), pct.strip().rstrip("%")
+        try:
+            value = float(pct)
+        except ValueError:
+            value = -1.0
+        if not sep or op not in OPS or not value >= 0:
+            raise ValueError(f"{INJECT_ENV}={text!r}: expected a comma list of op:percent with op in "
+                             f"{', '.join(OPS)} and percent >= 0, e.g. all_reduce:10%")
+        result[op] = value / 100.0
+    return result
+
+
+def _busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def bus_bandwidth_factor(op: str, world_size: int) -> float:
@@ -82,6 +117,7 @@ class Collective(Workload):
         else:
             state["input"] = torch.empty(count, dtype=torch.float32, device=ctx.device)
         self._fill(state)
+        state["inject"] = parse_injected_slowdown(os.environ.get(INJECT_ENV)).get(self.op, 0.0)
         return state
 
     def _fill(self, state) -> None:
@@ -93,6 +129,15 @@ class Collective(Workload):
             state["input"].copy_(_pattern(count, ctx.rank, ctx.device))
 
     def run_round(self, state) -> None:
+        inject = state.get("inject", 0.0)
+        if inject:  # test knob (module docstring): this round takes (1 + inject) x the op's time
+            start = time.perf_counter()
+            self._run_op(state)
+            _busy_wait((time.perf_counter() - start) * inject)
+        else:
+            self._run_op(state)
+
+    def _run_op(self, state) -> None:
         import torch.distributed as dist
 
         if self.op == "all_reduce":
@@ -125,7 +170,7 @@ class Collective(Workload):
         import torch
 
         self._fill(state)
-        self.run_round(state)
+        self._run_op(state)
         result = state["output"] if self.op in ("all_gather", "reduce_scatter") else state["input"]
         expected = self.expected(state)
         if not torch.equal(result, expected):
@@ -144,9 +189,13 @@ class Collective(Workload):
         count = element_count(self.op, self.size_bytes, world_size)
         size_bytes = count * ELEMENT_BYTES
         algbw, busbw = bandwidths_gbps(self.op, size_bytes, world_size, median_s)
-        return {
+        info: dict[str, Any] = {
             "op": self.op,
             "size_bytes": size_bytes,
             "algbw_GBps": round(algbw, 6),
             "busbw_GBps": round(busbw, 6),
         }
+        inject = parse_injected_slowdown(os.environ.get(INJECT_ENV)).get(self.op, 0.0)
+        if inject:
+            info["injected_slowdown_pct"] = round(inject * 100, 3)
+        return info

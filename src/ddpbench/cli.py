@@ -1,0 +1,171 @@
+"""``ddpbench compare`` (the noise-aware gate) and ``ddpbench report`` (tables and charts).
+
+Exit status of ``compare``: 0 no regression, 1 at least one regression, 2 bad input (missing or
+unreadable runs, or runs without raw rounds unless ``--allow-summary-stats``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import compare as cmp
+
+DEFAULT_STORAGE = ".benchmarks"
+DEFAULT_CHARTS = "reports"
+
+
+def _percent(text: str) -> float:
+    value = text.strip().rstrip("%")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 10% or 5, got {text!r}") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return number / 100.0
+
+
+def _confidence(text: str) -> float:
+    percent = text.strip().endswith("%")
+    try:
+        value = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected e.g. 0.95 or 95%, got {text!r}") from None
+    if percent:
+        value /= 100.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie between 0 and 1 (or 0% and 100%), got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddpbench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compare", help="noise-aware regression verdicts between two runs",
+                       description="Compare two pytest-benchmark runs case by case: ratio of medians "
+                                   "with a confidence interval from the raw rounds, and a verdict. "
+                                   "Exit 0: no regression, 1: regression(s), 2: bad input.")
+    c.add_argument("baseline", nargs="?", help="baseline run: a JSON file, or a saved run's number "
+                   "(e.g. 0003). Default: the second newest run in the storage")
+    c.add_argument("current", nargs="?", help="current run (file or number). Default: the newest run")
+    c.add_argument("--storage", default=DEFAULT_STORAGE, help="pytest-benchmark storage folder (default .benchmarks)")
+    c.add_argument("--threshold", type=_percent, default=cmp.DEFAULT_THRESHOLD,
+                   help="smallest slowdown reported as a regression (default 10%%)")
+    c.add_argument("--confidence", type=_confidence, default=cmp.DEFAULT_CONFIDENCE,
+                   help="confidence of the intervals and the rank test (default 0.95)")
+    c.add_argument("--calibration", choices=("auto", "always", "never"), default="auto",
+                   help="normalise by the runs' calibration probes: auto (when they differ by more "
+                        f"than {cmp.DRIFT_TOLERANCE * 100:g}%%), always, never (default auto)")
+    c.add_argument("--allow-summary-stats", action="store_true",
+                   help="runs without raw rounds: give verdicts from the summary stats and exit 0/1 "
+                        "instead of 2")
+    fmt = c.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    fmt.add_argument("--markdown", action="store_true", help="print a markdown table (CI comments)")
+    c.add_argument("--chart", metavar="PNG", help="also write a chart of the ratios and their intervals")
+
+    r = sub.add_parser("report", help="markdown tables and PNG charts of a run",
+                       description="Markdown tables in the shape of the reports this suite reproduces, "
+                                   "and PNG charts, from a saved run or a --benchmark-json file.")
+    r.add_argument("run", nargs="?", help="a JSON file or a saved run's number. Default: the newest saved run")
+    r.add_argument("--storage", default=DEFAULT_STORAGE, help="pytest-benchmark storage folder (default .benchmarks)")
+    r.add_argument("--charts", default=DEFAULT_CHARTS, metavar="DIR",
+                   help="folder for the PNG charts; a sub-folder per run (default reports/)")
+    r.add_argument("--no-charts", action="store_true", help="tables only (no matplotlib needed)")
+    r.add_argument("--output", metavar="MD", help="also write the markdown to this file")
+    return parser
+
+
+def _error(command: str, message: str) -> int:
+    print(f"ddpbench {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_compare(args) -> int:
+    try:
+        if args.baseline and args.current:
+            base_path = cmp.resolve_run(args.baseline, args.storage)
+            cur_path = cmp.resolve_run(args.current, args.storage)
+        elif args.baseline:  # one run given: compare it against... the newest saved run
+            base_path = cmp.resolve_run(args.baseline, args.storage)
+            runs = cmp.saved_runs(args.storage)
+            if not runs:
+                raise cmp.CompareError(f"only a baseline was given and {args.storage} has no saved run "
+                                       f"to compare it with; name the current run too")
+            cur_path = runs[-1]
+        else:
+            base_path, cur_path = cmp.default_runs(args.storage)
+        if base_path.resolve() == cur_path.resolve():
+            raise cmp.CompareError(f"baseline and current are the same file: {base_path}")
+        base = cmp.load_run(base_path)
+        cur = cmp.load_run(cur_path)
+        result = cmp.compare_runs(base, cur, threshold=args.threshold, confidence=args.confidence,
+                                  calibration=args.calibration)
+    except cmp.CompareError as exc:
+        return _error("compare", str(exc))
+    if args.json:
+        print(cmp.format_json(result))
+    elif args.markdown:
+        print(cmp.format_markdown(result))
+    else:
+        print(cmp.format_text(result))
+    if args.chart:
+        from .report import MatplotlibMissing, compare_chart
+
+        try:
+            path = compare_chart(result, args.chart)
+            print(f"compare chart: {path}", file=sys.stderr)
+        except MatplotlibMissing as exc:
+            return _error("compare", str(exc))
+    if result.summary_only and not args.allow_summary_stats:
+        return _error("compare", "the runs lack raw round times, so the noise-aware gate could not run "
+                                 "(verdicts above come from summary stats). Save runs with "
+                                 "--benchmark-save-data, or pass --allow-summary-stats to accept them")
+    return 1 if result.regressions else 0
+
+
+def run_report(args) -> int:
+    from . import report
+
+    try:
+        if args.run:
+            path = cmp.resolve_run(args.run, args.storage)
+        else:
+            runs = cmp.saved_runs(args.storage)
+            if not runs:
+                raise cmp.CompareError(f"no saved run in {args.storage}; run `make bench` (or pytest "
+                                       f"benchmarks/ --benchmark-autosave) first, or name a JSON file")
+            path = runs[-1]
+        run = cmp.load_run(path)
+    except cmp.CompareError as exc:
+        return _error("report", str(exc))
+    text = report.markdown_report(run)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"markdown written to {args.output}", file=sys.stderr)
+    if args.no_charts:
+        return 0
+    try:
+        charts = report.write_charts(run, Path(args.charts) / run.path.stem)
+    except report.MatplotlibMissing as exc:
+        return _error("report", str(exc))
+    if charts:
+        print(f"charts written to {charts[0].parent}/: {', '.join(p.name for p in charts)}")
+    else:
+        print("no charts for the families in this run")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "compare":
+        return run_compare(args)
+    return run_report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

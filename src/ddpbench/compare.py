@@ -1,0 +1,491 @@
+"""Noise-aware regression verdicts over pytest-benchmark JSON (saved runs or --benchmark-json files).
+
+Per case (matched by pytest-benchmark's ``fullname``):
+
+* ``ratio`` = median(current rounds) / median(baseline rounds), divided by the machine-drift factor
+  when compare normalises (see below). >1 means slower.
+* a confidence interval of that ratio from the raw rounds: a percentile bootstrap of the ratio of
+  medians (fixed seed, so the same files always give the same verdicts), plus a two-sided
+  Mann-Whitney U test of the two samples (normal approximation with tie correction), as asv does.
+* verdict: ``regression`` when ratio > 1 + threshold AND the slowdown is significant (the interval
+  lies above 1 and the rank test rejects at 1 - confidence); ``improvement`` symmetrically (ratio <
+  1 / (1 + threshold), interval below 1, rank test rejects); ``unchanged`` otherwise; ``new`` /
+  ``missing`` for cases only in the current / baseline run.
+
+Runs saved without ``--benchmark-save-data`` hold only summary statistics: compare then falls back
+to the medians with an interval from the IQR and round counts (normal approximation of the median's
+standard error) and says so; :attr:`Comparison.summary_only` is set (the CLI exits 2 unless
+``--allow-summary-stats``).
+
+Machine drift: every run saved by ddpbench carries a calibration probe (:mod:`ddpbench.calibration`)
+in ``machine_info``. With ``calibration="auto"`` (default) the ratios are divided by
+current_probe / baseline_probe when that factor is outside 1 +- :data:`DRIFT_TOLERANCE` (inside it,
+the probe's own noise would only add noise) and both probes were steady (median repetition at most
+:data:`ddpbench.calibration.MAX_PROBE_SPREAD` x the fastest: an unsteady probe means a busy machine,
+whose load a probe cannot tell from drift); ``"always"`` / ``"never"`` force it. A run saved while
+the load average exceeded the CPU count gets a warning: load that changes between runs is not in
+the rounds' noise, so no within-run statistic can guard against it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .calibration import MAX_PROBE_SPREAD, drift_factor, overload, probe_of, probe_spread
+
+DEFAULT_THRESHOLD = 0.10
+DEFAULT_CONFIDENCE = 0.95
+DRIFT_TOLERANCE = 0.10
+BOOTSTRAP_RESAMPLES = 2000
+VERDICTS = ("regression", "improvement", "unchanged", "new", "missing")
+# machine_info fields whose difference makes timings hard to compare
+MACHINE_FIELDS = ("node", "processor", "machine", "system", "release", "python_implementation",
+                  "python_version")
+RUN_NAME = re.compile(r"^(\d{4})_.*\.json$")
+
+
+class CompareError(Exception):
+    """Bad input: a message for the user, exit status 2."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading runs
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    fullname: str
+    group: str | None
+    extra_info: dict[str, Any]
+    stats: dict[str, Any]
+    data: list[float] | None  # raw rounds (seconds), None when saved without --benchmark-save-data
+
+    @property
+    def median(self) -> float:
+        if self.data:
+            return float(np.median(self.data))
+        return float(self.stats["median"])
+
+
+@dataclass
+class Run:
+    path: Path
+    machine_info: dict[str, Any]
+    commit_info: dict[str, Any]
+    datetime: str | None
+    cases: dict[str, Case]
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+    @property
+    def has_raw_data(self) -> bool:
+        return all(case.data for case in self.cases.values())
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load_run(path: str | Path) -> Run:
+    """Read one pytest-benchmark JSON file; :class:`CompareError` with a clear message if unusable."""
+    path = Path(path)
+    if not path.exists():
+        raise CompareError(f"{path}: no such file")
+    if path.is_dir():
+        raise CompareError(f"{path}: is a directory, expected a pytest-benchmark JSON file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CompareError(f"{path}: cannot read it ({exc})") from None
+    if not text.strip():
+        raise CompareError(f"{path}: the file is empty (an interrupted or failed run?)")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CompareError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
+                           f"{exc.colno}); a truncated or hand-edited file?") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
+        raise CompareError(f"{path}: not a pytest-benchmark result (no 'benchmarks' list); expected a "
+                           f"file saved by --benchmark-autosave/--benchmark-save or --benchmark-json")
+    cases: dict[str, Case] = {}
+    for index, bench in enumerate(doc["benchmarks"]):
+        stats = bench.get("stats") if isinstance(bench, dict) else None
+        if not isinstance(stats, dict) or not _number(stats.get("median")):
+            raise CompareError(f"{path}: benchmark #{index} has no stats.median; the file is damaged")
+        fullname = str(bench.get("fullname") or bench.get("name") or f"#{index}")
+        data = stats.get("data")
+        if data is not None:
+            if not isinstance(data, list) or not data or not all(_number(x) for x in data):
+                raise CompareError(f"{path}: {fullname}: stats.data is not a list of round times")
+            data = [float(x) for x in data]
+        cases[fullname] = Case(
+            name=str(bench.get("name") or fullname),
+            fullname=fullname,
+            group=bench.get("group"),
+            extra_info=bench.get("extra_info") if isinstance(bench.get("extra_info"), dict) else {},
+            stats=stats,
+            data=data,
+        )
+    if not cases:
+        raise CompareError(f"{path}: the run holds no benchmarks (were they all skipped or deselected?)")
+    machine_info = doc.get("machine_info") if isinstance(doc.get("machine_info"), dict) else {}
+    commit_info = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
+    return Run(path, machine_info, commit_info, doc.get("datetime"), cases)
+
+
+def saved_runs(storage: str | Path) -> list[Path]:
+    """Saved runs (``<storage>/<machine-id>/NNNN_*.json``) of the machine id with the most recently
+    saved run, oldest first (by pytest-benchmark's run number)."""
+    storage = Path(storage)
+    if not storage.is_dir():
+        return []
+    files = [p for p in storage.glob("*/*.json") if RUN_NAME.match(p.name)]
+    if not files:
+        return []
+    newest_dir = max(files, key=lambda p: p.stat().st_mtime).parent
+    mine = [p for p in files if p.parent == newest_dir]
+    return sorted(mine, key=lambda p: (int(RUN_NAME.match(p.name).group(1)), p.name))
+
+
+def resolve_run(spec: str, storage: str | Path) -> Path:
+    """A file path, or a saved run's number / name prefix (``0003``, ``3``) in ``storage``."""
+    path = Path(spec)
+    if path.exists() or spec.endswith(".json") or "/" in spec:
+        return path
+    runs = saved_runs(storage)
+    wanted = f"{int(spec):04d}" if spec.isdigit() else spec
+    matches = [p for p in runs if p.name.startswith(wanted)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise CompareError(f"no saved run matching {spec!r} in {storage} (and no such file)")
+    raise CompareError(f"{spec!r} matches several saved runs: {', '.join(p.name for p in matches)}")
+
+
+def default_runs(storage: str | Path) -> tuple[Path, Path]:
+    runs = saved_runs(storage)
+    if len(runs) < 2:
+        found = "no saved run" if not runs else f"only one saved run ({runs[0]})"
+        raise CompareError(
+            f"need a baseline and a current run, but {storage} has {found}. Save runs with "
+            f"`pytest benchmarks/ --benchmark-autosave --benchmark-save-data` (as `make bench` does) "
+            f"or name two --benchmark-json files: ddpbench compare BASELINE.json CURRENT.json")
+    return runs[-2], runs[-1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics
+# ----------------------------------------------------------------------------------------------
+
+
+def bootstrap_ratio_ci(baseline, current, confidence: float = DEFAULT_CONFIDENCE,
+                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of median(current) / median(baseline)."""
+    base = np.asarray(baseline, dtype=float)
+    cur = np.asarray(current, dtype=float)
+    rng = np.random.default_rng(seed)
+    base_medians = np.median(base[rng.integers(0, base.size, (resamples, base.size))], axis=1)
+    cur_medians = np.median(cur[rng.integers(0, cur.size, (resamples, cur.size))], axis=1)
+    ratios = cur_medians / base_medians
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def mann_whitney_p(baseline, current) -> float:
+    """Two-sided Mann-Whitney U p-value (normal approximation, tie-corrected, continuity-corrected)."""
+    a = np.asarray(baseline, dtype=float)
+    b = np.asarray(current, dtype=float)
+    n1, n2 = a.size, b.size
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    combined = np.concatenate([a, b])
+    order = np.argsort(combined, kind="mergesort")
+    ranks = np.empty(combined.size, dtype=float)
+    sorted_vals = combined[order]
+    # average ranks for ties
+    _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
+    avg = first + (counts + 1) / 2.0  # 1-based average rank of each tie block
+    ranks[order] = np.repeat(avg, counts)
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    mean_u = n1 * n2 / 2.0
+    n = n1 + n2
+    tie_term = float((counts ** 3 - counts).sum())
+    var_u = n1 * n2 / 12.0 * ((n + 1) - tie_term / (n * (n - 1))) if n > 1 else 0.0
+    if var_u <= 0:
+        return 1.0
+    z = (abs(u1 - mean_u) - 0.5) / math.sqrt(var_u)
+    if z <= 0:
+        return 1.0
+    return float(math.erfc(z / math.sqrt(2.0)))
+
+
+def _z(confidence: float) -> float:
+    """Two-sided normal quantile, by bisection on erfc (no scipy)."""
+    target = 1.0 - confidence
+    lo, hi = 0.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if math.erfc(mid / math.sqrt(2.0)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def summary_ratio_ci(base_stats: dict, cur_stats: dict,
+                     confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float]:
+    """(ratio, lo, hi) from summary stats only: the median's standard error ~ 1.253 * sigma / sqrt(n)
+    with sigma ~ IQR / 1.349, combined on the log scale."""
+    def rel_se(stats):
+        n = max(int(stats.get("rounds") or 1), 1)
+        iqr = stats.get("iqr") if _number(stats.get("iqr")) else 0.0
+        sigma = iqr / 1.349
+        return 1.2533 * sigma / math.sqrt(n) / float(stats["median"])
+
+    ratio = float(cur_stats["median"]) / float(base_stats["median"])
+    se = math.hypot(rel_se(base_stats), rel_se(cur_stats))
+    z = _z(confidence)
+    return ratio, ratio * math.exp(-z * se), ratio * math.exp(z * se)
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparison
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseVerdict:
+    name: str
+    fullname: str
+    verdict: str
+    baseline_median_s: float | None = None
+    current_median_s: float | None = None
+    ratio: float | None = None  # normalised when Comparison.normalised
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    baseline_rounds: int | None = None
+    current_rounds: int | None = None
+    method: str | None = None  # "bootstrap+mann-whitney" or "summary-stats"
+
+
+@dataclass
+class Comparison:
+    baseline: str
+    current: str
+    threshold: float
+    confidence: float
+    cases: list[CaseVerdict]
+    drift: float | None = None  # current / baseline calibration probe
+    normalised: bool = False
+    summary_only: bool = False
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for case in self.cases if case.verdict == verdict)
+
+    @property
+    def regressions(self) -> list[CaseVerdict]:
+        return [case for case in self.cases if case.verdict == "regression"]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["counts"] = {v: self.count(v) for v in VERDICTS}
+        return out
+
+
+def machine_differences(base: dict, cur: dict) -> list[str]:
+    diffs = []
+    for key in MACHINE_FIELDS:
+        if base.get(key) != cur.get(key):
+            diffs.append(f"{key}: {base.get(key)!r} -> {cur.get(key)!r}")
+    base_cpu = (base.get("cpu") or {}).get("brand_raw") if isinstance(base.get("cpu"), dict) else None
+    cur_cpu = (cur.get("cpu") or {}).get("brand_raw") if isinstance(cur.get("cpu"), dict) else None
+    if base_cpu != cur_cpu:
+        diffs.append(f"cpu: {base_cpu!r} -> {cur_cpu!r}")
+    return diffs
+
+
+def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
+                 confidence: float = DEFAULT_CONFIDENCE, calibration: str = "auto",
+                 seed: int = 0) -> Comparison:
+    if not threshold >= 0:
+        raise CompareError(f"--threshold must be >= 0, got {threshold}")
+    if not 0 < confidence < 1:
+        raise CompareError(f"--confidence must be between 0 and 1, got {confidence}")
+    if calibration not in ("auto", "always", "never"):
+        raise CompareError(f"--calibration must be auto, always or never, got {calibration!r}")
+    result = Comparison(str(base.path), str(cur.path), threshold, confidence, [])
+
+    diffs = machine_differences(base.machine_info, cur.machine_info)
+    if diffs:
+        result.warnings.append("the runs come from different machines or environments ("
+                               + "; ".join(diffs) + "); ratios mix code and machine changes")
+
+    probes = {r.label: probe_of(r.machine_info) for r in (base, cur)}
+    busy = {label: overload(p) for label, p in probes.items() if overload(p)}
+    if busy:
+        result.warnings.append(
+            "the machine was overloaded while saving " + "; ".join(f"{k} ({v})" for k, v in busy.items())
+            + ": between-run load changes are not in the rounds' noise, so verdicts may be false alarms")
+    noisy = {label: probe_spread(p) for label, p in probes.items()
+             if probe_spread(p) is not None and probe_spread(p) > MAX_PROBE_SPREAD}
+    drift = drift_factor(probe_of(base.machine_info), probe_of(cur.machine_info))
+    result.drift = drift
+    scale = 1.0
+    if drift is not None and noisy and calibration == "auto":
+        result.notes.append(
+            f"not normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's time "
+            f"but was unsteady (median/min " + ", ".join(f"{v:.2f} in {k}" for k, v in noisy.items())
+            + f", limit {MAX_PROBE_SPREAD}): a busy machine, whose load cannot be told from drift")
+    elif drift is None:
+        if calibration != "never":
+            missing = [r.label for r in (base, cur) if probe_of(r.machine_info) is None]
+            why = (f"no calibration probe in {', '.join(missing)}" if missing
+                   else "the runs' calibration probes differ in kind")
+            result.notes.append(f"not normalised for machine drift: {why}")
+    elif calibration == "always" or (calibration == "auto" and abs(drift - 1) > DRIFT_TOLERANCE):
+        scale = drift
+        result.normalised = True
+        direction = "slower" if drift > 1 else "faster"
+        result.notes.append(
+            f"normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's "
+            f"time (current machine {abs(drift - 1) * 100:.1f}% {direction}); all ratios divided by {drift:.3f}")
+    elif calibration == "auto":
+        result.notes.append(f"calibration probe {drift:.3f}x the baseline's, within +-"
+                            f"{DRIFT_TOLERANCE * 100:.0f}% of it: not normalised")
+    else:
+        result.notes.append(f"calibration probe {drift:.3f}x the baseline's: not normalised (--calibration never)")
+
+    raw = base.has_raw_data and cur.has_raw_data
+    if not raw:
+        result.summary_only = True
+        missing = [r.label for r in (base, cur) if not r.has_raw_data]
+        result.warnings.append(
+            f"no raw round times in {', '.join(missing)} (saved without --benchmark-save-data): verdicts "
+            f"fall back to the summary stats (median, IQR, rounds) and are less reliable")
+
+    alpha = 1.0 - confidence
+    for fullname, bcase in base.cases.items():
+        if fullname not in cur.cases:
+            result.cases.append(CaseVerdict(bcase.name, fullname, "missing",
+                                            baseline_median_s=bcase.median))
+    for fullname, ccase in cur.cases.items():
+        bcase = base.cases.get(fullname)
+        if bcase is None:
+            result.cases.append(CaseVerdict(ccase.name, fullname, "new", current_median_s=ccase.median))
+            continue
+        verdict = CaseVerdict(ccase.name, fullname, "unchanged",
+                              baseline_median_s=bcase.median, current_median_s=ccase.median)
+        if bcase.data and ccase.data:
+            verdict.method = "bootstrap+mann-whitney"
+            ratio = ccase.median / bcase.median
+            lo, hi = bootstrap_ratio_ci(bcase.data, ccase.data, confidence, seed=seed)
+            p = mann_whitney_p(bcase.data, ccase.data)
+            verdict.baseline_rounds, verdict.current_rounds = len(bcase.data), len(ccase.data)
+        else:
+            verdict.method = "summary-stats"
+            ratio, lo, hi = summary_ratio_ci(bcase.stats, ccase.stats, confidence)
+            p = None
+            verdict.baseline_rounds = bcase.stats.get("rounds")
+            verdict.current_rounds = ccase.stats.get("rounds")
+        ratio, lo, hi = ratio / scale, lo / scale, hi / scale
+        verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio, lo, hi, p
+        rank_test_ok = p is None or p < alpha
+        if ratio > 1 + threshold and lo > 1 and rank_test_ok:
+            verdict.verdict = "regression"
+        elif ratio < 1 / (1 + threshold) and hi < 1 and rank_test_ok:
+            verdict.verdict = "improvement"
+        result.cases.append(verdict)
+    order = {v: i for i, v in enumerate(VERDICTS)}
+    result.cases.sort(key=lambda c: (order[c.verdict], c.fullname))
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _rows(result: Comparison) -> list[list[str]]:
+    rows = []
+    for c in result.cases:
+        ci = "-" if c.ci_low is None else f"[{c.ci_low:.3f}, {c.ci_high:.3f}]"
+        p = "-" if c.p_value is None else f"{c.p_value:.2g}"
+        rounds = "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}"
+        rows.append([c.name, _ms(c.baseline_median_s), _ms(c.current_median_s), _ratio(c.ratio), ci, p,
+                     rounds, c.verdict])
+    return rows
+
+
+HEADERS = ["case", "baseline median (ms)", "current median (ms)", "ratio", "CI", "p", "rounds", "verdict"]
+
+
+def _summary_line(result: Comparison) -> str:
+    counts = ", ".join(f"{result.count(v)} {v}" for v in VERDICTS if result.count(v))
+    return (f"{counts or 'no cases'} (threshold {result.threshold * 100:g}%, "
+            f"{result.confidence * 100:g}% confidence)")
+
+
+def format_text(result: Comparison) -> str:
+    ci_head = f"{result.confidence * 100:g}% CI"
+    headers = [ci_head if h == "CI" else h for h in HEADERS]
+    rows = _rows(result)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = [f"baseline: {result.baseline}", f"current:  {result.current}"]
+    lines += [f"note: {n}" for n in result.notes]
+    lines += [f"WARNING: {w}" for w in result.warnings]
+    lines.append("")
+    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        flag = "  <<" if row[-1] == "regression" else ""
+        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + flag)
+    lines.append("")
+    lines.append(_summary_line(result))
+    return "\n".join(lines)
+
+
+def format_markdown(result: Comparison) -> str:
+    ci_head = f"{result.confidence * 100:g}% CI"
+    headers = [ci_head if h == "CI" else h for h in HEADERS]
+    status = "regressions found" if result.regressions else "no regression"
+    lines = [f"### ddpbench compare: {status}", "",
+             f"Baseline `{Path(result.baseline).name}`, current `{Path(result.current).name}`. "
+             + _summary_line(result) + ".", ""]
+    lines += [f"- {n}" for n in result.notes]
+    lines += [f"- **Warning:** {w}" for w in result.warnings]
+    if result.notes or result.warnings:
+        lines.append("")
+    lines.append("| " + " | ".join(headers) + " |")
+    lines.append("|" + "|".join("---" for _ in headers) + "|")
+    for row in _rows(result):
+        if row[-1] == "regression":
+            row[-1] = "**regression**"
+        lines.append("| " + " | ".join(v.replace("|", "\\|") for v in row) + " |")
+    return "\n".join(lines)
+
+
+def format_json(result: Comparison) -> str:
+    return json.dumps(result.to_dict(), indent=2)

@@ -1,0 +1,309 @@
+"""Seed-shaped markdown tables and PNG charts from one saved run (or --benchmark-json file).
+
+Families are recognised by their extra_info keys, so a run holding any subset of them works:
+
+* collectives (``op``, ``size_bytes``): per op, Backend | Processes | Size | Avg Time (ms) |
+  Effective Bandwidth (GB/s) | Bus Bandwidth (GB/s), bandwidths from the average time;
+* SyncBN (``variant``, ``hidden_dim``): batch_size | hidden_dim | num_workers, then median time
+  and max memory allocated per variant;
+* training (``impl``): per impl, Ranks | Model | Time per step | samples/s | scaling efficiency |
+  Max Memory Allocated;
+* dataset sharing (``layout``): layout | workers | sharing | share time | epoch time | open fds |
+  memory;
+* anything else: Case | Median time.
+
+Charts (matplotlib, the ``plot`` extra): collectives time and bus bandwidth vs size, one line per
+backend and process count, one panel per op; training throughput vs world size per impl; and
+:func:`compare_chart` for the ratios of a comparison with their intervals.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from .compare import Case, Comparison, Run
+from .options import format_size
+
+
+class MatplotlibMissing(RuntimeError):
+    pass
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MatplotlibMissing(
+            "charts need matplotlib, which is not installed: pip install 'ddpbench[plot]' "
+            "(or pass --no-charts for the tables only)") from None
+    return plt
+
+
+def family(case: Case) -> str:
+    info = case.extra_info
+    if "op" in info and "size_bytes" in info:
+        return "collectives"
+    if "variant" in info and "hidden_dim" in info:
+        return "syncbn"
+    if "impl" in info:
+        return "training"
+    if "layout" in info:
+        return "datasets"
+    return "other"
+
+
+def by_family(run: Run) -> dict[str, list[Case]]:
+    groups: dict[str, list[Case]] = defaultdict(list)
+    for case in run.cases.values():
+        groups[family(case)].append(case)
+    return groups
+
+
+def _num(value, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "n/a"
+    return fmt.format(value * scale)
+
+
+def _mem(value) -> str:
+    return _num(value, "{:.1f} MB", 1 / 2**20)
+
+
+def _sort_key(*values) -> tuple:
+    """Numbers before text, numbers numerically (so 64 sorts before 256)."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+                 for v in values)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _mean(case: Case) -> float:
+    if case.data:
+        return sum(case.data) / len(case.data)
+    return float(case.stats.get("mean", case.stats["median"]))
+
+
+def collectives_tables(cases: list[Case]) -> str:
+    per_op: dict[str, list[Case]] = defaultdict(list)
+    for case in cases:
+        per_op[case.extra_info["op"]].append(case)
+    parts = []
+    for op in sorted(per_op):
+        rows = []
+        ordered = sorted(per_op[op], key=lambda c: (str(c.extra_info.get("backend")),
+                                                     c.extra_info.get("world_size") or 0,
+                                                     c.extra_info["size_bytes"]))
+        for case in ordered:
+            info = case.extra_info
+            mean_s = _mean(case)
+            algbw = info["size_bytes"] / mean_s / 1e9
+            alg, bus = info.get("algbw_GBps"), info.get("busbw_GBps")
+            factor = bus / alg if isinstance(alg, (int, float)) and alg and isinstance(bus, (int, float)) else None
+            rows.append([str(info.get("backend", "?")), str(info.get("world_size", "?")),
+                         format_size(int(info["size_bytes"])), f"{mean_s * 1e3:.3f}", f"{algbw:.3f}",
+                         "n/a" if factor is None else f"{algbw * factor:.3f}"])
+        parts.append(f"### {op}\n\n" + _table(
+            ["Backend", "Processes", "Size", "Avg Time (ms)", "Effective Bandwidth (GB/s)",
+             "Bus Bandwidth (GB/s)"], rows))
+    return "\n\n".join(parts)
+
+
+def syncbn_table(cases: list[Case]) -> str:
+    variants = sorted({str(c.extra_info["variant"]) for c in cases})
+    cells: dict[tuple, dict[str, Case]] = defaultdict(dict)
+    for case in cases:
+        info = case.extra_info
+        key = (info.get("batch_size"), info.get("hidden_dim"), info.get("world_size"), info.get("backend"))
+        cells[key][str(info["variant"])] = case
+    headers = ["batch_size", "hidden_dim", "num_workers"]
+    for v in variants:
+        headers += [f"{v} median time (ms)", f"{v} max memory allocated"]
+    rows = []
+    for key in sorted(cells, key=lambda k: _sort_key(*k)):
+        batch, hidden, workers, _ = key
+        row = [str(batch), str(hidden), str(workers)]
+        for v in variants:
+            case = cells[key].get(v)
+            row += ["-", "-"] if case is None else [f"{case.median * 1e3:.3f}",
+                                                     _mem(case.extra_info.get("peak_memory_bytes"))]
+        rows.append(row)
+    return _table(headers, rows)
+
+
+def training_tables(cases: list[Case]) -> str:
+    per_impl: dict[str, list[Case]] = defaultdict(list)
+    for case in cases:
+        per_impl[str(case.extra_info["impl"])].append(case)
+    parts = []
+    for impl in sorted(per_impl):
+        rows = []
+        for case in sorted(per_impl[impl], key=lambda c: (str(c.extra_info.get("model")),
+                                                           c.extra_info.get("world_size") or 0)):
+            info = case.extra_info
+            rows.append([str(info.get("world_size", "?")), str(info.get("model", "-")),
+                         f"{case.median * 1e3:.3f}", _num(info.get("samples_per_second"), "{:.1f}"),
+                         _num(info.get("scaling_efficiency"), "{:.2f}"),
+                         _num(info.get("final_loss"), "{:.4f}"), _mem(info.get("peak_memory_bytes"))])
+        parts.append(f"### {impl}\n\n" + _table(
+            ["Ranks", "Model", "Time per round (ms)", "Samples/s", "Scaling efficiency", "Final loss",
+             "Max Memory Allocated"], rows))
+    return "\n\n".join(parts)
+
+
+def datasets_table(cases: list[Case]) -> str:
+    rows = []
+    for case in sorted(cases, key=lambda c: (str(c.extra_info.get("layout")),
+                                             c.extra_info.get("num_workers") or 0,
+                                             str(c.extra_info.get("sharing_strategy")))):
+        info = case.extra_info
+        rows.append([str(info.get("layout")), str(info.get("num_workers", "-")),
+                     str(info.get("sharing_strategy", "-")), _num(info.get("share_seconds"), "{:.3f}"),
+                     f"{case.median:.3f}", _num(info.get("open_fds"), "{:.0f}"),
+                     _mem(info.get("peak_memory_bytes"))])
+    return _table(["layout", "workers", "sharing strategy", "share time (s)", "epoch time (s)",
+                   "open fds", "memory"], rows)
+
+
+def other_table(cases: list[Case]) -> str:
+    rows = [[c.name, f"{c.median * 1e3:.3f}"] for c in sorted(cases, key=lambda c: c.fullname)]
+    return _table(["Case", "Median time (ms)"], rows)
+
+
+SECTIONS = (
+    ("collectives", "Collectives", collectives_tables),
+    ("syncbn", "SyncBatchNorm", syncbn_table),
+    ("training", "Training", training_tables),
+    ("datasets", "Dataset sharing", datasets_table),
+    ("other", "Other cases", other_table),
+)
+
+
+def markdown_report(run: Run) -> str:
+    groups = by_family(run)
+    parts = [f"# ddpbench report: {run.label}"]
+    if run.datetime:
+        parts.append(f"Saved {run.datetime}.")
+    for key, title, render in SECTIONS:
+        if groups.get(key):
+            parts.append(f"## {title}\n\n{render(groups[key])}")
+    return "\n\n".join(parts) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Charts
+# ----------------------------------------------------------------------------------------------
+
+
+def _collectives_chart(plt, cases: list[Case], path: Path, metric: str) -> Path:
+    per_op: dict[str, list[Case]] = defaultdict(list)
+    for case in cases:
+        per_op[case.extra_info["op"]].append(case)
+    ops = sorted(per_op)
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        lines: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+        for case in per_op[op]:
+            info = case.extra_info
+            size = int(info["size_bytes"])
+            if metric == "time":
+                value = case.median * 1e3
+            else:
+                bus = info.get("busbw_GBps")
+                value = bus if isinstance(bus, (int, float)) else size / case.median / 1e9
+            lines[(info.get("backend"), info.get("world_size"))].append((size, value))
+        for (backend, ws), points in sorted(lines.items(), key=lambda kv: str(kv[0])):
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{backend}, {ws} proc")
+        ax.set_xscale("log", base=2)
+        if metric == "time":
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_title(op)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("median time (ms)" if metric == "time" else "bus bandwidth (GB/s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _training_chart(plt, cases: list[Case], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lines: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+    for case in cases:
+        info = case.extra_info
+        sps = info.get("samples_per_second")
+        if not isinstance(sps, (int, float)) or isinstance(sps, bool):
+            continue
+        lines[(str(info["impl"]), str(info.get("model", "")))].append((int(info.get("world_size") or 1), sps))
+    for (impl, model), points in sorted(lines.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                label=f"{impl} ({model})" if model else impl)
+    ax.set_xlabel("world size (processes)")
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title("training scaling")
+    ax.grid(True, alpha=0.3)
+    if lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_charts(run: Run, out_dir: str | Path) -> list[Path]:
+    """Write the run's PNG charts into ``out_dir``; raises :class:`MatplotlibMissing`."""
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = by_family(run)
+    written = []
+    if groups.get("collectives"):
+        written.append(_collectives_chart(plt, groups["collectives"], out / "collectives_time.png", "time"))
+        written.append(_collectives_chart(plt, groups["collectives"], out / "collectives_bandwidth.png", "bw"))
+    if groups.get("training"):
+        written.append(_training_chart(plt, groups["training"], out / "training_scaling.png"))
+    return written
+
+
+def compare_chart(result: Comparison, path: str | Path) -> Path:
+    """Ratios (current / baseline median) with their intervals, one row per compared case."""
+    plt = _pyplot()
+    cases = [c for c in result.cases if c.ratio is not None]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.3 * len(cases) + 1.2)))
+    colors = {"regression": "tab:red", "improvement": "tab:green", "unchanged": "tab:gray"}
+    for y, case in enumerate(cases):
+        ax.errorbar(case.ratio, y, xerr=[[case.ratio - case.ci_low], [case.ci_high - case.ratio]],
+                    fmt="o", color=colors.get(case.verdict, "black"), capsize=3)
+    ax.set_yticks(range(len(cases)))
+    ax.set_yticklabels([c.name for c in cases], fontsize=7)
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.axvline(1 + result.threshold, color="tab:red", ls="--", lw=0.8, label=f"+{result.threshold * 100:g}%")
+    ax.axvline(1 / (1 + result.threshold), color="tab:green", ls="--", lw=0.8)
+    ax.set_xlabel("current / baseline median" + (" (drift-normalised)" if result.normalised else ""))
+    ax.set_title(f"{result.confidence * 100:g}% intervals; red = regression")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def report_data(run: Run) -> dict[str, Any]:
+    """Counts per family (for the CLI's summary line)."""
+    return {key: len(cases) for key, cases in by_family(run).items()}

@@ -1,0 +1,50 @@
+"""Builders of pytest-benchmark JSON documents (the shape pytest-benchmark 5.x writes) for tests."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+MACHINE = {"node": "box", "processor": "x86_64", "machine": "x86_64", "system": "Linux",
+           "release": "6.0", "python_implementation": "CPython", "python_version": "3.11.7",
+           "cpu": {"brand_raw": "Test CPU"}}
+
+
+def stats_of(data, include_data=True):
+    data = list(data)
+    ordered = sorted(data)
+    n = len(ordered)
+    q1, q3 = ordered[n // 4], ordered[(3 * n) // 4]
+    stats = {"min": ordered[0], "max": ordered[-1], "mean": statistics.fmean(data),
+             "stddev": statistics.stdev(data) if n > 1 else 0.0, "rounds": n,
+             "median": statistics.median(data), "iqr": q3 - q1, "q1": q1, "q3": q3,
+             "iqr_outliers": 0, "stddev_outliers": 0, "outliers": "0;0", "ld15iqr": ordered[0],
+             "hd15iqr": ordered[-1], "ops": 1 / statistics.fmean(data), "total": sum(data),
+             "iterations": 1}
+    if include_data:
+        stats["data"] = data
+    return stats
+
+
+def bench(name, data, extra_info=None, group=None, include_data=True, module="benchmarks/test_x.py"):
+    return {"group": group, "name": name, "fullname": f"{module}::{name}", "params": None,
+            "param": None, "extra_info": dict(extra_info or {}), "options": {},
+            "stats": stats_of(data, include_data)}
+
+
+def run_doc(benchmarks, probe_s=0.001, machine=None, include_probe=True):
+    machine_info = dict(MACHINE if machine is None else machine)
+    if include_probe:
+        machine_info["ddpbench_calibration"] = {
+            "kind": "memcpy-4MiB+matmul-128-float32-1thread", "version": 1, "min_s": probe_s,
+            "median_s": probe_s * 1.1, "repeats": 100}
+    return {"machine_info": machine_info, "commit_info": {"id": "abc"}, "benchmarks": list(benchmarks),
+            "datetime": "2026-01-01T00:00:00", "version": "5.3.1"}
+
+
+def write(path, doc) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path

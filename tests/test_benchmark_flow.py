@@ -1,0 +1,141 @@
+"""The pytest-benchmark flow on a distributed case, end to end (pytester subprocesses):
+
+save a baseline (--benchmark-autosave --benchmark-save-data), slow the workload 3x, and see the
+native gate (--benchmark-compare --benchmark-compare-fail=median:10%) fail, an unchanged rerun pass,
+--benchmark-json write the rounds, and `ddpbench compare` / `ddpbench report` read the saved runs
+(including a stats-only run saved without --benchmark-save-data).
+
+Robust on a loaded 2-core machine: the round is a 50 ms sleep on each of 2 ranks (CPU contention
+barely moves the median of a sleep; a 10% move would need 5 ms of extra wake-up latency in most
+rounds), and the deliberate slowdown is 3x.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddpbench import cli
+from ddpbench.workloads.collectives import Collective, INJECT_ENV, parse_injected_slowdown
+
+pytest_plugins = ["pytester"]
+
+WORKLOAD = '''
+import os
+import time
+
+from ddpbench.workloads import Workload
+
+
+class Sleepy(Workload):
+    """Each round sleeps FLOW_DELAY_S on every rank (read at set-up, in the rank processes)."""
+
+    group = "flow"
+
+    def setup(self, ctx):
+        return {"delay": float(os.environ["FLOW_DELAY_S"])}
+
+    def run_round(self, state):
+        time.sleep(state["delay"])
+
+    def extra_info(self, world_size, median_s):
+        return {"flow_delay_s": float(os.environ["FLOW_DELAY_S"])}
+'''
+
+BENCH = '''
+from flowwork import Sleepy
+
+
+def test_sleepy(dist_benchmark):
+    dist_benchmark(Sleepy())
+'''
+
+COMMON = ["-p", "no:cacheprovider", "--dist-world-sizes=2", "--dist-rounds=7", "--dist-warmup=1",
+          "-m", "not gpu", "--benchmark-autosave", "--benchmark-save-data"]
+GATE = ["--benchmark-compare=0001", "--benchmark-compare-fail=median:10%"]
+BASE_DELAY = "0.05"
+SLOW_DELAY = "0.15"  # 3x
+
+
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch):
+    # under `make test` (-n 2) this test runs in an xdist worker; pytest-benchmark in the child
+    # would see PYTEST_XDIST_WORKER and disable benchmarking
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _run(pytester, monkeypatch, delay, *args, save_data=True):
+    monkeypatch.setenv("FLOW_DELAY_S", delay)
+    common = COMMON if save_data else [a for a in COMMON if a != "--benchmark-save-data"]
+    return pytester.runpytest_subprocess(*common, *args, timeout=180)
+
+
+def _saved(pytester):
+    return sorted((pytester.path / ".benchmarks").glob("*/*.json"))
+
+
+def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, capsys):
+    pytester.makepyfile(flowwork=WORKLOAD, test_flow=BENCH)
+
+    base = _run(pytester, monkeypatch, BASE_DELAY)
+    assert base.ret == 0, base.stdout.str()
+    [baseline] = _saved(pytester)
+    assert baseline.name.startswith("0001_")
+    doc = json.loads(baseline.read_text())
+    [case] = doc["benchmarks"]
+    assert case["name"] == "test_sleepy[gloo-2p]"
+    assert len(case["stats"]["data"]) == 7  # raw rounds saved (--benchmark-save-data)
+    assert case["extra_info"]["backend"] == "gloo" and case["extra_info"]["world_size"] == 2
+    assert doc["machine_info"]["ddpbench_calibration"]["min_s"] > 0  # drift probe recorded
+
+    slow = _run(pytester, monkeypatch, SLOW_DELAY, *GATE, "--benchmark-json=slow.json")
+    output = slow.stdout.str() + slow.stderr.str()
+    assert slow.ret != 0, output
+    # pytest-benchmark's own message (it logs to stderr and raises PerformanceRegression)
+    assert "Performance has regressed:" in output
+    assert "test_sleepy[gloo-2p]" in output.split("Performance has regressed:")[1]
+    assert len(json.loads((pytester.path / "slow.json").read_text())["benchmarks"][0]["stats"]["data"]) == 7
+
+    # the unchanged rerun is saved without --benchmark-save-data (stats only) to see compare's fallback
+    same = _run(pytester, monkeypatch, BASE_DELAY, *GATE, save_data=False)
+    assert same.ret == 0, same.stdout.str()
+    assert "Performance has regressed" not in same.stdout.str() + same.stderr.str()
+
+    runs = _saved(pytester)
+    assert [p.name[:4] for p in runs] == ["0001", "0002", "0003"]
+
+    # the noise-aware gate on the same saved runs (in-process: a subprocess would only re-import).
+    # --calibration never: the workload is a sleep, which a CPU probe does not describe (on a
+    # loaded machine normalising by it could only add noise here)
+    monkeypatch.chdir(pytester.path)
+    capsys.readouterr()
+    assert cli.main(["compare", "--calibration", "never", "--json", "1", "2"]) == 1
+    [verdict] = json.loads(capsys.readouterr().out)["cases"]
+    assert verdict["verdict"] == "regression" and verdict["ratio"] > 2
+    # run 3 holds only summary stats: verdicts from them, said so, exit 2 unless accepted
+    assert cli.main(["compare", "--calibration", "never", "1", "3"]) == 2
+    out, err = capsys.readouterr()
+    assert "summary stats" in out and "--benchmark-save-data" in err and "Traceback" not in err
+    assert cli.main(["compare", "--calibration", "never", "--json", "--allow-summary-stats", "1", "3"]) == 0
+    [verdict] = json.loads(capsys.readouterr().out)["cases"]
+    assert verdict["verdict"] == "unchanged" and verdict["method"] == "summary-stats"
+    # with no run named: the two newest runs (0002 slow -> 0003 back to normal: an improvement)
+    assert cli.main(["compare", "--calibration", "never", "--allow-summary-stats"]) == 0
+    assert "improvement" in capsys.readouterr().out
+
+    assert cli.main(["report", "slow.json", "--no-charts"]) == 0
+    assert "| test_sleepy[gloo-2p] |" in capsys.readouterr().out
+
+
+def test_injected_slowdown_knob(monkeypatch):
+    assert parse_injected_slowdown("all_reduce:10%") == {"all_reduce": 0.10}
+    assert parse_injected_slowdown(" all_reduce:10, broadcast:2.5% ") == {"all_reduce": 0.10, "broadcast": 0.025}
+    assert parse_injected_slowdown("") == {} and parse_injected_slowdown(None) == {}
+    for bad in ("all_reduce", "allreduce:10%", "all_reduce:-5%", "all_reduce:ten"):
+        with pytest.raises(ValueError, match=INJECT_ENV):
+            parse_injected_slowdown(bad)
+    monkeypatch.setenv(INJECT_ENV, "all_reduce:10%")
+    assert Collective("all_reduce", 1024).extra_info(2, 0.001)["injected_slowdown_pct"] == 10.0
+    assert "injected_slowdown_pct" not in Collective("broadcast", 1024).extra_info(2, 0.001)

@@ -1,0 +1,346 @@
+"""ddpbench compare: statistics on synthetic samples, drift calibration, verdicts, outputs and every
+bad-input path of the CLI (exit 2 with a message, never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from benchjson import bench, run_doc, write
+from ddpbench import calibration, cli
+from ddpbench import compare as cmp
+
+ROUNDS = 30
+NOISE = 0.05  # lognormal sigma: 5% round-to-round noise
+
+
+def sample(rng, median, n=ROUNDS, sigma=NOISE):
+    return list(median * np.exp(rng.normal(0.0, sigma, n)))
+
+
+def two_runs(tmp_path, base_cases, cur_cases, base_probe=0.001, cur_probe=0.001, **kw):
+    base = write(tmp_path / "base.json", run_doc([bench(n, d, **kw) for n, d in base_cases.items()],
+                                                 probe_s=base_probe))
+    cur = write(tmp_path / "cur.json", run_doc([bench(n, d, **kw) for n, d in cur_cases.items()],
+                                               probe_s=cur_probe))
+    return cmp.load_run(base), cmp.load_run(cur)
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def test_mann_whitney_matches_the_textbook_value():
+    # fully separated samples of 10: U = 0, z = (50 - 0.5) / sqrt(175), two-sided p = 1.83e-4
+    assert cmp.mann_whitney_p(range(1, 11), range(11, 21)) == pytest.approx(1.83e-4, rel=0.02)
+    assert cmp.mann_whitney_p(range(11, 21), range(1, 11)) == pytest.approx(1.83e-4, rel=0.02)
+    assert cmp.mann_whitney_p([1.0] * 8, [1.0] * 8) == 1.0  # all ties: no evidence
+    assert cmp.mann_whitney_p([1, 3, 5, 7], [2, 4, 6, 8]) > 0.5
+
+
+def test_bootstrap_interval_contains_the_point_ratio_and_is_deterministic():
+    rng = np.random.default_rng(1)
+    a, b = sample(rng, 1.0), sample(rng, 1.3)
+    lo, hi = cmp.bootstrap_ratio_ci(a, b)
+    assert lo < np.median(b) / np.median(a) < hi
+    assert (lo, hi) == cmp.bootstrap_ratio_ci(a, b)  # fixed seed: same files, same verdicts
+
+
+def _verdicts(shift, trials, threshold=cmp.DEFAULT_THRESHOLD, seed=0):
+    rng = np.random.default_rng(seed)
+    verdicts = []
+    for i in range(trials):
+        base = cmp.Run(cmp.Path("b"), {}, {}, None, {
+            "c": cmp.Case("c", "c", None, {}, {"median": 1.0}, sample(rng, 0.01))})
+        cur = cmp.Run(cmp.Path("c"), {}, {}, None, {
+            "c": cmp.Case("c", "c", None, {}, {"median": 1.0}, sample(rng, 0.01 * shift))})
+        result = cmp.compare_runs(base, cur, threshold=threshold, calibration="never", seed=i)
+        verdicts.append(result.cases[0].verdict)
+    return verdicts
+
+
+def test_a_known_25_percent_slowdown_is_detected_in_every_trial():
+    # 30 rounds with 5% noise: the stated power for a 25% shift at the 10% threshold is 100%
+    assert _verdicts(1.25, trials=100).count("regression") == 100
+
+
+def test_no_shift_is_never_flagged_at_the_default_threshold():
+    verdicts = _verdicts(1.0, trials=100)
+    assert verdicts.count("regression") == 0 and verdicts.count("improvement") == 0
+
+
+def test_no_shift_false_positive_rate_at_zero_threshold_is_near_the_nominal_5_percent():
+    # with threshold 0 only the significance tests guard against noise: both must reject at 95%
+    verdicts = _verdicts(1.0, trials=100, threshold=0.0, seed=7)
+    assert verdicts.count("regression") + verdicts.count("improvement") <= 0.08 * 100
+
+
+def test_a_slowdown_below_the_threshold_is_significant_but_not_a_regression():
+    verdicts = _verdicts(1.05, trials=50)
+    assert verdicts.count("regression") == 0
+
+
+def test_improvement_is_reported_symmetrically():
+    assert _verdicts(0.75, trials=20).count("improvement") == 20
+
+
+def test_interval_covers_the_true_ratio_at_about_the_stated_rate():
+    rng = np.random.default_rng(3)
+    covered = 0
+    for i in range(100):
+        lo, hi = cmp.bootstrap_ratio_ci(sample(rng, 1.0, n=40), sample(rng, 1.2, n=40), seed=i)
+        covered += lo <= 1.2 <= hi
+    assert covered >= 88
+
+
+def test_summary_stats_fallback_gives_verdicts_and_says_so(tmp_path):
+    rng = np.random.default_rng(0)
+    base, cur = two_runs(tmp_path, {"a": sample(rng, 0.01), "b": sample(rng, 0.01)},
+                         {"a": sample(rng, 0.013), "b": sample(rng, 0.01)}, include_data=False)
+    result = cmp.compare_runs(base, cur)
+    assert result.summary_only
+    assert any("--benchmark-save-data" in w for w in result.warnings)
+    verdicts = {c.name: c for c in result.cases}
+    assert verdicts["a"].verdict == "regression" and verdicts["a"].method == "summary-stats"
+    assert verdicts["b"].verdict == "unchanged"
+
+
+# ---------------------------------------------------------------------------------------------
+# machine drift calibration
+# ---------------------------------------------------------------------------------------------
+
+
+def test_probe_measures_something_and_is_stored_in_the_expected_shape():
+    probe = calibration.run_probe(max_seconds=0.05)
+    assert probe["min_s"] > 0 and probe["median_s"] >= probe["min_s"] and probe["repeats"] >= 5
+    assert calibration.probe_of({calibration.MACHINE_INFO_KEY: probe}) == probe
+    assert calibration.probe_of({}) is None
+    assert calibration.probe_of({calibration.MACHINE_INFO_KEY: {"error": "x"}}) is None
+
+
+def _slower_machine_runs(tmp_path, factor, real_slowdown=1.0, cur_probe=None):
+    rng = np.random.default_rng(5)
+    names = [f"case{i}" for i in range(4)]
+    base = {n: sample(rng, 0.01) for n in names}
+    cur = {n: sample(rng, 0.01 * factor * (real_slowdown if n == "case0" else 1.0)) for n in names}
+    return two_runs(tmp_path, base, cur, base_probe=0.001,
+                    cur_probe=0.001 * factor if cur_probe is None else cur_probe)
+
+
+def test_uniformly_slower_machine_is_normalised_and_reported(tmp_path):
+    base, cur = _slower_machine_runs(tmp_path, 1.3)
+    raw = cmp.compare_runs(base, cur, calibration="never")
+    assert raw.count("regression") == 4  # pytest-benchmark's one-number gate would flag all of these
+    result = cmp.compare_runs(base, cur)
+    assert result.normalised and result.drift == pytest.approx(1.3)
+    assert result.count("regression") == 0 and result.count("unchanged") == 4
+    assert any("1.300" in n and "slower" in n for n in result.notes)
+    assert all(c.ratio == pytest.approx(1.0, abs=0.06) for c in result.cases)
+
+
+def test_real_regression_on_a_slower_machine_is_still_caught(tmp_path):
+    base, cur = _slower_machine_runs(tmp_path, 1.3, real_slowdown=1.25)
+    result = cmp.compare_runs(base, cur)
+    assert [c.name for c in result.regressions] == ["case0"]
+
+
+def test_probe_noise_within_tolerance_is_not_normalised(tmp_path):
+    base, cur = _slower_machine_runs(tmp_path, 1.0, cur_probe=0.00104)
+    result = cmp.compare_runs(base, cur)
+    assert not result.normalised and result.drift == pytest.approx(1.04)
+    assert any("not normalised" in n for n in result.notes)
+    forced = cmp.compare_runs(base, cur, calibration="always")
+    assert forced.normalised
+
+
+def test_unsteady_probe_is_not_trusted_and_overload_is_a_warning(tmp_path):
+    rng = np.random.default_rng(8)
+    docs = []
+    for name, probe_s, median_factor, load in (("b", 0.001, 1.1, 0.5), ("c", 0.0007, 1.8, 9.0)):
+        doc = run_doc([bench("a", sample(rng, 0.01))], probe_s=probe_s)
+        doc["machine_info"]["ddpbench_calibration"].update(
+            median_s=probe_s * median_factor, loadavg_1m=load, cpu_count=2)
+        docs.append(cmp.load_run(write(tmp_path / f"{name}.json", doc)))
+    result = cmp.compare_runs(*docs)
+    assert not result.normalised and result.drift == pytest.approx(0.7)
+    assert any("unsteady" in n and "1.80 in c.json" in n for n in result.notes)
+    assert any("overloaded" in w and "c.json (load 9.0 on 2 CPUs)" in w for w in result.warnings)
+    assert not any("b.json (" in w for w in result.warnings)
+    assert cmp.compare_runs(*docs, calibration="always").normalised
+
+
+def test_missing_probe_and_different_machines_are_notes_and_warnings_not_crashes(tmp_path):
+    rng = np.random.default_rng(2)
+    other = dict(run_doc([]).get("machine_info"), node="elsewhere", cpu={"brand_raw": "Other CPU"})
+    b = write(tmp_path / "b.json", run_doc([bench("a", sample(rng, 0.01))], include_probe=False))
+    c = write(tmp_path / "c.json", run_doc([bench("a", sample(rng, 0.01))], machine=other))
+    result = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c))
+    assert not result.normalised and result.drift is None
+    assert any("no calibration probe in b.json" in n for n in result.notes)
+    assert any("different machines" in w and "elsewhere" in w and "Other CPU" in w for w in result.warnings)
+    assert result.cases[0].verdict == "unchanged"
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI: verdicts, exit codes, outputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _files(tmp_path, shift=1.0, include_data=True, extra_case=None, drop_case=None):
+    rng = np.random.default_rng(11)
+    names = ["test_all_reduce[gloo-2p-1MB]", "test_broadcast[gloo-2p-1MB]"]
+    base = {n: sample(rng, 0.002) for n in names}
+    cur = {n: sample(rng, 0.002 * (shift if "all_reduce" in n else 1.0)) for n in names}
+    if extra_case:
+        cur[extra_case] = sample(rng, 0.001)
+    if drop_case:
+        cur.pop(drop_case)
+    b = write(tmp_path / "base.json", run_doc([bench(n, d, include_data=include_data) for n, d in base.items()]))
+    c = write(tmp_path / "cur.json", run_doc([bench(n, d, include_data=include_data) for n, d in cur.items()]))
+    return str(b), str(c)
+
+
+def _main(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, out, err
+
+
+def test_cli_exit_1_on_regression_and_0_without(tmp_path, capsys):
+    b, c = _files(tmp_path, shift=1.5)
+    rc, out, _ = _main(capsys, "compare", b, c)
+    assert rc == 1
+    line = next(l for l in out.splitlines() if "all_reduce" in l)
+    assert "regression" in line and "<<" in line
+    b, c = _files(tmp_path / "same", shift=1.0)
+    rc, out, _ = _main(capsys, "compare", b, c)
+    assert rc == 0 and "2 unchanged" in out
+
+
+def test_cli_new_and_missing_cases(tmp_path, capsys):
+    b, c = _files(tmp_path, extra_case="test_new[x]", drop_case="test_broadcast[gloo-2p-1MB]")
+    rc, out, _ = _main(capsys, "compare", b, c, "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    verdicts = {case["name"]: case["verdict"] for case in doc["cases"]}
+    assert verdicts == {"test_all_reduce[gloo-2p-1MB]": "unchanged", "test_new[x]": "new",
+                        "test_broadcast[gloo-2p-1MB]": "missing"}
+    assert doc["counts"]["new"] == 1 and doc["threshold"] == 0.1
+
+
+def test_cli_markdown_and_threshold(tmp_path, capsys):
+    b, c = _files(tmp_path, shift=1.2)
+    rc, out, _ = _main(capsys, "compare", b, c, "--markdown")
+    assert rc == 1
+    assert out.startswith("### ddpbench compare: regressions found")
+    assert "| case | baseline median (ms) |" in out and "**regression**" in out
+    rc, out, _ = _main(capsys, "compare", b, c, "--markdown", "--threshold", "30%")
+    assert rc == 0 and "no regression" in out
+
+
+def test_cli_defaults_to_the_two_newest_saved_runs(tmp_path, capsys, monkeypatch):
+    rng = np.random.default_rng(4)
+    machine_dir = tmp_path / ".benchmarks" / "Linux-CPython-3.11-64bit"
+    for number, median in (("0001", 0.002), ("0002", 0.002), ("0003", 0.004)):
+        write(machine_dir / f"{number}_run.json", run_doc([bench("case", sample(rng, median))]))
+    monkeypatch.chdir(tmp_path)
+    rc, out, _ = _main(capsys, "compare")
+    assert rc == 1 and "0002_run.json" in out and "0003_run.json" in out
+    rc, out, _ = _main(capsys, "compare", "1", "2")  # saved-run numbers
+    assert rc == 0 and "0001_run.json" in out
+
+
+def test_cli_chart_is_a_valid_png(tmp_path, capsys):
+    mpimg = pytest.importorskip("matplotlib.image")
+    b, c = _files(tmp_path, shift=1.5)
+    rc, _, err = _main(capsys, "compare", b, c, "--chart", str(tmp_path / "ratios.png"))
+    assert rc == 1 and "ratios.png" in err
+    image = mpimg.imread(tmp_path / "ratios.png")
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: exit 2 with a clear message
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad(capsys, *argv):
+    rc, _, err = _main(capsys, *argv)
+    assert rc == 2
+    assert err.startswith("ddpbench compare: error: ")
+    return err
+
+
+def test_missing_baseline_file(tmp_path, capsys):
+    _, c = _files(tmp_path)
+    assert "no such file" in _bad(capsys, "compare", str(tmp_path / "nope.json"), c)
+
+
+def test_empty_file(tmp_path, capsys):
+    _, c = _files(tmp_path)
+    (tmp_path / "empty.json").write_text("")
+    assert "empty" in _bad(capsys, "compare", str(tmp_path / "empty.json"), c)
+
+
+def test_corrupt_json(tmp_path, capsys):
+    b, _ = _files(tmp_path)
+    (tmp_path / "bad.json").write_text(open(b).read()[:200])
+    assert "not valid JSON" in _bad(capsys, "compare", b, str(tmp_path / "bad.json"))
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"hello": 1}, "not a pytest-benchmark result"),
+    ([1, 2], "not a pytest-benchmark result"),
+    ({"benchmarks": []}, "holds no benchmarks"),
+    ({"benchmarks": [{"name": "x", "stats": {}}]}, "no stats.median"),
+    ({"benchmarks": [{"name": "x", "stats": {"median": 1.0, "data": ["a"]}}]}, "not a list of round times"),
+])
+def test_json_that_is_not_a_usable_run(tmp_path, capsys, doc, message):
+    b, _ = _files(tmp_path)
+    write(tmp_path / "odd.json", doc)
+    assert message in _bad(capsys, "compare", b, str(tmp_path / "odd.json"))
+
+
+def test_no_saved_runs_and_a_single_saved_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert "no saved run" in _bad(capsys, "compare")
+    write(tmp_path / ".benchmarks" / "m" / "0001_x.json", run_doc([bench("a", [0.1, 0.2])]))
+    err = _bad(capsys, "compare")
+    assert "only one saved run" in err and "--benchmark-save-data" in err
+    assert "no saved run matching '7'" in _bad(capsys, "compare", "7", "1")
+
+
+def test_same_file_twice(tmp_path, capsys):
+    b, _ = _files(tmp_path)
+    assert "same file" in _bad(capsys, "compare", b, b)
+
+
+def test_runs_without_raw_data_exit_2_unless_summary_stats_are_allowed(tmp_path, capsys):
+    b, c = _files(tmp_path, shift=1.5, include_data=False)
+    rc, out, err = _main(capsys, "compare", b, c)
+    assert rc == 2
+    assert "summary stats" in out and "--benchmark-save-data" in err and "--allow-summary-stats" in err
+    rc, out, _ = _main(capsys, "compare", b, c, "--allow-summary-stats")
+    assert rc == 1 and "regression" in out
+
+
+def test_bad_option_values_are_usage_errors(tmp_path, capsys):
+    b, c = _files(tmp_path)
+    for argv in (["--threshold", "ten"], ["--confidence", "2"], ["--calibration", "maybe"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["compare", b, c, *argv])
+        assert exc.value.code == 2
+        assert "Traceback" not in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    import shutil
+    import sys
+
+    script = os.path.join(os.path.dirname(sys.executable), "ddpbench")
+    assert os.path.exists(script) or shutil.which("ddpbench")

@@ -1,9 +1,10 @@
 """Fidelity check: ddpbench's all_reduce median vs the standalone script's, in one run.
 
 Alternates the standalone script and the suite's all_reduce cases (same sizes, same rounds rule),
-``--repeats`` times each, and prints per size the median of each side and their ratio.
+``--repeats`` times each (which side goes first alternates too), and prints per size the median
+of each side's per-run medians, their ratio, and each repeat's ratio.
 
-    .venv/bin/python benchmarks/raw/fidelity.py --repeats 3
+    .venv/bin/python benchmarks/raw/fidelity.py --repeats 7
 """
 
 import argparse
@@ -44,20 +45,22 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     standalone, suite = {}, {}
+    sides = [(run_standalone, standalone), (run_suite, suite)]
     for i in range(args.repeats):
-        for size, median in run_standalone(args.sizes, args.world_size).items():
-            standalone.setdefault(size, []).append(median)
-        for size, median in run_suite(args.sizes, args.world_size).items():
-            suite.setdefault(size, []).append(median)
+        # Alternate which side goes first, so drift in the machine's state hits both alike.
+        for runner, results in (sides if i % 2 == 0 else sides[::-1]):
+            for size, median in runner(args.sizes, args.world_size).items():
+                results.setdefault(size, []).append(median)
         print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr)
-    print("| size | standalone median (ms) | ddpbench median (ms) | ddpbench / standalone | per-repeat ratios |")
-    print("|---|---|---|---|---|")
+    print("| size | standalone median (ms) | ddpbench median (ms) | ratio of the medians | median of per-repeat ratios | per-repeat ratios |")
+    print("|---|---|---|---|---|---|")
     for size in sorted(standalone):
         ratios = [b / a for a, b in zip(standalone[size], suite[size])]
         print(f"| {size // 1024**2} MB | {statistics.median(standalone[size]) * 1e3:.3f} "
               f"(min {min(standalone[size]) * 1e3:.3f}, max {max(standalone[size]) * 1e3:.3f}) | "
               f"{statistics.median(suite[size]) * 1e3:.3f} "
               f"(min {min(suite[size]) * 1e3:.3f}, max {max(suite[size]) * 1e3:.3f}) | "
+              f"{statistics.median(suite[size]) / statistics.median(standalone[size]):.3f} | "
               f"{statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |")
 
 

@@ -22,7 +22,7 @@ def main(extra):
     with tempfile.TemporaryDirectory() as tmp:
         junit, bench = os.path.join(tmp, "junit.xml"), os.path.join(tmp, "bench.json")
         subprocess.run([sys.executable, "-m", "pytest", "benchmarks/test_collectives.py", "-q",
-                        "-m", "not gpu", f"--junitxml={junit}",
+                        "-m", "not gpu and not slow", f"--junitxml={junit}",
                         f"--benchmark-json={bench}", *extra], check=True, cwd=ROOT)
         wall = {case.get("name"): float(case.get("time"))
                 for case in ET.parse(junit).getroot().iter("testcase")}

@@ -88,23 +88,35 @@ def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:
 
     on_cuda = ctx.device_type == "cuda"
     time_round = _time_round_cuda if on_cuda else _time_round_cpu
+    clock = time.perf_counter
+    phase_start = clock()
     state = workload.setup(ctx)
+    phases = {"engine_setup_s": clock() - phase_start}
     try:
         # Choosing the round count from min_time needs at least one timed warm-up round.
         warmup = max(plan.warmup, 1 if plan.rounds == 0 else 0)
+        phase_start = clock()
         warmup_times = [time_round(ctx, workload.run_round, state) for _ in range(warmup)]
         # The fastest warm-up round estimates a round best: one stall must not cut the count.
         rounds = plan.rounds or plan.rounds_for(_agreed_max(ctx, min(warmup_times)))
+        phases["engine_warmup_s"] = clock() - phase_start
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(ctx.device)
+        phase_start = clock()
         times = [time_round(ctx, workload.run_round, state) for _ in range(rounds)]
+        # The untimed part of the recorded phase: the barriers (and CUDA syncs) between rounds.
+        phases["engine_between_rounds_s"] = max(0.0, clock() - phase_start - sum(times))
         metrics: dict[str, Any] = {}
         if on_cuda:
             metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(ctx.device))
+        phase_start = clock()
         metrics.update(workload.rank_metrics(state) or {})
         workload.check(state)
+        phases["engine_check_s"] = clock() - phase_start
     finally:
         workload.teardown(state)
+    # Where a case's untimed seconds go (max over ranks in extra_info); see benchmarks/raw/overhead.py.
+    metrics.update({key: round(value, 6) for key, value in phases.items()})
     return RankMeasurement(ctx.rank, times, metrics)
 
 

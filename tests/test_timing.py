@@ -86,3 +86,45 @@ def test_a_failing_check_fails_the_task(pool):
     with pytest.raises(TaskFailed, match="wrong result on purpose"):
         pool.run(measure_workload, FailingCheck(), RoundPlan(warmup=0, rounds=1))
     assert pool.alive
+
+
+class ReportAffinity(Workload):
+    """Reports the CPUs of all of the rank's threads while it measures."""
+
+    def __init__(self, pin):
+        self.pin_to_core = pin
+
+    def setup(self, ctx):
+        return None
+
+    def run_round(self, state):
+        pass
+
+    def rank_metrics(self, state):
+        import os
+
+        cpus = {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")}
+        return {"cpus": sorted(cpus)}
+
+
+def current_affinity(ctx):
+    import os
+
+    return sorted(os.sched_getaffinity(0))
+
+
+def test_pinned_pools_keep_each_rank_on_its_own_core_while_measuring(pool):
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 CPUs to pin 2 ranks")
+    assert pool.pinned
+    plan = RoundPlan(warmup=0, rounds=2)
+    pinned = pool.run(measure_workload, ReportAffinity(True), plan)
+    assert [m.metrics["cpus"] for m in pinned] == [[(cores[0],)], [(cores[1],)]]  # every thread
+    assert all(m.metrics["pinned_cores"] for m in pinned)
+    assert pool.run(current_affinity) == [cores, cores]  # restored afterwards
+    free = pool.run(measure_workload, ReportAffinity(False), plan)  # a workload that opts out
+    assert [m.metrics["cpus"] for m in free] == [[tuple(cores)], [tuple(cores)]]
+    assert not any(m.metrics["pinned_cores"] for m in free)

@@ -47,6 +47,9 @@ def pytest_addoption(parser):
                     help="recorded rounds per case; 0 picks enough rounds to fill --dist-min-time. Default: 0")
     group.addoption("--dist-warmup", type=opts.parse_warmup, default=2,
                     help="unrecorded warm-up rounds per case. Default: 2")
+    group.addoption("--dist-pin-cores", choices=("auto", "off"), default="auto",
+                    help="auto: pin each local rank to a core of its own when there are enough "
+                         "cores (steadier medians); off: let the OS place them. Default: auto")
     group.addoption("--dist-controller", default=None, metavar="HOST:PORT",
                     help="multi-node: listen on HOST:PORT for ranks started by torchrun "
                          "(-m ddpbench.worker) instead of spawning local pools")
@@ -192,7 +195,7 @@ def dist_pools(request):
         address, secret = controller
         registry = ExternalPoolRegistry(address, secret, request.config.getoption("dist_controller_wait"))
     else:
-        registry = PoolRegistry()
+        registry = PoolRegistry(pin_cores=request.config.getoption("dist_pin_cores") == "auto")
     yield registry
     registry.close()
 

@@ -74,6 +74,9 @@ class RankContext:
     scratch: dict = field(default_factory=dict)
     # The rank's index on its node (torchrun's LOCAL_RANK); None for single-node pools.
     local_rank: int | None = None
+    # The CPU the engine pins this rank to while it measures (None: not pinned); see
+    # ddpbench.timing.measure_workload and --dist-pin-cores.
+    core: int | None = None
 
     @property
     def device(self):
@@ -119,7 +122,31 @@ def _exit_when_parent_dies(parent_pid: int) -> None:
     threading.Thread(target=watch, name="ddpbench-parent-watch", daemon=True).start()
 
 
-def _rank_main(spec: PoolSpec, rank: int, store_dir: str, conn, parent_pid: int, pg_timeout_s: float):
+def cores_available() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS)
+        return []
+
+
+def should_pin(world_size: int, requested: bool) -> bool:
+    """Pinning is used only where every rank gets a core of its own."""
+    cores = cores_available()
+    return requested and bool(cores) and world_size <= len(cores)
+
+
+def set_process_affinity(cores) -> None:
+    """Set the CPU affinity of every thread of this process (gloo's threads included)."""
+    cores = set(cores)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that just exited
+            pass
+
+
+def _rank_main(spec: PoolSpec, rank: int, store_dir: str, conn, parent_pid: int, pg_timeout_s: float,
+               pin_cores: bool):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_when_parent_dies(parent_pid)
     dump_file = open(os.path.join(store_dir, f"rank{rank}.stack"), "w")
@@ -133,7 +160,8 @@ def _rank_main(spec: PoolSpec, rank: int, store_dir: str, conn, parent_pid: int,
     if spec.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     rendezvous.init_loopback_process_group(spec.backend, rank, spec.world_size, store_dir, pg_timeout_s)
-    ctx = RankContext(rank, spec.world_size, spec.backend, spec.device)
+    ctx = RankContext(rank, spec.world_size, spec.backend, spec.device,
+                      core=cores_available()[rank] if pin_cores else None)
     conn.send(("ready", rank, os.getpid()))
     try:
         serve_tasks(conn, ctx)
@@ -192,6 +220,7 @@ class PoolBase:
     spec: PoolSpec
     alive: bool
     nodes: int = 1
+    pinned: bool = False  # ranks pinned to one core each
     _conns: list
 
     def __init__(self, spec: PoolSpec):
@@ -356,8 +385,10 @@ class PoolBase:
 class RankPool(PoolBase):
     """``world_size`` persistent rank processes on this machine, spawned by the controller."""
 
-    def __init__(self, spec: PoolSpec, start_timeout_s: float = 120.0, pg_timeout_s: float = 1800.0):
+    def __init__(self, spec: PoolSpec, start_timeout_s: float = 120.0, pg_timeout_s: float = 1800.0,
+                 pin_cores: bool = True):
         super().__init__(spec)
+        self.pinned = should_pin(spec.world_size, pin_cores)
         self._store_dir = rendezvous.make_private_store_dir()
         self._procs: list = []
         context = multiprocessing.get_context("spawn")
@@ -366,7 +397,8 @@ class RankPool(PoolBase):
                 parent_end, child_end = context.Pipe(duplex=True)
                 proc = context.Process(
                     target=_rank_main,
-                    args=(spec, rank, self._store_dir, child_end, os.getpid(), pg_timeout_s),
+                    args=(spec, rank, self._store_dir, child_end, os.getpid(), pg_timeout_s,
+                          self.pinned),
                     name=f"ddpbench-rank{rank}",
                     daemon=False,  # ranks may start DataLoader workers of their own
                 )
@@ -511,15 +543,16 @@ def _describe_exit(exitcode: int | None) -> str:
 class PoolRegistry:
     """One live pool per :class:`PoolSpec`, reused until it breaks; a broken one is replaced."""
 
-    def __init__(self, start_timeout_s: float = 120.0):
+    def __init__(self, start_timeout_s: float = 120.0, pin_cores: bool = True):
         self._pools: dict[PoolSpec, RankPool] = {}
         self._start_timeout_s = start_timeout_s
+        self._pin_cores = pin_cores
         self.started = 0  # how many pools this registry has started (tests check reuse with it)
 
     def get(self, spec: PoolSpec) -> RankPool:
         pool = self._pools.get(spec)
         if pool is None or not pool.alive:
-            pool = RankPool(spec, start_timeout_s=self._start_timeout_s)
+            pool = RankPool(spec, start_timeout_s=self._start_timeout_s, pin_cores=self._pin_cores)
             self._pools[spec] = pool
             self.started += 1
         return pool

@@ -83,7 +83,29 @@ def _agreed_max(ctx, value: float) -> float:
 
 
 def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:
-    """Run ``workload`` on this rank: set-up, warm-up, recorded rounds, metrics, check, teardown."""
+    """Run ``workload`` on this rank: set-up, warm-up, recorded rounds, metrics, check, teardown.
+
+    Pinned pools (ctx.core set) keep the rank on its own core while it measures, unless the
+    workload opts out (``pin_to_core = False``: it starts processes that need the other cores).
+    """
+    pin = ctx.core is not None and workload.pin_to_core
+    if pin:
+        import os
+
+        from .pool import set_process_affinity
+
+        previous = sorted(os.sched_getaffinity(0))
+        set_process_affinity([ctx.core])
+    try:
+        measurement = _measure(ctx, workload, plan)
+    finally:
+        if pin:
+            set_process_affinity(previous)
+    measurement.metrics["pinned_cores"] = pin  # each rank on a core of its own while measuring
+    return measurement
+
+
+def _measure(ctx, workload, plan: RoundPlan) -> RankMeasurement:
     import torch
 
     on_cuda = ctx.device_type == "cuda"

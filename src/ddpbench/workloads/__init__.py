@@ -16,6 +16,9 @@ class Workload:
 
     #: pytest-benchmark group the case is shown in (None: pytest-benchmark's default grouping).
     group: str | None = None
+    #: On pools with --dist-pin-cores=auto, keep each rank on its own core while measuring.
+    #: Workloads that start processes of their own (DataLoader workers) set this to False.
+    pin_to_core: bool = True
 
     def setup(self, ctx) -> Any:
         """Build this rank's state (tensors, models...) outside the timed rounds."""

@@ -563,6 +563,8 @@ class DatasetEpoch(Workload):
     worker_start: str = "fork"
     key: str = SCRATCH_KEY
     group: str | None = "dataset_sharing"
+    # Loader workers must be free to run on the other cores, as in a real job.
+    pin_to_core = False
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:

@@ -23,10 +23,11 @@ test: $(STAMP)
 
 # --benchmark-save-data keeps every round's time in the saved run (autosave alone keeps only summary
 # stats), which `ddpbench compare` needs for its confidence intervals. The run ends with the report
-# tables; charts go to reports/<run>/.
+# tables (also when some cases failed: make still exits with pytest's status); charts go to
+# reports/<run>/.
 bench: $(STAMP)
-	$(PY) -m pytest benchmarks/ --benchmark-autosave --benchmark-save-data
-	$(VENV)/bin/ddpbench report
+	status=0; $(PY) -m pytest benchmarks/ --benchmark-autosave --benchmark-save-data || status=$$?; \
+	$(VENV)/bin/ddpbench report || true; exit $$status
 
 # The noise-aware gate between the two newest saved runs (exit 1 on a regression).
 compare: $(STAMP)

@@ -543,6 +543,9 @@ class _MemorySampler:
 
 
 @dataclass(frozen=True)
+LOADER_BATCH_TIMEOUT_S = 60.0
+
+
 class DatasetEpoch(Workload):
     """One round = one epoch of a DataLoader over the dataset this rank received by hand_over.
 
@@ -588,7 +591,12 @@ class DatasetEpoch(Workload):
         loader = DataLoader(data, batch_size=self.batch_size, shuffle=True,
                             generator=torch.Generator().manual_seed(ctx.rank),
                             num_workers=self.num_workers, collate_fn=flat_collate,
-                            multiprocessing_context=self.worker_start if self.num_workers else None)
+                            multiprocessing_context=self.worker_start if self.num_workers else None,
+                            # A batch takes milliseconds: a worker silent for a minute is stuck
+                            # (seen once with 5000 shared tensors and forked workers), and the
+                            # case then fails with torch's "DataLoader timed out" instead of
+                            # waiting for --dist-timeout.
+                            timeout=LOADER_BATCH_TIMEOUT_S if self.num_workers else 0)
         return {"ctx": ctx, "loader": loader, "samples": 0}
 
     def run_round(self, state) -> None:

@@ -47,6 +47,8 @@ reported wrong. That extra step is the same for every implementation and is not 
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import queue
 import threading
@@ -260,7 +262,25 @@ class _Loop:
         raise NotImplementedError
 
     def step(self) -> float:
+        """One optimizer step: ``grad_accum`` micro-batches, each loss scaled by 1/grad_accum,
+        then ``_before_optimizer_step`` (where a loop reduces gradients itself) and the step."""
+        accum = self.w.grad_accum
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(accum):
+            x, y = self.next_batch()
+            total += self._micro_step(x, y, accum, last=i == accum - 1)
+        self._before_optimizer_step()
+        self.optimizer.step()
+        self.losses.append(total / accum)
+        return self.losses[-1]
+
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
+        """Forward and backward of one micro-batch; returns its (unscaled) loss."""
         raise NotImplementedError
+
+    def _before_optimizer_step(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -332,19 +352,13 @@ class _ManualLoop(_Loop):
     def module(self):
         return self.model
 
-    def step(self) -> float:
-        accum = self.w.grad_accum
-        self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(accum):
-            x, y = self.next_batch()
-            loss = loss_fn(self.model(x), y)
-            (loss / accum).backward()
-            total += float(loss.detach())
-        reduce_gradients(self.buckets, self.ctx.world_size)
-        self.optimizer.step()
-        self.losses.append(total / accum)
-        return self.losses[-1]
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
+        loss = loss_fn(self.model(x), y)
+        (loss / accum).backward()  # gradients add up locally across micro-batches
+        return float(loss.detach())
+
+    def _before_optimizer_step(self) -> None:
+        reduce_gradients(self.buckets, self.ctx.world_size)  # once per optimizer step
 
 
 class _DDPLoop(_Loop):
@@ -360,23 +374,12 @@ class _DDPLoop(_Loop):
     def module(self):
         return self.ddp.module
 
-    def step(self) -> float:
-        accum = self.w.grad_accum
-        self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for i in range(accum):
-            x, y = self.next_batch()
-            if i < accum - 1:
-                with self.ddp.no_sync():
-                    loss = loss_fn(self.ddp(x), y)
-                    (loss / accum).backward()
-            else:
-                loss = loss_fn(self.ddp(x), y)
-                (loss / accum).backward()
-            total += float(loss.detach())
-        self.optimizer.step()
-        self.losses.append(total / accum)
-        return self.losses[-1]
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
+        # DDP all-reduces during the last micro-batch's backward; no_sync() skips the others.
+        with contextlib.nullcontext() if last else self.ddp.no_sync():
+            loss = loss_fn(self.ddp(x), y)
+            (loss / accum).backward()
+        return float(loss.detach())
 
 
 class _DataParallelLoop(_Loop):
@@ -393,19 +396,11 @@ class _DataParallelLoop(_Loop):
     def module(self):
         return self.dp.module
 
-    def step(self) -> float:
-        accum = self.w.grad_accum
-        self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(accum):
-            x, y = self.next_batch()
-            out = self.dp(x)
-            loss = loss_fn(out, y.to(out.device))
-            (loss / accum).backward()
-            total += float(loss.detach())
-        self.optimizer.step()
-        self.losses.append(total / accum)
-        return self.losses[-1]
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
+        out = self.dp(x)
+        loss = loss_fn(out, y.to(out.device))
+        (loss / accum).backward()
+        return float(loss.detach())
 
 
 class _EndlessBatches:

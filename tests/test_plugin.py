@@ -125,7 +125,13 @@ def test_ctrl_c_stops_the_ranks_and_saves_nothing_over_the_baselines(pytester, t
         time.sleep(0.2)
     rank_pids = [int(f.read_text()) for f in pid_files]
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        alive = [p for p in rank_pids if psutil.pid_exists(p)]
+        raise AssertionError(f"pytest did not stop within 120 s of Ctrl-C; ranks alive: {alive}; "
+                             f"output so far:\n{exc.output}") from None
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
     assert "no benchmark results were saved" in output
     assert sorted(p.name for p in storage.rglob("*.json")) == ["0001_baseline.json"]

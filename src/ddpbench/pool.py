@@ -46,7 +46,7 @@ from . import rendezvous
 # After one rank fails or dies, how long the others get to finish before they count as stuck.
 FAILURE_GRACE_S = 3.0
 # How long a stuck rank gets to write its faulthandler stack dump.
-STACK_DUMP_WAIT_S = 1.0
+STACK_DUMP_WAIT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -487,7 +487,7 @@ class RankPool(PoolBase):
         deadline = time.monotonic() + STACK_DUMP_WAIT_S
         stacks = {}
         for rank in ranks:
-            text = ""
+            text, previous = "", None
             while True:
                 try:
                     with open(self._stack_path(rank)) as fh:
@@ -495,8 +495,11 @@ class RankPool(PoolBase):
                         text = fh.read()
                 except OSError:
                     text = ""
-                if text.strip() or time.monotonic() >= deadline:
+                # faulthandler writes thread after thread, the signalled ("Current") one last:
+                # the dump is complete once that section is there and the file stopped growing.
+                if ("Current thread" in text and text == previous) or time.monotonic() >= deadline:
                     break
+                previous = text
                 time.sleep(0.05)
             stacks[rank] = text or "(no stack dump was written)"
         return stacks

@@ -542,10 +542,10 @@ class _MemorySampler:
         self.sample()
 
 
-@dataclass(frozen=True)
 LOADER_BATCH_TIMEOUT_S = 60.0
 
 
+@dataclass(frozen=True)
 class DatasetEpoch(Workload):
     """One round = one epoch of a DataLoader over the dataset this rank received by hand_over.
 

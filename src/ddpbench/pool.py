@@ -45,6 +45,9 @@ from . import rendezvous
 
 # After one rank fails or dies, how long the others get to finish before they count as stuck.
 FAILURE_GRACE_S = 3.0
+# The controller waits in slices this long: a Ctrl-C delivered to another thread of the process
+# only raises KeyboardInterrupt once the main thread wakes up.
+SIGNAL_POLL_S = 0.25
 # How long a stuck rank gets to write its faulthandler stack dump.
 STACK_DUMP_WAIT_S = 3.0
 
@@ -304,7 +307,7 @@ class PoolBase:
                 break
             waitables = {self._conns[r]: r for r in pending}
             waitables.update({w: r for r in pending for w in self._death_waitables(r)})
-            for ready in wait(list(waitables), limit - now):
+            for ready in wait(list(waitables), min(limit - now, SIGNAL_POLL_S)):
                 rank = waitables[ready]
                 if rank not in pending:
                     continue
@@ -429,7 +432,7 @@ class RankPool(PoolBase):
                 )
             waitables = {self._conns[r]: r for r in pending}
             waitables.update({self._procs[r].sentinel: r for r in pending})
-            for ready in wait(list(waitables), remaining):
+            for ready in wait(list(waitables), min(remaining, SIGNAL_POLL_S)):
                 rank = waitables[ready]
                 if rank not in pending:
                     continue

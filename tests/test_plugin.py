@@ -108,6 +108,21 @@ def test_2_hangs(dist_benchmark):
 '''
 
 
+def _as_started_from_a_terminal():
+    """A shell starts pytest with SIGINT handled and unblocked; a process started from inside a
+    pytest-xdist worker may inherit an ignored or blocked SIGINT, which would test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _signal_state(pid):
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return {k: v.strip() for k, v in (line.split(":", 1) for line in fh) if k in ("SigBlk", "SigIgn", "SigCgt")}
+    except OSError:
+        return {}
+
+
 def test_ctrl_c_stops_the_ranks_and_saves_nothing_over_the_baselines(pytester, tmp_path):
     pytester.makepyfile(test_bench=HANGING_SECOND_CASE.format(where=str(tmp_path)))
     storage = pytester.path / "store"
@@ -117,13 +132,15 @@ def test_ctrl_c_stops_the_ranks_and_saves_nothing_over_the_baselines(pytester, t
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "test_bench.py", "-m", "not gpu", "-p", "no:cacheprovider",
          "--benchmark-autosave", f"--benchmark-storage=file://{storage}"],
-        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_as_started_from_a_terminal)
     pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
     deadline = time.monotonic() + 180
     while not all(f.exists() and f.read_text() for f in pid_files):
         assert proc.poll() is None and time.monotonic() < deadline, "the hanging case never started"
         time.sleep(0.2)
     rank_pids = [int(f.read_text()) for f in pid_files]
+    signal_state = _signal_state(proc.pid)
     proc.send_signal(signal.SIGINT)
     try:
         output, _ = proc.communicate(timeout=120)
@@ -131,7 +148,7 @@ def test_ctrl_c_stops_the_ranks_and_saves_nothing_over_the_baselines(pytester, t
         proc.kill()
         alive = [p for p in rank_pids if psutil.pid_exists(p)]
         raise AssertionError(f"pytest did not stop within 120 s of Ctrl-C; ranks alive: {alive}; "
-                             f"output so far:\n{exc.output}") from None
+                             f"its signal state: {signal_state}; output so far:\n{exc.output}") from None
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
     assert "no benchmark results were saved" in output
     assert sorted(p.name for p in storage.rglob("*.json")) == ["0001_baseline.json"]

@@ -219,6 +219,16 @@ class FusedSyncBatchNormFunction(torch.autograd.Function):
 class _SyncBatchNormBase(_BatchNorm):
     """Common constructor, input checks and running-statistics bookkeeping."""
 
+    def forward(self, input):
+        self._check_input_dim(input)
+        if not self.training:
+            return self._local_batch_norm(input)  # eval: running statistics, no communication
+        track = self._tracks()
+        return self._training_forward(input, track, self._momentum_factor() if track else 0.0)
+
+    def _training_forward(self, input, track: bool, factor: float):
+        raise NotImplementedError
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, process_group=None,
                  device=None, dtype=None):
@@ -258,12 +268,7 @@ class FusedSyncBatchNorm(_SyncBatchNormBase):
     batch sizes, including zero. See the module docstring for the numerics and semantics.
     """
 
-    def forward(self, input):
-        self._check_input_dim(input)
-        if not self.training:
-            return self._local_batch_norm(input)
-        track = self._tracks()
-        factor = self._momentum_factor() if track else 0.0
+    def _training_forward(self, input, track: bool, factor: float):
         return FusedSyncBatchNormFunction.apply(
             input, self.weight, self.bias,
             self.running_mean if track else None, self.running_var if track else None,
@@ -279,12 +284,7 @@ class NaiveSyncBatchNorm(_SyncBatchNormBase):
     all-reduces (two more) with every intermediate kept. The benchmark's baseline.
     """
 
-    def forward(self, input):
-        self._check_input_dim(input)
-        if not self.training:
-            return self._local_batch_norm(input)
-        track = self._tracks()
-        factor = self._momentum_factor() if track else 0.0
+    def _training_forward(self, input, track: bool, factor: float):
         sync = _group_size(self.process_group) > 1
         channels = input.shape[1]
         dims = _reduce_dims(input)

@@ -9,6 +9,7 @@ pytest-benchmark feature (--benchmark-json, --benchmark-autosave, --benchmark-co
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from . import options as opts
-from .pool import PoolRegistry, PoolSpec
+from .pool import PoolRegistry, PoolSpec, cores_available
 from .timing import RoundPlan, combine_rank_metrics, max_over_ranks, measure_workload
 
 DEFAULT_SIZES = "1MB,10MB,100MB"
@@ -81,7 +82,10 @@ def pytest_configure(config):
                             "cases at these world sizes (e.g. 1 as a scaling reference)")
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_device_count() -> int:
+    """CUDA devices visible to this process (asked once: every test function's parametrization
+    and every item's GPU-skip check need it)."""
     try:
         import torch
 
@@ -91,10 +95,7 @@ def cuda_device_count() -> int:
 
 
 def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return len(cores_available()) or os.cpu_count() or 1
 
 
 def pytest_report_header(config):

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from .compare import Case, Comparison, Run
 from .options import format_size
+from .workloads.collectives import OPS, bandwidths_gbps
 
 
 class MatplotlibMissing(RuntimeError):
@@ -105,12 +105,15 @@ def collectives_tables(cases: list[Case]) -> str:
         for case in ordered:
             info = case.extra_info
             mean_s = _mean(case)
-            algbw = info["size_bytes"] / mean_s / 1e9
-            alg, bus = info.get("algbw_GBps"), info.get("busbw_GBps")
-            factor = bus / alg if isinstance(alg, (int, float)) and alg and isinstance(bus, (int, float)) else None
-            rows.append([str(info.get("backend", "?")), str(info.get("world_size", "?")),
+            world_size = info.get("world_size")
+            if isinstance(world_size, int) and world_size > 0 and op in OPS:
+                algbw, busbw = bandwidths_gbps(op, int(info["size_bytes"]), world_size, mean_s)
+                bus_cell = f"{busbw:.3f}"
+            else:
+                algbw, bus_cell = info["size_bytes"] / mean_s / 1e9, "n/a"
+            rows.append([str(info.get("backend", "?")), str(world_size or "?"),
                          format_size(int(info["size_bytes"])), f"{mean_s * 1e3:.3f}", f"{algbw:.3f}",
-                         "n/a" if factor is None else f"{algbw * factor:.3f}"])
+                         bus_cell])
         parts.append(f"### {op}\n\n" + _table(
             ["Backend", "Processes", "Size", "Avg Time (ms)", "Effective Bandwidth (GB/s)",
              "Bus Bandwidth (GB/s)"], rows))
@@ -302,8 +305,3 @@ def compare_chart(result: Comparison, path: str | Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-def report_data(run: Run) -> dict[str, Any]:
-    """Counts per family (for the CLI's summary line)."""
-    return {key: len(cases) for key, cases in by_family(run).items()}

@@ -58,7 +58,7 @@ class FailingCheck(SlowRankOne):
 
 @pytest.fixture(scope="module")
 def pool():
-    registry = PoolRegistry()
+    registry = PoolRegistry(pin_cores=True)  # --dist-pin-cores=auto (the pinning test needs it)
     yield registry.get(PoolSpec("gloo", 2, "cpu"))
     registry.close()
 
@@ -128,3 +128,76 @@ def test_pinned_pools_keep_each_rank_on_its_own_core_while_measuring(pool):
     free = pool.run(measure_workload, ReportAffinity(False), plan)  # a workload that opts out
     assert [m.metrics["cpus"] for m in free] == [[tuple(cores)], [tuple(cores)]]
     assert not any(m.metrics["pinned_cores"] for m in free)
+
+
+# ----------------------------------------------------------------------------------------------
+# The stopping rule (--dist-precision): fake rounds, no process group
+# ----------------------------------------------------------------------------------------------
+
+from ddpbench.timing import RankSession, median_interval, median_is_precise  # noqa: E402
+
+
+class _FakeCtx:
+    rank, world_size, backend, device_type, core = 0, 1, "gloo", "cpu", None
+
+
+class _Nothing(Workload):
+    def setup(self, ctx):
+        return None
+
+    def run_round(self, state):
+        pass
+
+
+def _session(plan, round_times):
+    session = RankSession(_FakeCtx(), _Nothing(), plan)
+    ticks = iter(round_times)
+    session._time_round = lambda ctx, run_round, state: next(ticks)
+    session._agree = lambda ctx, values: list(values)  # one rank: the max over ranks is itself
+    session.start()
+    return session
+
+
+def test_median_interval_uses_order_statistics_around_the_middle():
+    values = list(range(1, 101))
+    low, high = median_interval(values)
+    assert 38 <= low <= 42 and 59 <= high <= 63  # n=100: ranks ~40 and ~61
+    assert median_is_precise([1.0] * 20, 0.01)
+    assert not median_is_precise([1.0] * 19, 0.01)  # fewer than 20 rounds: never judged
+    assert not median_is_precise([1.0] * 40, 0.0)  # 0 turns the rule off
+
+
+def test_steady_rounds_stop_once_the_median_is_precise():
+    plan = RoundPlan(warmup=1, rounds=0, min_time_s=10.0, precision=0.01)
+    session = _session(plan, [0.001] * 100000)
+    cap = plan.rounds_for(session.round_estimate_s)
+    assert cap == 1000
+    times, _ = session.record(cap, stop_when_precise=True)
+    assert len(times) == 20  # first look: a constant median is exact
+
+
+def test_noisy_rounds_keep_going_until_the_cap():
+    import random
+
+    rng = random.Random(0)
+    noisy = [0.001 * (1 + rng.random()) for _ in range(100000)]  # uniform 1-2 ms: +-1% needs >1000 rounds
+    plan = RoundPlan(warmup=1, rounds=0, min_time_s=0.75, precision=0.01)
+    session = _session(plan, noisy)
+    cap = plan.rounds_for(session.round_estimate_s)
+    times, _ = session.record(cap, stop_when_precise=True)
+    assert len(times) == cap
+
+
+def test_looks_grow_geometrically_and_stop_at_a_looser_precision():
+    import random
+
+    rng = random.Random(1)
+    noisy = [0.001 * (1 + 0.1 * rng.random()) for _ in range(100000)]
+    plan = RoundPlan(warmup=1, rounds=0, min_time_s=10.0, precision=0.02)
+    session = _session(plan, noisy)
+    times, _ = session.record(1000, stop_when_precise=True)
+    looks = [20]
+    while looks[-1] < 1000:
+        looks.append(min(1000, -(-looks[-1] * 3 // 2)))
+    assert len(times) in looks and len(times) < 1000
+    assert median_is_precise(times, 0.02)

@@ -1,9 +1,11 @@
-"""A minimal torch.distributed all_reduce timing, independent of ddpbench (the fidelity reference).
+"""A plain torch.distributed all_reduce timing, independent of ddpbench (the fidelity reference).
 
-It times the op the same way the suite does (barrier -> perf_counter -> all_reduce -> perf_counter
-inside every rank, max over ranks per round, median over rounds) but with nothing but torch:
-mp.spawn, a FileStore rendezvous, gloo, one thread per rank, each rank on a core of its own
-when there are enough cores (``--pin off`` to let the OS place them, as ``--dist-pin-cores=off``).
+What a user would write: mp.spawn, a FileStore rendezvous, gloo, ``torch.set_num_threads(1)``,
+barrier -> perf_counter -> all_reduce -> perf_counter inside every rank, the maximum over ranks per
+round, the median over rounds; nothing else configured (no pinning, no interface variables).
+Two switches, off by default, measure what ddpbench's optional set-up costs against it:
+``--pin auto`` (rank r on the r-th CPU, as ``--dist-pin-cores=auto``) and ``--loopback``
+(GLOO_SOCKET_IFNAME set to the loopback interface, as ddpbench's single-node pools always do).
 
     python benchmarks/raw/standalone_allreduce.py --sizes 1MB,10MB,100MB --world-size 2
 prints one JSON object: {"<size in bytes>": {"median_s": ..., "rounds": ...}, ...}
@@ -29,8 +31,9 @@ def parse_size(text):
     return int(text[:-2]) * UNITS[text[-2:]] if text[-2:] in UNITS else int(text)
 
 
-def worker(rank, world_size, store_path, sizes, warmup, min_time, max_rounds, out_path, pin):
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+def worker(rank, world_size, store_path, sizes, warmup, min_time, max_rounds, out_path, pin, loopback):
+    if loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     if pin:  # as ddpbench's --dist-pin-cores=auto: rank r on the r-th CPU, set before gloo's threads start
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     torch.set_num_threads(1)
@@ -71,8 +74,12 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--min-time", type=float, default=1.0)
     parser.add_argument("--max-rounds", type=int, default=1000)
-    parser.add_argument("--pin", choices=("auto", "off"), default="auto",
-                        help="auto: one core per rank when there are enough cores (as ddpbench)")
+    parser.add_argument("--pin", choices=("auto", "off"), default="off",
+                        help="auto: one core per rank when there are enough cores (as "
+                             "--dist-pin-cores=auto); default off, as a plain script")
+    parser.add_argument("--loopback", action="store_true",
+                        help="bind gloo to the loopback interface (GLOO_SOCKET_IFNAME=lo), as ddpbench's "
+                             "single-node pools do")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     pin = args.pin == "auto" and args.world_size <= len(os.sched_getaffinity(0))
@@ -80,7 +87,7 @@ def main(argv=None):
         out_path = os.path.join(tmp, "result.json")
         mp.spawn(worker, nprocs=args.world_size,
                  args=(args.world_size, os.path.join(tmp, "store"), sizes, args.warmup,
-                       args.min_time, args.max_rounds, out_path, pin))
+                       args.min_time, args.max_rounds, out_path, pin, args.loopback))
         with open(out_path) as fh:
             json.dump(json.load(fh), sys.stdout)
     print()

@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "with a confidence interval from the raw rounds, and a verdict. "
                                    "Exit 0: no regression, 1: regression(s), 2: bad input.")
     c.add_argument("baseline", nargs="?", help="baseline run: a JSON file, or a saved run's number "
-                   "(e.g. 0003). Default: the second newest run in the storage")
+                   "(e.g. 0003). Default: the second newest run in the storage. A single A/B run "
+                   "(--dist-baseline-* / --dist-candidate-env) prints its own verdicts")
     c.add_argument("current", nargs="?", help="current run (file or number). Default: the newest run")
     c.add_argument("--storage", default=DEFAULT_STORAGE, help="pytest-benchmark storage folder (default .benchmarks)")
     c.add_argument("--threshold", type=_percent, default=cmp.DEFAULT_THRESHOLD,
@@ -84,7 +85,34 @@ def _error(command: str, message: str) -> int:
     return 2
 
 
+def run_ab_verdicts(args, run) -> int:
+    """``ddpbench compare AB_RUN.json``: the verdicts an A/B run measured (exit 1 on a regression)."""
+    from .ab import report as ab_report
+
+    cases = [ab_report.CaseVerdict(case.fullname, case.extra_info["ab"], case.median)
+             for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
+    threshold = None
+    for case in cases:
+        threshold = case.ab.get("threshold", threshold)
+    sides = ab_report.side_descriptions(cases)
+    if args.json:
+        print(ab_report.format_json(cases))
+    elif args.markdown:
+        print(ab_report.format_markdown(cases, threshold, sides))
+    else:
+        print(ab_report.format_text(cases, threshold, sides))
+    return 1 if any(case.verdict == "regression" for case in cases) else 0
+
+
 def run_compare(args) -> int:
+    if args.baseline and not args.current:
+        # One file that holds an A/B run: print its verdicts rather than comparing two runs.
+        try:
+            single = cmp.load_run(cmp.resolve_run(args.baseline, args.storage))
+        except cmp.CompareError:
+            single = None
+        if single is not None and any(isinstance(c.extra_info.get("ab"), dict) for c in single.cases.values()):
+            return run_ab_verdicts(args, single)
     try:
         if args.baseline and args.current:
             base_path = cmp.resolve_run(args.baseline, args.storage)

@@ -94,3 +94,30 @@ def parse_warmup(text: str) -> int:
 
 def parse_min_time(text: str) -> float:
     return _positive_number(float, text, "seconds")
+
+
+def parse_precision(text: str) -> float:
+    """'1%' or '0.01' -> 0.01; '0' turns the early stop off."""
+    value = text.strip()
+    percent = value.endswith("%")
+    try:
+        number = float(value.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a precision; write e.g. 1% or 0.01 (0: off)") from None
+    if percent:
+        number /= 100.0
+    if not 0 <= number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the precision must lie between 0 and 1 (0% and 100%)")
+    return number
+
+
+def parse_percent(text: str) -> float:
+    """'5%' or '5' -> 0.05 (a bare number is a percentage)."""
+    value = text.strip().rstrip("%")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage; write e.g. 5% or 5") from None
+    if not 0 < number < 1000:
+        raise argparse.ArgumentTypeError(f"{text!r}: the percentage must be above 0 (e.g. 5%)")
+    return number / 100.0

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from . import options as opts
+from .modes import rounds_info
 from .pool import PoolRegistry, PoolSpec, cores_available
 from .timing import RoundPlan, combine_rank_metrics, max_over_ranks, measure_workload
 
@@ -48,9 +49,11 @@ def pytest_addoption(parser):
                     help="recorded rounds per case; 0 picks enough rounds to fill --dist-min-time. Default: 0")
     group.addoption("--dist-warmup", type=opts.parse_warmup, default=2,
                     help="unrecorded warm-up rounds per case. Default: 2")
-    group.addoption("--dist-pin-cores", choices=("auto", "off"), default="auto",
-                    help="auto: pin each local rank to a core of its own when there are enough "
-                         "cores (steadier medians); off: let the OS place them. Default: auto")
+    group.addoption("--dist-pin-cores", choices=("auto", "off"), default="off",
+                    help="off: the OS places the ranks, as in a plain torch.distributed script; "
+                         "auto: pin each local rank to a core of its own while it measures, when "
+                         "there are enough cores (steadier, but it measures that placement: 1 MB "
+                         "gloo all_reduce ran 2-3x slower pinned on the 2-core dev machine). Default: off")
     group.addoption("--dist-controller", default=None, metavar="HOST:PORT",
                     help="multi-node: listen on HOST:PORT for ranks started by torchrun "
                          "(-m ddpbench.worker) instead of spawning local pools")
@@ -61,7 +64,30 @@ def pytest_addoption(parser):
                     help="with --dist-controller: seconds to wait for the workers. Default: 300")
     group.addoption("--dist-min-time", type=opts.parse_min_time, default=1.0,
                     help="with --dist-rounds=0: recorded seconds to aim for per case "
-                         "(5 to 1000 rounds). Default: 1.0")
+                         "(5 to 1000 rounds), unless --dist-precision stops it earlier. Default: 1.0")
+    ab = parser.getgroup("ddpbench-ab", "ddpbench A/B mode (baseline and candidate interleaved in one run)")
+    ab.addoption("--dist-baseline-python", default=None, metavar="PATH",
+                 help="interpreter for the baseline side's ranks (another environment with the same "
+                      "ddpbench version installed, e.g. ../base/.venv/bin/python)")
+    ab.addoption("--dist-baseline-path", action="append", default=None, metavar="DIR",
+                 help="repeatable: prepended to the baseline ranks' sys.path (e.g. a checkout of the "
+                      "code under test at the base revision)")
+    ab.addoption("--dist-baseline-env", action="append", default=None, metavar="KEY=VALUE",
+                 help="repeatable: set in the baseline ranks' environment")
+    ab.addoption("--dist-candidate-env", action="append", default=None, metavar="KEY=VALUE",
+                 help="repeatable: set in the candidate ranks' environment")
+    ab.addoption("--dist-ab-threshold", type=opts.parse_percent, default=0.05, metavar="PCT",
+                 help="smallest slowdown that counts as a regression (it must also be significant). "
+                      "Default: 5%%")
+    ab.addoption("--dist-ab-max-time", type=opts.parse_timeout, default=60.0, metavar="SECONDS",
+                 help="per case: keep adding pairs of blocks while the verdict is inconclusive, up "
+                      "to this many seconds. Default: 60")
+    ab.addoption("--dist-ab-block-time", type=opts.parse_timeout, default=0.1, metavar="SECONDS",
+                 help="recorded seconds aimed for per block (at least 3 rounds). Default: 0.1")
+    group.addoption("--dist-precision", type=opts.parse_precision, default=0.01,
+                    help="with --dist-rounds=0: stop recording once the median's 95%% interval is "
+                         "within +-this fraction of it (e.g. 1%%; checked after 20 rounds, then every "
+                         "1.5x); 0 records until --dist-min-time is filled. Default: 1%%")
 
 
 def pytest_configure(config):
@@ -75,11 +101,58 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--dist-controller: {exc}") from None
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("--dist-controller serves one external pool: run without -n (xdist)")
+    _configure_ab(config)
     config.addinivalue_line("markers", "gpu: needs at least one CUDA device; skipped with a reason otherwise")
     config.addinivalue_line("markers", "multi_gpu: needs at least two CUDA devices; skipped with a reason otherwise")
     config.addinivalue_line("markers", "slow: large sizes and long loops, run with -m slow")
     config.addinivalue_line("markers", "dist_extra_world_sizes(*sizes): also run this test's dist_spec "
                             "cases at these world sizes (e.g. 1 as a scaling reference)")
+
+
+AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
+
+
+@dataclass
+class ABConfig:
+    """A/B mode's sides and settings (config._ddpbench_ab); verdicts collect in ``results``."""
+
+    baseline: Any
+    candidate: Any
+    settings: Any
+    results: list = field(default_factory=list)
+
+    def sides(self) -> dict:
+        return {"baseline": self.baseline.describe(), "candidate": self.candidate.describe()}
+
+
+def _configure_ab(config) -> None:
+    """A/B mode is on when any baseline / candidate option is given: check both sides now (the
+    interpreter runs, imports the same ddpbench and torch), before any rank starts."""
+    if not any(config.getoption(name, None) for name in AB_OPTIONS):
+        return
+    from .ab.engine import ABSettings
+    from .ab.sides import SideError, local_facts, make_side, parse_env_assignments, probe
+
+    if config.getoption("dist_controller", None):
+        raise pytest.UsageError("A/B mode (--dist-baseline-* / --dist-candidate-env) runs local pools; "
+                                "it cannot be combined with --dist-controller")
+    if config.getoption("numprocesses", None):
+        raise pytest.UsageError("A/B mode interleaves both sides on this machine's cores: run without -n (xdist)")
+    try:
+        baseline = make_side("baseline", config.getoption("dist_baseline_python"),
+                             config.getoption("dist_baseline_path"),
+                             parse_env_assignments(config.getoption("dist_baseline_env"), "--dist-baseline-env"))
+        candidate = make_side("candidate", None, None,
+                              parse_env_assignments(config.getoption("dist_candidate_env"), "--dist-candidate-env"))
+        version = local_facts()["ddpbench_version"]
+        baseline = probe(baseline, version)
+        candidate = probe(candidate, version) if candidate.env else local_facts(candidate)
+    except SideError as exc:
+        raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
+    settings = ABSettings(threshold=config.getoption("dist_ab_threshold"),
+                          max_time_s=config.getoption("dist_ab_max_time"),
+                          block_time_s=config.getoption("dist_ab_block_time"))
+    config._ddpbench_ab = ABConfig(baseline, candidate, settings)
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,6 +179,16 @@ def pytest_report_header(config):
     if max(world_sizes) > cores:
         lines.append(f"ddpbench: WARNING: {max(world_sizes)} ranks outnumber the {cores} CPU cores; "
                      f"ranks time-slice and CPU timings of those cases are pessimistic")
+    ab = getattr(config, "_ddpbench_ab", None)
+    if ab is not None:
+        s = ab.settings
+        lines.append(f"ddpbench A/B: threshold {s.threshold * 100:g}%, blocks of ~{s.block_time_s:g} s, "
+                     f"{s.first_pairs} pairs first, more up to {s.max_time_s:g} s per case")
+        lines.append(f"ddpbench A/B: baseline  = {ab.baseline.short()}")
+        lines.append(f"ddpbench A/B: candidate = {ab.candidate.short()}")
+        if 2 * max(world_sizes) > cores:
+            lines.append(f"ddpbench A/B: both sides' pools are alive at once ({2 * max(world_sizes)} rank "
+                         f"processes on {cores} cores); only the side measuring a block is busy")
     return lines
 
 
@@ -179,6 +262,81 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ----------------------------------------------------------------------------------------------
+# Memory pre-flight: message sizes that cannot fit stop the run before any rank starts
+# ----------------------------------------------------------------------------------------------
+
+# Each rank process holds this much besides its buffers (the interpreter, torch, gloo).
+RANK_BASE_MEMORY_BYTES = 512 * 1024**2
+# Leave this share of the available memory free.
+MEMORY_MARGIN = 0.9
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB"
+
+
+def memory_needs(items, pools_at_once: int = 1) -> list[tuple[int, PoolSpec, int]]:
+    """(message size, spec, bytes needed) for the collected collective cases, largest need per
+    (size, spec). CPU pools need world size x (base + buffers) of host memory (x pools_at_once:
+    A/B mode keeps two pools alive); NCCL ranks need the buffers on their own GPU."""
+    from .workloads.collectives import rank_memory_bytes
+
+    needs = {}
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        size, spec = params.get("dist_message_size"), params.get("dist_spec")
+        if not isinstance(size, int) or not isinstance(spec, PoolSpec) or item.get_closest_marker("skip"):
+            continue
+        if spec.device == "cpu":
+            need = pools_at_once * spec.world_size * (RANK_BASE_MEMORY_BYTES + rank_memory_bytes(size))
+        else:
+            need = rank_memory_bytes(size)
+        needs[(size, spec)] = need
+    return [(size, spec, need) for (size, spec), need in needs.items()]
+
+
+def check_memory(items, pools_at_once: int, host_available: int, gpu_free) -> None:
+    """Raise pytest.UsageError naming the largest case that cannot fit (host memory, or the free
+    memory of the smallest GPU for NCCL cases)."""
+    for size, spec, need in sorted(memory_needs(items, pools_at_once), key=lambda x: -x[2]):
+        if spec.device == "cpu":
+            available = int(host_available * MEMORY_MARGIN)
+            where = f"{_gib(host_available)} of host memory is available"
+            who = f"{spec.world_size} ranks{' x 2 sides (A/B mode)' if pools_at_once > 1 else ''}"
+        else:
+            free = gpu_free()
+            if free is None:
+                continue
+            available = int(free * MEMORY_MARGIN)
+            where = f"the smallest GPU has {_gib(free)} free"
+            who = "each NCCL rank on its GPU"
+        if need > available:
+            raise pytest.UsageError(
+                f"--dist-sizes: the {opts.format_size(size)} collective cases on {spec.label} need about "
+                f"{_gib(need)} ({who}: the buffers, the backend's copy and the check's expected "
+                f"result), but {where}. Use smaller --dist-sizes (e.g. --dist-sizes=1MB,10MB,100MB) "
+                f"or fewer ranks (--dist-world-sizes).")
+
+
+def _smallest_gpu_free_bytes():
+    if not cuda_device_count():
+        return None
+    import torch
+
+    return min(torch.cuda.mem_get_info(i)[0] for i in range(cuda_device_count()))
+
+
+def pytest_collection_finish(session):
+    """Before any rank starts: every selected collective size must fit in memory."""
+    if getattr(session.config, "_ddpbench_controller", None):
+        return  # multi-node: the nodes' memory is not this machine's
+    import psutil
+
+    pools_at_once = 2 if getattr(session.config, "_ddpbench_ab", None) else 1
+    check_memory(session.items, pools_at_once, psutil.virtual_memory().available, _smallest_gpu_free_bytes)
+
+
+# ----------------------------------------------------------------------------------------------
 # Fixtures
 # ----------------------------------------------------------------------------------------------
 
@@ -206,11 +364,14 @@ def dist_pools(request):
 
 
 @pytest.fixture
-def dist_pool(dist_pools, dist_spec):
+def dist_pool(dist_pools, dist_spec, request):
     """A live pool for this case's spec (tasks: ``dist_pool.run(fn, *args, timeout_s=...)``)."""
     from .controller import PoolUnavailable
 
+    ab = getattr(request.config, "_ddpbench_ab", None)
     try:
+        if ab is not None:  # the case's own pool is the candidate's
+            return dist_pools.get(dist_spec, ab.candidate.launch)
         return dist_pools.get(dist_spec)
     except PoolUnavailable as exc:
         pytest.skip(str(exc))
@@ -223,6 +384,7 @@ def dist_round_plan(request) -> RoundPlan:
         warmup=config.getoption("dist_warmup"),
         rounds=config.getoption("dist_rounds"),
         min_time_s=config.getoption("dist_min_time"),
+        precision=config.getoption("dist_precision"),
     )
 
 
@@ -293,13 +455,34 @@ def replay_into_pytest_benchmark(benchmark, round_times: list[float]) -> None:
 class DistBenchmark:
     """The ``dist_benchmark`` fixture's value: call it with a workload once per case."""
 
-    def __init__(self, benchmark, pool, spec: PoolSpec, plan: RoundPlan, timeout_s: float):
+    def __init__(self, benchmark, pool, spec: PoolSpec, plan: RoundPlan, timeout_s: float,
+                 ab: ABConfig | None = None, pools=None, case_id: str = ""):
         self.benchmark = benchmark
         self.pool = pool
         self.spec = spec
         self.plan = plan
         self.timeout_s = timeout_s
+        self.ab = ab  # A/B mode: the case runs on both sides, interleaved
+        self._pools = pools
+        self.case_id = case_id
         self.extra_info = benchmark.extra_info  # tests may add their own keys
+
+    def _measure(self, workload, plan: RoundPlan):
+        """(round times, per-rank metrics, per-rank CPUs per round) of the case's own side."""
+        if self.ab is None or self.benchmark.disabled:
+            measurements = self.pool.run(measure_workload, workload, plan, timeout_s=self.timeout_s)
+            return (max_over_ranks([m.round_times for m in measurements]), [m.metrics for m in measurements],
+                    [m.round_cpus for m in measurements], [list(m.round_times) for m in measurements])
+        from .ab.engine import run_case
+
+        pools = {"baseline": self._pools.get(self.spec, self.ab.baseline.launch), "candidate": self.pool}
+        outcome = run_case(pools, workload, plan, self.ab.settings, self.timeout_s, self.case_id)
+        summary = outcome.summary(self.ab.sides())
+        self.benchmark.extra_info["ab"] = summary
+        self.ab.results.append((self.case_id, summary, statistics.median(outcome.candidate.round_times)))
+        cpus = [[c for block in outcome.candidate.cpus for c in (block[r] or [])]
+                for r in range(self.spec.world_size)]
+        return outcome.candidate.round_times, outcome.candidate_metrics, cpus, []
 
     def __call__(self, workload, *, rounds: int | None = None, warmup: int | None = None) -> CaseResult:
         plan = self.plan
@@ -310,12 +493,11 @@ class DistBenchmark:
                 warmup=plan.warmup if warmup is None else warmup,
                 rounds=plan.rounds if rounds is None else rounds,
                 min_time_s=plan.min_time_s, min_rounds=plan.min_rounds, max_rounds=plan.max_rounds,
+                precision=plan.precision,
             )
         if workload.group is not None and self.benchmark.group is None:
             self.benchmark.group = workload.group
-        measurements = self.pool.run(measure_workload, workload, plan, timeout_s=self.timeout_s)
-        round_times = max_over_ranks([m.round_times for m in measurements])
-        rank_metrics = [m.metrics for m in measurements]
+        round_times, rank_metrics, cpus, rank_round_times = self._measure(workload, plan)
         median_s = statistics.median(round_times)
         info = self.benchmark.extra_info
         info.update({
@@ -327,16 +509,19 @@ class DistBenchmark:
         if self.spec.world_size > cpu_count():
             info["ranks_outnumber_cores"] = True
         info.update(combine_rank_metrics(rank_metrics))
+        info.update(rounds_info(round_times, cpus, self.pool.nodes))
         info.update(workload.extra_info(self.spec.world_size, median_s))
         replay_into_pytest_benchmark(self.benchmark, round_times)
-        return CaseResult(round_times, rank_metrics, dict(info), [list(m.round_times) for m in measurements])
+        return CaseResult(round_times, rank_metrics, dict(info), rank_round_times)
 
 
 @pytest.fixture
-def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, request) -> DistBenchmark:
+def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools, request) -> DistBenchmark:
     """Benchmark a workload on all ranks of this case's pool; see :class:`DistBenchmark`."""
     return DistBenchmark(benchmark, dist_pool, dist_spec, dist_round_plan,
-                         request.config.getoption("dist_timeout"))
+                         request.config.getoption("dist_timeout"),
+                         ab=getattr(request.config, "_ddpbench_ab", None), pools=dist_pools,
+                         case_id=request.node.nodeid)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,6 +531,10 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, request) ->
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
+    ab = getattr(session.config, "_ddpbench_ab", None)
+    if ab is not None and exitstatus == pytest.ExitCode.OK and any(
+            summary["verdict"] == "regression" for _, summary, _ in ab.results):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # 1, as --benchmark-compare-fail does
     bench_session = getattr(session.config, "_benchmarksession", None)
     if exitstatus == _INTERRUPTED and bench_session is not None:
         if bench_session.save or bench_session.autosave or bench_session.json:
@@ -354,6 +543,21 @@ def pytest_sessionfinish(session, exitstatus):
                 "ddpbench: run interrupted; no benchmark results were saved and stored baselines "
                 "are untouched.", yellow=True)
     yield
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    ab = getattr(config, "_ddpbench_ab", None)
+    if ab is None:
+        return
+    from .ab.report import CaseVerdict, describe, format_text
+
+    cases = [CaseVerdict(name, summary, median) for name, summary, median in ab.results]
+    terminalreporter.write_sep("-", "ddpbench A/B")
+    sides = {name: describe(desc) for name, desc in ab.sides().items()}
+    for line in format_text(cases, ab.settings.threshold, sides).splitlines():
+        terminalreporter.write_line(line, red="regression" in line.split()[-1:] if line else False)
+    if any(c.verdict == "regression" for c in cases):
+        terminalreporter.write_line("ddpbench A/B: regression(s) found: exit status 1", red=True, bold=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -63,6 +64,28 @@ class PoolSpec:
     @property
     def label(self) -> str:
         return f"{self.backend}, {self.world_size} ranks, {self.device}"
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """How a pool's rank processes are started when not by plain multiprocessing spawn: with this
+    interpreter (None: the controller's), these entries prepended to sys.path (PYTHONPATH) and
+    these environment overrides. The pool knows nothing else about why (see ddpbench.ab)."""
+
+    python: str | None = None
+    paths: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(dict(self.env))
+        if self.paths:
+            env["PYTHONPATH"] = os.pathsep.join([*self.paths, *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
+    @property
+    def foreign_interpreter(self) -> bool:
+        return self.python is not None and os.path.realpath(self.python) != os.path.realpath(sys.executable)
 
 
 @dataclass
@@ -235,6 +258,11 @@ class PoolBase:
     # What a subclass provides.
     _after_teardown = "the next case starts a fresh one."
 
+    def _task_sys_path(self) -> list[str]:
+        """The controller's sys.path entries a task's ranks append to theirs (test folders, so
+        that workloads defined in test modules unpickle)."""
+        return list(sys.path)
+
     def _death_waitables(self, rank: int) -> list:
         """Objects multiprocessing.connection.wait can watch that become ready when a rank dies."""
         return []
@@ -290,9 +318,10 @@ class PoolBase:
         errors: dict[int, str] = {}
         dead: dict[int, int | None] = {}
         pending = set(range(world))
+        sys_path = self._task_sys_path()
         for rank in range(world):
             try:
-                self._conns[rank].send(("run", task_id, list(sys.path), payloads[rank]))
+                self._conns[rank].send(("run", task_id, sys_path, payloads[rank]))
             except (BrokenPipeError, OSError):
                 dead[rank] = self._exit_code(rank)
                 pending.discard(rank)
@@ -389,24 +418,29 @@ class RankPool(PoolBase):
     """``world_size`` persistent rank processes on this machine, spawned by the controller."""
 
     def __init__(self, spec: PoolSpec, start_timeout_s: float = 120.0, pg_timeout_s: float = 1800.0,
-                 pin_cores: bool = True):
+                 pin_cores: bool = False, launch: RankLaunch | None = None):
         super().__init__(spec)
         self.pinned = should_pin(spec.world_size, pin_cores)
+        self.launch = launch
         self._store_dir = rendezvous.make_private_store_dir()
         self._procs: list = []
         context = multiprocessing.get_context("spawn")
         try:
             for rank in range(spec.world_size):
-                parent_end, child_end = context.Pipe(duplex=True)
-                proc = context.Process(
-                    target=_rank_main,
-                    args=(spec, rank, self._store_dir, child_end, os.getpid(), pg_timeout_s,
-                          self.pinned),
-                    name=f"ddpbench-rank{rank}",
-                    daemon=False,  # ranks may start DataLoader workers of their own
-                )
-                proc.start()
-                child_end.close()
+                if launch is not None:
+                    proc, parent_end = _start_rank_subprocess(spec, rank, self._store_dir, pg_timeout_s,
+                                                              self.pinned, launch)
+                else:
+                    parent_end, child_end = context.Pipe(duplex=True)
+                    proc = context.Process(
+                        target=_rank_main,
+                        args=(spec, rank, self._store_dir, child_end, os.getpid(), pg_timeout_s,
+                              self.pinned),
+                        name=f"ddpbench-rank{rank}",
+                        daemon=False,  # ranks may start DataLoader workers of their own
+                    )
+                    proc.start()
+                    child_end.close()
                 self._procs.append(proc)
                 self._conns.append(parent_end)
             _live_pools.add(self)
@@ -419,6 +453,14 @@ class RankPool(PoolBase):
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
+
+    def _task_sys_path(self) -> list[str]:
+        if self.launch is not None and self.launch.foreign_interpreter:
+            # Another interpreter keeps its own packages: forward only the project's folders.
+            prefixes = tuple(os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+            return [p for p in sys.path if p and "-packages" not in p
+                    and not os.path.realpath(p).startswith(prefixes)]
+        return list(sys.path)
 
     def _wait_until_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -528,11 +570,72 @@ class RankPool(PoolBase):
         psutil.wait_procs(victims, timeout=5)
         for proc in self._procs:
             proc.join(1)
+            getattr(proc, "close_handles", lambda: None)()
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
         rendezvous.remove_store_dir(self._store_dir)
         _live_pools.discard(self)
+
+
+class _SubprocessRank:
+    """A rank started as ``python -m ddpbench.rank_process`` (RankLaunch), with the attributes of
+    multiprocessing.Process that the pool uses: pid, sentinel, join, exitcode."""
+
+    def __init__(self, popen: "subprocess.Popen"):
+        self._popen = popen
+        self.pid = popen.pid
+        try:
+            self._pidfd = os.pidfd_open(popen.pid)  # readable once the process has exited
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    @property
+    def sentinel(self):
+        return self._pidfd if self._pidfd is not None else self._popen.stdout
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def close_handles(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def _start_rank_subprocess(spec: PoolSpec, rank: int, store_dir: str, pg_timeout_s: float,
+                           pin: bool, launch: RankLaunch):
+    """Start one rank with the launch's interpreter and environment; returns (rank, connection)."""
+    import socket as _socket
+    from multiprocessing import current_process
+    from multiprocessing.connection import Connection
+
+    parent_sock, child_sock = _socket.socketpair()
+    env = launch.environment()
+    # The rank shares tensors with the controller through multiprocessing's resource sharer,
+    # which authenticates with the process's authkey: hand ours over.
+    env["DDPBENCH_RANK_AUTHKEY"] = bytes(current_process().authkey).hex()
+    command = [launch.python or sys.executable, "-m", "ddpbench.rank_process",
+               "--fd", str(child_sock.fileno()), "--rank", str(rank), "--world-size", str(spec.world_size),
+               "--backend", spec.backend, "--device", spec.device, "--store-dir", store_dir,
+               "--parent-pid", str(os.getpid()), "--pg-timeout", str(pg_timeout_s)]
+    if pin:
+        command.append("--pin")
+    try:
+        popen = subprocess.Popen(command, env=env, pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        parent_sock.close()
+        raise PoolStartError(f"ddpbench: cannot start rank {rank} with {command[0]}: {exc}") from exc
+    finally:
+        child_sock.close()
+    return _SubprocessRank(popen), Connection(parent_sock.detach())
 
 
 def _describe_exit(exitcode: int | None) -> str:
@@ -549,17 +652,20 @@ def _describe_exit(exitcode: int | None) -> str:
 class PoolRegistry:
     """One live pool per :class:`PoolSpec`, reused until it breaks; a broken one is replaced."""
 
-    def __init__(self, start_timeout_s: float = 120.0, pin_cores: bool = True):
-        self._pools: dict[PoolSpec, RankPool] = {}
+    def __init__(self, start_timeout_s: float = 120.0, pin_cores: bool = False):
+        self._pools: dict[tuple, RankPool] = {}
         self._start_timeout_s = start_timeout_s
         self._pin_cores = pin_cores
         self.started = 0  # how many pools this registry has started (tests check reuse with it)
 
-    def get(self, spec: PoolSpec) -> RankPool:
-        pool = self._pools.get(spec)
+    def get(self, spec: PoolSpec, launch: RankLaunch | None = None) -> RankPool:
+        """The live pool for ``spec`` (started with ``launch`` when given: A/B sides)."""
+        key = (spec, launch)
+        pool = self._pools.get(key)
         if pool is None or not pool.alive:
-            pool = RankPool(spec, start_timeout_s=self._start_timeout_s, pin_cores=self._pin_cores)
-            self._pools[spec] = pool
+            pool = RankPool(spec, start_timeout_s=self._start_timeout_s, pin_cores=self._pin_cores,
+                            launch=launch)
+            self._pools[key] = pool
             self.started += 1
         return pool
 

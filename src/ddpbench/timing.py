@@ -11,20 +11,35 @@ workload does. ``max_over_ranks`` runs in the controller.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 
+# The stopping rule's first look at the rounds, and how much the count grows between looks.
+PRECISION_FIRST_LOOK = 20
+PRECISION_GROWTH = 1.5
+# z for the 95% distribution-free interval of the median (order statistics).
+_Z95 = 1.959964
+
+
 @dataclass(frozen=True)
 class RoundPlan:
-    """How many rounds to run. ``rounds == 0`` chooses the count from ``min_time_s``."""
+    """How many rounds to run.
+
+    ``rounds > 0``: exactly that many. ``rounds == 0``: as many as fill ``min_time_s`` (within
+    [min_rounds, max_rounds]), stopping earlier once the median is known to ``precision``: the 95%
+    interval of the median (order statistics, no distribution assumed) lies within +-precision of
+    it. ``precision == 0`` turns the early stop off.
+    """
 
     warmup: int = 2
     rounds: int = 0
     min_time_s: float = 1.0
     min_rounds: int = 5
     max_rounds: int = 1000
+    precision: float = 0.01
 
     def rounds_for(self, seconds_per_round: float) -> int:
         """The recorded-round count that fills ``min_time_s`` within [min_rounds, max_rounds]."""
@@ -34,13 +49,47 @@ class RoundPlan:
         return max(self.min_rounds, min(self.max_rounds, wanted))
 
 
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """The 95% distribution-free interval of the median: order statistics j and k around n/2."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = _Z95 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half) - 1)
+    high = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return ordered[low], ordered[high]
+
+
+def median_is_precise(values: list[float], precision: float) -> bool:
+    """Whether the median's 95% interval lies within +-precision of the median."""
+    if precision <= 0 or len(values) < PRECISION_FIRST_LOOK:
+        return False
+    low, high = median_interval(values)
+    median = statistics.median(values)
+    return median > 0 and (median - low) <= precision * median and (high - median) <= precision * median
+
+
 @dataclass
 class RankMeasurement:
-    """What one rank sends back: its recorded round times and its own metrics."""
+    """What one rank sends back: its recorded round times and its own metrics.
+
+    ``round_cpus``: the CPU this rank's main thread was on at the end of each recorded round (read
+    after the timer stopped; None where the platform cannot tell). The controller uses it to say
+    whether ranks shared a CPU, which moves small-message timings on some machines.
+    """
 
     rank: int
     round_times: list[float]
     metrics: dict[str, Any] = field(default_factory=dict)
+    round_cpus: list[int] | None = None
+
+
+def current_cpu() -> int | None:
+    """The CPU the calling thread last ran on (Linux /proc), or None."""
+    try:
+        with open("/proc/thread-self/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _barrier(ctx) -> None:
@@ -72,14 +121,129 @@ def _time_round_cuda(ctx, run_round, state) -> float:
     return start.elapsed_time(stop) / 1000.0
 
 
-def _agreed_max(ctx, value: float) -> float:
-    """The maximum of ``value`` over all ranks (so every rank picks the same round count)."""
+def _agreed_max(ctx, values: list[float]) -> list[float]:
+    """Element-wise maximum of ``values`` over all ranks (every rank gets the same list)."""
     import torch
     import torch.distributed as dist
 
-    tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return float(tensor.item())
+    return tensor.tolist()
+
+
+class RankSession:
+    """One workload on one rank: set-up, warm-up, blocks of recorded rounds, finish.
+
+    :func:`measure_workload` runs all of it in one task; A/B mode (:mod:`ddpbench.ab`) runs the
+    steps as separate tasks, so that blocks of two sides' rounds can alternate while each side's
+    state stays alive in its ranks. The engine never knows what the workload does.
+    """
+
+    def __init__(self, ctx, workload, plan: RoundPlan):
+        self.ctx, self.workload, self.plan = ctx, workload, plan
+        self.on_cuda = ctx.device_type == "cuda"
+        self._time_round = _time_round_cuda if self.on_cuda else _time_round_cpu
+        self._agree = _agreed_max  # every rank's element-wise max (the stopping rule's input)
+        self.pin = ctx.core is not None and workload.pin_to_core
+        self.phases = {"engine_setup_s": 0.0, "engine_warmup_s": 0.0, "engine_between_rounds_s": 0.0,
+                       "engine_check_s": 0.0}
+        self.state = None
+        self._set_up = False
+        self._previous_affinity = None
+        self._peak_reset = False
+        self.round_estimate_s = 0.0
+
+    # Pinning: rank r stays on its core while it measures (workloads with processes of their own
+    # opt out through pin_to_core = False).
+    def _pin(self) -> None:
+        if self.pin:
+            import os
+
+            from .pool import set_process_affinity
+
+            self._previous_affinity = sorted(os.sched_getaffinity(0))
+            set_process_affinity([self.ctx.core])
+
+    def _unpin(self) -> None:
+        if self.pin and self._previous_affinity is not None:
+            from .pool import set_process_affinity
+
+            set_process_affinity(self._previous_affinity)
+            self._previous_affinity = None
+
+    def start(self) -> None:
+        """Set-up and warm-up; leaves the fastest warm-up round (max over ranks) as the estimate."""
+        self._pin()
+        try:
+            clock = time.perf_counter
+            phase_start = clock()
+            self.state = self.workload.setup(self.ctx)
+            self._set_up = True
+            self.phases["engine_setup_s"] = clock() - phase_start
+            # Choosing the round count from min_time needs at least one timed warm-up round.
+            warmup = max(self.plan.warmup, 1 if self.plan.rounds == 0 else 0)
+            phase_start = clock()
+            times = [self._time_round(self.ctx, self.workload.run_round, self.state) for _ in range(warmup)]
+            if times:
+                # The fastest warm-up round estimates a round best: one stall must not cut the count.
+                self.round_estimate_s = self._agree(self.ctx, [min(times)])[0]
+            self.phases["engine_warmup_s"] = clock() - phase_start
+        finally:
+            self._unpin()
+
+    def record(self, rounds: int, stop_when_precise: bool = False) -> tuple[list[float], list]:
+        """Up to ``rounds`` recorded rounds; with ``stop_when_precise``, fewer once the median of
+        the cross-rank maxima is known to the plan's precision (all ranks take the same decision)."""
+        import torch
+
+        self._pin()
+        try:
+            if self.on_cuda and not self._peak_reset:  # peak memory over all recorded rounds
+                torch.cuda.reset_peak_memory_stats(self.ctx.device)
+                self._peak_reset = True
+            times: list[float] = []
+            cpus: list = []
+            look = max(PRECISION_FIRST_LOOK, self.plan.min_rounds) if stop_when_precise else rounds
+            phase_start = time.perf_counter()
+            while len(times) < rounds:
+                for _ in range(min(look, rounds) - len(times)):
+                    times.append(self._time_round(self.ctx, self.workload.run_round, self.state))
+                    cpus.append(current_cpu())
+                if len(times) >= rounds:
+                    break
+                if median_is_precise(self._agree(self.ctx, times), self.plan.precision):
+                    break
+                look = math.ceil(len(times) * PRECISION_GROWTH)
+            # The untimed part of the recorded phase: barriers, CUDA syncs, the stopping rule.
+            self.phases["engine_between_rounds_s"] += max(0.0, time.perf_counter() - phase_start - sum(times))
+            return times, (cpus if None not in cpus else None)
+        finally:
+            self._unpin()
+
+    def finish(self, check: bool = True) -> dict[str, Any]:
+        """Metrics, the workload's check (untimed), teardown; returns this rank's metrics."""
+        import torch
+
+        metrics: dict[str, Any] = {}
+        try:
+            if self.on_cuda:
+                metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.ctx.device))
+            phase_start = time.perf_counter()
+            metrics.update(self.workload.rank_metrics(self.state) or {})
+            if check:
+                self.workload.check(self.state)
+            self.phases["engine_check_s"] = time.perf_counter() - phase_start
+        finally:
+            self.close()
+        # Where a case's untimed seconds go (max over ranks in extra_info); see benchmarks/raw/overhead.py.
+        metrics.update({key: round(value, 6) for key, value in self.phases.items()})
+        metrics["pinned_cores"] = self.pin  # each rank on a core of its own while measuring
+        return metrics
+
+    def close(self) -> None:
+        if self._set_up:
+            self._set_up = False
+            self.workload.teardown(self.state)
 
 
 def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:
@@ -88,58 +252,16 @@ def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:
     Pinned pools (ctx.core set) keep the rank on its own core while it measures, unless the
     workload opts out (``pin_to_core = False``: it starts processes that need the other cores).
     """
-    pin = ctx.core is not None and workload.pin_to_core
-    if pin:
-        import os
-
-        from .pool import set_process_affinity
-
-        previous = sorted(os.sched_getaffinity(0))
-        set_process_affinity([ctx.core])
+    session = RankSession(ctx, workload, plan)
     try:
-        measurement = _measure(ctx, workload, plan)
-    finally:
-        if pin:
-            set_process_affinity(previous)
-    measurement.metrics["pinned_cores"] = pin  # each rank on a core of its own while measuring
-    return measurement
-
-
-def _measure(ctx, workload, plan: RoundPlan) -> RankMeasurement:
-    import torch
-
-    on_cuda = ctx.device_type == "cuda"
-    time_round = _time_round_cuda if on_cuda else _time_round_cpu
-    clock = time.perf_counter
-    phase_start = clock()
-    state = workload.setup(ctx)
-    phases = {"engine_setup_s": clock() - phase_start}
-    try:
-        # Choosing the round count from min_time needs at least one timed warm-up round.
-        warmup = max(plan.warmup, 1 if plan.rounds == 0 else 0)
-        phase_start = clock()
-        warmup_times = [time_round(ctx, workload.run_round, state) for _ in range(warmup)]
-        # The fastest warm-up round estimates a round best: one stall must not cut the count.
-        rounds = plan.rounds or plan.rounds_for(_agreed_max(ctx, min(warmup_times)))
-        phases["engine_warmup_s"] = clock() - phase_start
-        if on_cuda:
-            torch.cuda.reset_peak_memory_stats(ctx.device)
-        phase_start = clock()
-        times = [time_round(ctx, workload.run_round, state) for _ in range(rounds)]
-        # The untimed part of the recorded phase: the barriers (and CUDA syncs) between rounds.
-        phases["engine_between_rounds_s"] = max(0.0, clock() - phase_start - sum(times))
-        metrics: dict[str, Any] = {}
-        if on_cuda:
-            metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(ctx.device))
-        phase_start = clock()
-        metrics.update(workload.rank_metrics(state) or {})
-        workload.check(state)
-        phases["engine_check_s"] = clock() - phase_start
-    finally:
-        workload.teardown(state)
-    # Where a case's untimed seconds go (max over ranks in extra_info); see benchmarks/raw/overhead.py.
-    metrics.update({key: round(value, 6) for key, value in phases.items()})
-    return RankMeasurement(ctx.rank, times, metrics)
+        session.start()
+        rounds = plan.rounds or plan.rounds_for(session.round_estimate_s)
+        times, cpus = session.record(rounds, stop_when_precise=plan.rounds == 0 and plan.precision > 0)
+    except BaseException:
+        session.close()
+        raise
+    metrics = session.finish()
+    return RankMeasurement(ctx.rank, times, metrics, cpus)
 
 
 def max_over_ranks(per_rank_times: list[list[float]]) -> list[float]:

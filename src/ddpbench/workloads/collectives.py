@@ -74,6 +74,16 @@ def bandwidths_gbps(op: str, size_bytes: int, world_size: int, seconds: float) -
     return algbw, algbw * bus_bandwidth_factor(op, world_size)
 
 
+# Peak memory of one rank of a collective case, in multiples of the message size: the op's own
+# buffers, the backend's staging copy, and the check's freshly built expected result and pattern.
+PEAK_MEMORY_MULTIPLE = 5
+
+
+def rank_memory_bytes(size_bytes: int) -> int:
+    """Bytes one rank of any collective case of this message size may hold at its peak."""
+    return PEAK_MEMORY_MULTIPLE * size_bytes
+
+
 def element_count(op: str, size_bytes: int, world_size: int) -> int:
     """Elements in the full vector; all_gather / reduce_scatter need a multiple of world_size."""
     count = max(1, size_bytes // ELEMENT_BYTES)

@@ -1,0 +1,121 @@
+"""How reliable is the A/B gate? False regressions (A/A) and power (a slowdown injected on one side).
+
+Runs ``--runs`` pytest A/B runs of the same cases and counts each case's verdicts.
+
+* A/A (default): both sides identical (``--dist-baseline-python`` = this interpreter); every
+  ``regression`` verdict is a false alarm.
+* ``--inject all_reduce:10%``: the candidate side's ranks get DDPBENCH_INJECT_SLOWDOWN (every timed
+  all_reduce round busy-waits 10% of the op's time); every verdict other than ``regression`` on an
+  injected case is a miss.
+* ``--load``: a background process keeps one core busy ~3 s, then idle ~3 s, for the whole run.
+
+    .venv/bin/python benchmarks/raw/ab_reliability.py --runs 10
+    .venv/bin/python benchmarks/raw/ab_reliability.py --runs 10 --load
+    .venv/bin/python benchmarks/raw/ab_reliability.py --runs 10 --inject all_reduce:10% --cases all_reduce
+
+Prints, per case, the verdict counts, the ratio (median, min-max) and the wall time per case in
+A/B mode (median, IQR); writes each run's JSON to --out (default /tmp/ddpbench-ab-reliability).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+CASE_SETS = {
+    # 10 cases: three collectives at the three default sizes, and one training step (DDP, MLP).
+    "default": ("benchmarks/test_collectives.py benchmarks/test_training.py",
+                "test_all_reduce or test_all_gather or test_broadcast or "
+                "(test_training and gloo-2p-mlp-ddp-accum1-b32)"),
+    "all_reduce": ("benchmarks/test_collectives.py", "test_all_reduce"),
+}
+
+LOAD_SCRIPT = """
+import time
+while True:
+    end = time.perf_counter() + 3.0
+    while time.perf_counter() < end:
+        pass
+    time.sleep(3.0)
+"""
+
+
+def run_once(index, args, out_dir):
+    path = os.path.join(out_dir, f"run{index:02d}.json")
+    files, expr = CASE_SETS[args.cases]
+    command = [sys.executable, "-m", "pytest", *files.split(), "-q", "-p", "no:cacheprovider", "-k", expr,
+               f"--dist-baseline-python={sys.executable}", f"--benchmark-json={path}", *args.pytest_args]
+    if args.inject:
+        command.append(f"--dist-candidate-env=DDPBENCH_INJECT_SLOWDOWN={args.inject}")
+    started = time.monotonic()
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode not in (0, 1) or not os.path.exists(path):
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"run {index} failed (exit {proc.returncode})")
+    with open(path) as fh:
+        data = json.load(fh)
+    return data, time.monotonic() - started, proc.returncode
+
+
+def _spread(values, fmt="{:.3f}"):
+    if len(values) == 1:
+        return fmt.format(values[0])
+    q = statistics.quantiles(values, n=4)
+    return f"{fmt.format(statistics.median(values))} (IQR {fmt.format(q[0])}-{fmt.format(q[2])})"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--cases", choices=sorted(CASE_SETS), default="default")
+    parser.add_argument("--inject", default=None, help="e.g. all_reduce:10%% (candidate side only)")
+    parser.add_argument("--load", action="store_true", help="busy 3 s / idle 3 s on one core meanwhile")
+    parser.add_argument("--out", default="/tmp/ddpbench-ab-reliability")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    load = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT]) if args.load else None
+    verdicts, ratios, walls, exits, run_walls = {}, {}, {}, [], []
+    try:
+        for i in range(args.runs):
+            data, wall, rc = run_once(i, args, args.out)
+            exits.append(rc)
+            run_walls.append(wall)
+            for case in data["benchmarks"]:
+                ab = case["extra_info"]["ab"]
+                name = case["name"]
+                verdicts.setdefault(name, []).append(ab["verdict"])
+                ratios.setdefault(name, []).append(ab["ratio"])
+                walls.setdefault(name, []).append(ab["wall_s"])
+            print(f"run {i + 1}/{args.runs}: exit {rc}, {wall:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        if load is not None:
+            load.kill()
+    kind = f"candidate slowed: {args.inject}" if args.inject else "A/A (identical sides)"
+    print(f"{args.runs} runs, {kind}{', background load on/off' if args.load else ''}; "
+          f"extra pytest args: {' '.join(args.pytest_args) or 'none'}\n")
+    print("| case | regression | improvement | same | inconclusive | ratio median (min-max) | wall per case s |")
+    print("|---|---|---|---|---|---|---|")
+    totals = {v: 0 for v in ("regression", "improvement", "same", "inconclusive")}
+    for name in sorted(verdicts):
+        counts = {v: verdicts[name].count(v) for v in totals}
+        for v in totals:
+            totals[v] += counts[v]
+        r = ratios[name]
+        print(f"| {name} | {counts['regression']} | {counts['improvement']} | {counts['same']} | "
+              f"{counts['inconclusive']} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
+              f"{_spread(walls[name], '{:.1f}')} |")
+    all_walls = [w for ws in walls.values() for w in ws]
+    print(f"\ntotal over {sum(totals.values())} case verdicts: " + ", ".join(f"{n} {v}" for v, n in totals.items()))
+    print(f"wall per case: {_spread(all_walls, '{:.1f}')} s, min {min(all_walls):.1f}, max {max(all_walls):.1f}; "
+          f"wall per run: {_spread(run_walls, '{:.0f}')} s; exit statuses: {exits}")
+
+
+if __name__ == "__main__":
+    main()

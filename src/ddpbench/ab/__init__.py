@@ -1,0 +1,12 @@
+"""A/B mode: a baseline side and a candidate side measured in the same run, interleaved.
+
+* :mod:`~ddpbench.ab.sides`    what a side is (interpreter, sys.path entries, environment), checked
+  before rounds start;
+* :mod:`~ddpbench.ab.schedule` the balanced random order of blocks;
+* :mod:`~ddpbench.ab.stats`    paired statistics and the verdict;
+* :mod:`~ddpbench.ab.engine`   one case: both pools, blocks, stages, the outcome;
+* :mod:`~ddpbench.ab.tasks`    the rank-side steps;
+* :mod:`~ddpbench.ab.report`   the verdict table (terminal, markdown) of a run.
+
+The pytest plugin only wires options and fixtures to these.
+"""

@@ -1,0 +1,38 @@
+"""Rank-side tasks of an A/B case: the steps of :class:`ddpbench.timing.RankSession` as separate
+pool tasks, so that the two sides' blocks can alternate while each side's workload state stays
+alive in its ranks (ctx.scratch, under the case's key)."""
+
+from __future__ import annotations
+
+from ..timing import RankSession
+
+
+def start(ctx, key: str, workload, plan) -> float:
+    """Set-up and warm-up; returns the fastest warm-up round (max over ranks)."""
+    stop(ctx, key)  # a session a failed case left behind
+    session = RankSession(ctx, workload, plan)
+    ctx.scratch[key] = session
+    try:
+        session.start()
+    except BaseException:
+        ctx.scratch.pop(key, None)
+        session.close()
+        raise
+    return session.round_estimate_s
+
+
+def block(ctx, key: str, rounds: int) -> tuple[list[float], list | None]:
+    """One block of recorded rounds: (this rank's round times, its CPU per round)."""
+    return ctx.scratch[key].record(rounds)
+
+
+def finish(ctx, key: str) -> dict:
+    """Metrics, the workload's check and teardown; returns this rank's metrics."""
+    return ctx.scratch.pop(key).finish()
+
+
+def stop(ctx, key: str) -> None:
+    """Tear the session down without checking (the case failed on the other side)."""
+    session = ctx.scratch.pop(key, None)
+    if session is not None:
+        session.close()

@@ -1,0 +1,80 @@
+"""A/B verdict logic on synthetic paired samples, and the balanced block order."""
+
+import math
+import random
+
+import pytest
+
+from ddpbench.ab import schedule, stats
+
+
+def _pairs(rng, n, shift=0.0, noise=0.05):
+    """n pairs of block medians: lognormal noise on both sides, the candidate slower by ``shift``."""
+    base = [math.exp(rng.gauss(0, noise)) * 1e-3 for _ in range(n)]
+    cand = [math.exp(rng.gauss(0, noise)) * 1e-3 * (1 + shift) for _ in range(n)]
+    return base, cand
+
+
+def test_identical_sides_are_flagged_no_more_often_than_the_nominal_rate():
+    rng = random.Random(1)
+    trials = 400
+    verdicts = [stats.analyse_pairs(*_pairs(rng, 10), threshold=0.05).verdict for _ in range(trials)]
+    false_alarms = verdicts.count("regression") + verdicts.count("improvement")
+    assert false_alarms <= stats.DEFAULT_ALPHA * trials  # nominal rate: at most alpha
+    # With steadier blocks most A/A cases are positively "same" after one stage.
+    steady = [stats.analyse_pairs(*_pairs(rng, 10, noise=0.02), threshold=0.05).verdict for _ in range(100)]
+    assert steady.count("same") > 80 and "regression" not in steady
+
+
+def test_a_25_percent_slowdown_is_always_a_regression():
+    rng = random.Random(2)
+    for _ in range(100):
+        result = stats.analyse_pairs(*_pairs(rng, 10, shift=0.25), threshold=0.05)
+        assert result.verdict == "regression", result
+        assert result.ci_low > 1.0 and result.ratio > 1.05 and result.p_value < stats.DEFAULT_ALPHA
+
+
+def test_a_25_percent_speed_up_is_an_improvement():
+    result = stats.analyse_pairs(*_pairs(random.Random(3), 10, shift=-0.2), threshold=0.05)
+    assert result.verdict == "improvement" and result.ratio < 1 / 1.05
+
+
+def test_a_significant_change_smaller_than_the_threshold_is_not_a_regression():
+    # 2% slower with very little noise: significant, but under the 5% that counts.
+    result = stats.analyse_pairs(*_pairs(random.Random(4), 20, shift=0.02, noise=0.002), threshold=0.05)
+    assert result.p_value < stats.DEFAULT_ALPHA and result.ci_low > 1.0
+    assert result.verdict == "same"
+
+
+def test_noisy_pairs_are_inconclusive_rather_than_same():
+    result = stats.analyse_pairs(*_pairs(random.Random(5), 10, noise=0.5), threshold=0.05)
+    assert result.verdict == "inconclusive"
+
+
+def test_decide_needs_estimate_interval_and_significance_together():
+    assert stats.decide(1.2, 1.1, 1.3, 0.001, 0.05) == "regression"
+    assert stats.decide(1.2, 1.1, 1.3, 0.2, 0.05) == "inconclusive"  # not significant
+    assert stats.decide(1.04, 1.01, 1.2, 0.001, 0.05) == "inconclusive"  # estimate under the threshold
+    assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05) == "same"
+
+
+def test_hodges_lehmann_is_the_median_of_walsh_averages():
+    assert stats.hodges_lehmann([0.0, 1.0, 5.0]) == pytest.approx(1.75)  # Walsh: 0 .5 1 2.5 3 5
+    assert stats.hodges_lehmann([[0.0, 2.0], [1.0, 1.0]], axis=-1).tolist() == [1.0, 1.0]
+
+
+def test_mismatched_blocks_are_an_error():
+    with pytest.raises(ValueError):
+        stats.analyse_pairs([1.0], [1.0, 2.0], threshold=0.05)
+
+
+def test_block_order_is_balanced_shuffled_and_reproducible_per_case():
+    rng = schedule.case_rng("bench.py::test_x[gloo-2p-1MB]")
+    order = schedule.balanced_pairs(10, rng)
+    assert order.count(("baseline", "candidate")) == 5 == order.count(("candidate", "baseline"))
+    again = schedule.balanced_pairs(10, schedule.case_rng("bench.py::test_x[gloo-2p-1MB]"))
+    assert order == again
+    others = {tuple(schedule.balanced_pairs(10, schedule.case_rng(f"case{i}"))) for i in range(20)}
+    assert len(others) > 10  # not one fixed pattern
+    with pytest.raises(ValueError, match="even"):
+        schedule.balanced_pairs(3, rng)

@@ -1,0 +1,66 @@
+"""Message sizes that cannot fit stop pytest with a usage error before any rank starts."""
+
+import pytest
+
+from ddpbench.plugin import check_memory
+from ddpbench.pool import PoolSpec
+
+GIB = 1024**3
+
+
+class _Item:
+    def __init__(self, size, spec, skipped=False):
+        self.callspec = type("CallSpec", (), {"params": {"dist_message_size": size, "dist_spec": spec}})()
+        self._skipped = skipped
+
+    def get_closest_marker(self, name):
+        return object() if (name == "skip" and self._skipped) else None
+
+
+CPU2 = PoolSpec("gloo", 2, "cpu")
+
+
+def test_sizes_that_fit_pass():
+    check_memory([_Item(100 * 1024**2, CPU2)], 1, host_available=8 * GIB, gpu_free=lambda: None)
+
+
+def test_a_size_that_cannot_fit_names_the_need_and_what_is_available():
+    with pytest.raises(pytest.UsageError) as info:
+        check_memory([_Item(1024**2, CPU2), _Item(4 * GIB, CPU2)], 1, host_available=16 * GIB,
+                     gpu_free=lambda: None)
+    message = str(info.value)
+    assert "4GB" in message and "gloo, 2 ranks" in message
+    assert "need about 41.0 GiB" in message and "16.0 GiB of host memory is available" in message
+    assert "--dist-sizes" in message
+
+
+def test_ab_mode_counts_both_sides_pools():
+    items = [_Item(1 * GIB, CPU2)]
+    check_memory(items, 1, host_available=16 * GIB, gpu_free=lambda: None)
+    with pytest.raises(pytest.UsageError, match="2 sides"):
+        check_memory(items, 2, host_available=16 * GIB, gpu_free=lambda: None)
+
+
+def test_nccl_cases_are_held_against_the_smallest_gpus_free_memory():
+    items = [_Item(1 * GIB, PoolSpec("nccl", 1, "cuda"))]
+    check_memory(items, 1, host_available=1 * GIB, gpu_free=lambda: 80 * GIB)  # host memory not used
+    with pytest.raises(pytest.UsageError, match="smallest GPU has 2.0 GiB free"):
+        check_memory(items, 1, host_available=64 * GIB, gpu_free=lambda: 2 * GIB)
+
+
+def test_skipped_cases_are_not_counted():
+    check_memory([_Item(64 * GIB, CPU2, skipped=True)], 1, host_available=1 * GIB, gpu_free=lambda: None)
+
+
+def test_the_whole_run_stops_with_a_usage_error(pytester):
+    pytester.makepyfile(test_bench='''
+from ddpbench.workloads.collectives import Collective
+
+def test_all_reduce(dist_benchmark, dist_message_size):
+    dist_benchmark(Collective("all_reduce", dist_message_size))
+''')
+    result = pytester.runpytest_subprocess("--dist-sizes=1MB,4096GB", "-p", "no:cacheprovider", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--dist-sizes: the 4096GB collective cases on gloo, 2 ranks, cpu need about*"
+                                 "*of host memory is available*"])
+    assert "passed" not in result.stdout.str()  # no case ran, so no rank started

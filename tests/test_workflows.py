@@ -18,7 +18,7 @@ def _actionlint() -> str:
 
 def test_workflows_lint_clean():
     files = sorted(WORKFLOWS.glob("*.yml"))
-    assert {f.name for f in files} >= {"ci.yml", "gpu.yml"}
+    assert {f.name for f in files} >= {"ci.yml", "gpu.yml", "ab.yml"}
     result = subprocess.run([_actionlint(), *map(str, files)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -30,3 +30,11 @@ def test_ci_runs_the_readme_test_command_and_gpu_runs_the_gpu_marker():
     assert "make test" in (ROOT / "README.md").read_text()
     assert "pytest -m gpu benchmarks/" in gpu and "[self-hosted, gpu]" in gpu
     assert "workflow_dispatch" in gpu and "schedule" in gpu
+
+
+def test_ab_workflow_gates_the_head_against_the_base_revision_in_one_run():
+    ab = (WORKFLOWS / "ab.yml").read_text()
+    assert "pull_request" in ab and "github.event.pull_request.base.sha" in ab
+    assert "make -C base venv" in ab and "make -C head venv" in ab
+    assert "--dist-baseline-python ../base/.venv/bin/python" in ab
+    assert "ddpbench compare ab.json --markdown" in ab and "GITHUB_STEP_SUMMARY" in ab

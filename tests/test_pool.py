@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 import rank_tasks
-from ddpbench.pool import PoolError, PoolRegistry, PoolSpec, TaskFailed
+from ddpbench.pool import PoolError, PoolRegistry, PoolSpec, RankLaunch, TaskFailed
 
 SPEC = PoolSpec("gloo", 2, "cpu")
 
@@ -116,8 +116,10 @@ def test_tasks_that_do_not_pickle_fail_clearly(registry):
     assert pool.alive
 
 
-def test_pool_processes_listen_on_loopback_only(registry):
-    pool = registry.get(SPEC)
+@pytest.mark.parametrize("launch", [None, RankLaunch(env=(("DDPBENCH_TEST_SIDE", "b"),))],
+                         ids=["spawned", "a/b-side"])
+def test_pool_processes_listen_on_loopback_only(registry, launch):
+    pool = registry.get(SPEC, launch)
     listeners = pool.run(rank_tasks.listening_addresses)
     addresses = [ip for _, socks in listeners for ip, _ in socks]
     assert addresses, "gloo should hold listening sockets while the pool is up"

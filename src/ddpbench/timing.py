@@ -225,6 +225,7 @@ class RankSession:
         import torch
 
         metrics: dict[str, Any] = {}
+        self._pin()  # the rank's own metrics and check see the placement the rounds had
         try:
             if self.on_cuda:
                 metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.ctx.device))
@@ -234,6 +235,7 @@ class RankSession:
                 self.workload.check(self.state)
             self.phases["engine_check_s"] = time.perf_counter() - phase_start
         finally:
+            self._unpin()
             self.close()
         # Where a case's untimed seconds go (max over ranks in extra_info); see benchmarks/raw/overhead.py.
         metrics.update({key: round(value, 6) for key, value in self.phases.items()})

@@ -1,9 +1,11 @@
-"""Multi-node pools: authentication of the controller's channel, and a two-"node" torchrun run on
-loopback driven by a pytest controller, including losing a node mid-task."""
+"""Multi-node pools: authentication of the controller's channel, the workers' interface choice,
+the controller's wait error, a two-"node" torchrun run on loopback driven by a pytest controller
+(including losing a node mid-task)."""
 
 import json
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import psutil
 import pytest
 
 from ddpbench.controller import SecretError, _Listener, load_secret, parse_address
+from ddpbench.rendezvous import loopback_interface
 
 SECRET = "a-test-secret-that-is-long-enough"
 
@@ -109,9 +112,18 @@ def test_after(dist_benchmark):
 '''
 
 
+def _clean_env() -> dict:
+    """The test's environment without anything that would pick an interface or a rendezvous."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT",
+                          "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+           and not key.startswith("TORCHELASTIC_")}
+    return dict(env, DDPBENCH_SECRET=SECRET, PYTHONUNBUFFERED="1")
+
+
 def _launch(tmp_path, hang):
     (tmp_path / "test_bench.py").write_text(BENCH.format(where=str(tmp_path), hang=hang))
-    env = dict(os.environ, DDPBENCH_SECRET=SECRET, PYTHONUNBUFFERED="1")
+    env = _clean_env()
     controller_port, rdzv_port = _free_port(), _free_port()
     controller = subprocess.Popen(
         [sys.executable, "-m", "pytest", "test_bench.py", "-p", "no:cacheprovider", "-m", "not gpu",
@@ -154,6 +166,9 @@ def test_two_nodes_on_loopback_run_the_cases_with_nodes_recorded(tmp_path):
         assert infos["test_all_reduce[gloo-2p]"]["nodes"] == 2
         assert infos["test_all_reduce[gloo-2p]"]["world_size"] == 2
         assert infos["test_all_reduce[gloo-2p]"]["busbw_GBps"] > 0
+        # No interface variable was set: the workers took the one that reaches the controller.
+        assert infos["test_all_reduce[gloo-2p]"]["socket_ifname"] == loopback_interface()
+        assert infos["test_all_reduce[gloo-2p]"]["socket_ifname_source"] == "auto (route to controller)"
         for node in nodes:  # the controller told the workers to stop: torchrun ends cleanly
             assert node.wait(timeout=60) == 0
     finally:
@@ -183,3 +198,135 @@ def test_losing_a_node_mid_task_fails_the_case_and_the_controller_finishes(tmp_p
         assert "relaunch the torchrun workers" in output
     finally:
         _cleanup(nodes + [controller])
+
+
+# ----------------------------------------------------------------------------------------------
+# The worker's interface choice and the controller's wait error (fake ranks, no torch processes)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_worker_picks_the_interface_that_reaches_the_controller_unless_told():
+    from ddpbench.worker import AUTO_SOURCE, choose_socket_interface, interface_of
+
+    lo = loopback_interface()
+    assert interface_of("127.0.0.1") == lo and interface_of("::ffff:127.0.0.1") == lo
+    assert interface_of("192.0.2.123") is None  # TEST-NET-1: on no interface here
+    environ = {}
+    chosen = choose_socket_interface("gloo", "127.0.0.1", environ)
+    assert chosen == {"socket_ifname": lo, "socket_ifname_source": AUTO_SOURCE,
+                      "socket_addresses": chosen["socket_addresses"]}
+    assert "127.0.0.1" in chosen["socket_addresses"]
+    assert environ == {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": f"={lo}"}
+    # An explicit variable always wins (and the other backend's unset one is still filled in).
+    environ = {"GLOO_SOCKET_IFNAME": "eth7"}
+    chosen = choose_socket_interface("gloo", "127.0.0.1", environ)
+    assert chosen["socket_ifname"] == "eth7" and chosen["socket_ifname_source"] == "GLOO_SOCKET_IFNAME"
+    assert environ == {"GLOO_SOCKET_IFNAME": "eth7", "NCCL_SOCKET_IFNAME": f"={lo}"}
+    environ = {"NCCL_SOCKET_IFNAME": "ib0"}
+    chosen = choose_socket_interface("nccl", "127.0.0.1", environ)
+    assert chosen["socket_ifname"] == "ib0" and chosen["socket_ifname_source"] == "NCCL_SOCKET_IFNAME"
+    # No interface carries the address: nothing is set, the transport's default is reported.
+    environ = {}
+    chosen = choose_socket_interface("gloo", "192.0.2.123", environ)
+    assert environ == {} and chosen["socket_ifname"] is None
+    assert chosen["socket_ifname_source"].startswith("gloo default (hostname ")
+
+
+def _joining(master_addr="hostA", master_ips=("10.0.0.1",), ifname="eth0", address="10.0.0.1",
+             source="auto (route to controller)"):
+    from ddpbench.controller import _is_loopback
+
+    return {"backend": "gloo", "device": "cpu", "master_addr": master_addr, "master_port": "29500",
+            "master_ips": list(master_ips), "master_is_loopback": all(map(_is_loopback, master_ips)),
+            "socket_ifname": ifname, "socket_ifname_source": source,
+            "socket_addresses": [address]}
+
+
+def _fake_rank(address, rank, world_size, phases, host="hostA", node_rank=0, local_world_size=1):
+    """A rank speaking the worker's protocol: hello on both channels, then ``phases``."""
+    info = {"rank": rank, "world_size": world_size, "host": host, "node_rank": node_rank,
+            "local_rank": 0, "local_world_size": local_world_size, "pid": 1000 + rank,
+            "phase": "connected", "address": f"10.0.0.{node_rank + 1}"}
+    task = Client(address, authkey=SECRET.encode())
+    control = Client(address, authkey=SECRET.encode())
+    task.send(("hello", "task", info))
+    control.send(("hello", "control", info))
+    for phase, details in phases:
+        task.send(("phase", phase, details))
+    return task, control
+
+
+def test_the_wait_error_says_where_each_rank_is_and_what_to_check():
+    from ddpbench.controller import gather_ranks
+    from ddpbench.pool import PoolStartError
+
+    listener = _Listener(("127.0.0.1", 0), SECRET.encode())
+    controller = f"127.0.0.1:{listener.address[1]}"
+    conns = []
+    try:
+        # Nobody came: the old advice, with the address to give the workers.
+        with pytest.raises(PoolStartError) as nobody:
+            gather_ranks(listener, 0.5, expected=4)
+        text = str(nobody.value)
+        assert f"waited 0 s on {controller} for the torchrun workers; no rank connected" in text
+        assert "connected ranks: none (this case needs 4)" in text
+        assert f"Start them with: torchrun ... -m ddpbench.worker --controller {controller}" in text
+
+        # Rank 0 joins through a MASTER_ADDR that is loopback on a 2-node group; rank 1 never came.
+        conns += _fake_rank(listener.address, 0, 2,
+                            [("joining", _joining(master_ips=("127.0.1.1",)))])
+        with pytest.raises(PoolStartError) as stuck:
+            gather_ranks(listener, 1.5, expected=2)
+        text = str(stuck.value)
+        assert f"waited 2 s on {controller} for the torchrun workers; 0 of 2 ranks ready:" in text
+        assert re.search(r"rank 0 on node 0 \(hostA 10\.0\.0\.1, pid 1000\): joining the process "
+                         r"group for \d+ s: MASTER_ADDR hostA:29500 \(127\.0\.1\.1\), gloo on eth0 "
+                         r"10\.0\.0\.1 \[auto \(route to controller\)\]", text), text
+        assert "rank 1: never connected" in text
+        assert (f"Rank 1 never connected. Start them with: torchrun ... -m ddpbench.worker "
+                f"--controller {controller}") in text
+        assert "The ranks that are joining wait for them" in text
+        assert "MASTER_ADDR hostA resolves to a loopback address (127.0.1.1) on node 0 (hostA 10.0.0.1)," in text
+        assert "--local-addr" in text and "--rdzv-conf is_host=1" in text
+        # ... and the rank that had connected is told to exit.
+        assert conns[1].poll(10) and conns[1].recv() == ("abort",)
+
+        # Every rank connected and joining, nothing obviously wrong: interfaces, --local-addr, firewall.
+        conns += _fake_rank(listener.address, 0, 2, [("joining", _joining())])
+        conns += _fake_rank(listener.address, 1, 2, [("joining", _joining(ifname="eth1", address="10.0.0.2"))],
+                            host="hostB", node_rank=1)
+        with pytest.raises(PoolStartError) as joining:
+            gather_ranks(listener, 1.5)
+        text = str(joining.value)
+        assert "rank 1 on node 1 (hostB 10.0.0.2, pid 1001): joining the process group" in text
+        assert "Every rank connected here, but the process group did not form" in text
+        assert "GLOO_SOCKET_IFNAME" in text and "--local-addr" in text and "firewall" in text
+        assert "never connected" not in text and "Start them with" not in text
+
+        # A node told to use its loopback interface cannot be reached by the other node.
+        conns += _fake_rank(listener.address, 0, 2, [("joining", _joining())])
+        conns += _fake_rank(listener.address, 1, 2, [("joining", _joining(
+            ifname="lo", address="127.0.0.1", source="GLOO_SOCKET_IFNAME"))], host="hostB", node_rank=1)
+        with pytest.raises(PoolStartError) as loopback:
+            gather_ranks(listener, 1.5)
+        text = str(loopback.value)
+        assert ("Rank 1 would exchange data over a loopback interface (lo, set by GLOO_SOCKET_IFNAME) "
+                "that the other nodes cannot reach: set GLOO_SOCKET_IFNAME on node 1 (hostB 10.0.0.2)"
+                in text), text
+        assert "Every rank connected here" not in text
+
+        # A rank whose join fails ends the wait at once, with the error.
+        conns += _fake_rank(listener.address, 0, 1, [
+            ("joining", _joining()), ("failed", {"error": "RuntimeError: connection refused"})])
+        started = time.monotonic()
+        with pytest.raises(PoolStartError) as failed:
+            gather_ranks(listener, 60)
+        assert time.monotonic() - started < 30
+        text = str(failed.value)
+        assert "rank 0 of the torchrun workers could not join the process group" in text
+        assert "could not join the process group: RuntimeError: connection refused" in text
+    finally:
+        for conn in conns:
+            conn.close()
+        listener.close()
+

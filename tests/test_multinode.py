@@ -1,6 +1,6 @@
 """Multi-node pools: authentication of the controller's channel, the workers' interface choice,
 the controller's wait error, a two-"node" torchrun run on loopback driven by a pytest controller
-(including losing a node mid-task)."""
+(including losing a node mid-task), and two real "hosts" made of network namespaces."""
 
 import json
 import os
@@ -15,6 +15,7 @@ from multiprocessing.connection import AuthenticationError, Client
 import psutil
 import pytest
 
+import netns
 from ddpbench.controller import SecretError, _Listener, load_secret, parse_address
 from ddpbench.rendezvous import loopback_interface
 
@@ -330,3 +331,156 @@ def test_the_wait_error_says_where_each_rank_is_and_what_to_check():
             conn.close()
         listener.close()
 
+
+# ----------------------------------------------------------------------------------------------
+# Two hosts: network namespaces joined by a veth pair (root only; see tests/netns.py)
+# ----------------------------------------------------------------------------------------------
+
+CONTROLLER_PORT, RDZV_PORT = 29600, 29500  # inside fresh namespaces: nothing else listens there
+
+TWO_HOST_BENCH = '''
+import os, time
+from ddpbench.workloads import Workload
+from ddpbench.workloads.collectives import Collective
+
+class Hang(Workload):
+    def setup(self, ctx):
+        open(os.path.join({where!r}, f"started{{ctx.rank}}"), "w").close()
+        return ctx.rank
+    def run_round(self, rank):
+        import torch.distributed as dist
+        if rank == 0:
+            time.sleep(600)
+        dist.barrier()
+
+def test_all_reduce(dist_benchmark, dist_message_size):
+    dist_benchmark(Collective("all_reduce", dist_message_size), rounds=20, warmup=3)
+
+def test_host_loss(dist_benchmark):
+    dist_benchmark(Hang(), rounds=1, warmup=0)
+'''
+
+
+@pytest.fixture
+def two_hosts():
+    reason = netns.unavailable()
+    if reason:
+        if os.environ.get("DDPBENCH_REQUIRE_NETNS"):  # CI: this test must run, not skip
+            pytest.fail(f"DDPBENCH_REQUIRE_NETNS is set but {reason}")
+        pytest.skip(reason)
+    with netns.two_hosts() as hosts:
+        yield hosts
+
+
+def _controller(tmp_path, host, *options):
+    return subprocess.Popen(
+        host.command(sys.executable, "-m", "pytest", "test_bench.py", "-p", "no:cacheprovider",
+                     "-m", "not gpu", "-v", f"--dist-controller={host.address}:{CONTROLLER_PORT}",
+                     "--dist-world-sizes=2", *options),
+        cwd=tmp_path, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _torchrun_nodes(tmp_path, a, b, local_addr: bool):
+    """torchrun on host A (which hosts the rendezvous) and on host B, no interface variables."""
+    nodes = []
+    for host in (a, b):
+        options = [f"--local-addr={host.address}"] if local_addr else []
+        if host is a:  # A's hostname does not resolve to 10.77.0.1: tell torchrun it hosts the store
+            options.append("--rdzv-conf=is_host=1")
+        nodes.append(subprocess.Popen(
+            host.command(sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                         "--nproc-per-node=1", "--rdzv-backend=c10d",
+                         f"--rdzv-endpoint={a.address}:{RDZV_PORT}", *options,
+                         "-m", "ddpbench.worker", f"--controller={a.address}:{CONTROLLER_PORT}"),
+            cwd=tmp_path, env=_clean_env(), stdout=open(tmp_path / f"host_{host.address}.log", "w"),
+            stderr=subprocess.STDOUT))
+    return nodes
+
+
+def _logs(tmp_path) -> str:
+    return "".join(f"\n--- {p.name} ---\n{p.read_text()}" for p in sorted(tmp_path.glob("host_*.log")))
+
+
+def test_across_hosts_in_network_namespaces_without_interface_variables(tmp_path, two_hosts):
+    """Controller and node 0 on host A, node 1 on host B: the cases pass across the veth with
+    nodes == 2, the controller listens only on its address, losing host B fails the case in
+    seconds naming the lost rank."""
+    a, b = two_hosts
+    (tmp_path / "test_bench.py").write_text(TWO_HOST_BENCH.format(where=str(tmp_path)))
+    controller = _controller(tmp_path, a, "--dist-sizes=1MB,10MB", "--dist-timeout=60",
+                             "--dist-controller-wait=180", "--benchmark-json=out.json")
+    nodes = _torchrun_nodes(tmp_path, a, b, local_addr=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not all((tmp_path / f"started{rank}").exists() for rank in (0, 1)):
+            assert controller.poll() is None and time.monotonic() < deadline, (
+                controller.communicate(timeout=60)[0] if controller.poll() is not None else "timed out")
+            time.sleep(0.2)
+        assert netns.listening_addresses(controller.pid) == [(a.address, CONTROLLER_PORT)]
+
+        time.sleep(0.5)
+        netns.kill_namespace_processes(b.namespace)  # host B is lost: its torchrun and its rank
+        killed_at = time.monotonic()
+        output, _ = controller.communicate(timeout=120)
+        noticed_s = time.monotonic() - killed_at
+        assert noticed_s < 30, f"the controller took {noticed_s:.0f} s to notice\n{output}"
+        print(f"two hosts: losing host B failed the case and ended the run {noticed_s:.1f} s later")
+        output_and_logs = output + _logs(tmp_path)
+        assert "test_all_reduce[gloo-2p-1MB] PASSED" in output, output_and_logs
+        assert "test_all_reduce[gloo-2p-10MB] PASSED" in output, output_and_logs
+        assert "test_host_loss[gloo-2p] FAILED" in output
+        assert "rank(s) [1] of 2 died while running task" in output
+        assert "--- rank 1: its connection to the controller closed" in output
+        # Where the ranks talk, said once the pool formed.
+        assert re.search(r"2 torchrun ranks on 2 node\(s\) joined the process group at MASTER_ADDR "
+                         r"10\.77\.0\.[12]:\d+", output), output
+        for host in (a, b):
+            assert f"gloo on {host.interface} {host.address} [auto (route to controller)]" in output
+
+        cases = {c["name"]: c for c in json.loads((tmp_path / "out.json").read_text())["benchmarks"]}
+        for size in ("1MB", "10MB"):
+            info = cases[f"test_all_reduce[gloo-2p-{size}]"]["extra_info"]
+            assert info["nodes"] == 2 and info["world_size"] == 2 and info["backend"] == "gloo"
+            assert sorted(info["socket_ifname"].split(",")) == sorted([a.interface, b.interface])
+            assert info["socket_ifname_source"] == "auto (route to controller)"
+            stats = cases[f"test_all_reduce[gloo-2p-{size}]"]["stats"]
+            print(f"two hosts over a veth pair: all_reduce {size}: median {stats['median'] * 1e3:.2f} ms "
+                  f"(min {stats['min'] * 1e3:.2f}, max {stats['max'] * 1e3:.2f}, {stats['rounds']} rounds)")
+    finally:
+        _cleanup(nodes + [controller])
+
+
+def test_across_hosts_a_node_that_cannot_reach_master_addr_is_named_with_the_fix(tmp_path, two_hosts):
+    """Without --local-addr, torchrun advertises node 0 by its hostname, which resolves to
+    127.0.1.1 on both hosts (as on Debian / Ubuntu): the ranks connect to the controller but
+    cannot form the group. The wait error says so, with the fix, and the ranks are told to exit."""
+    a, b = two_hosts
+    (tmp_path / "test_bench.py").write_text(TWO_HOST_BENCH.format(where=str(tmp_path)))
+    nodes = _torchrun_nodes(tmp_path, a, b, local_addr=False)
+    controller = None
+    try:
+        # The workers are up (torch imported, retrying the controller) before the controller
+        # starts, so its short wait is spent on the join alone.
+        deadline = time.monotonic() + 240
+        while _logs(tmp_path).count("connecting to the controller") < 2:
+            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), _logs(tmp_path)
+            time.sleep(0.2)
+        controller = _controller(tmp_path, a, "--dist-controller-wait=15", "-k", "all_reduce",
+                                 "--dist-sizes=1MB")
+        output, _ = controller.communicate(timeout=180)
+        assert controller.returncode != 0
+        assert f"waited 15 s on {a.address}:{CONTROLLER_PORT} for the torchrun workers; 0 of 2 ranks ready" \
+            in output, output + _logs(tmp_path)
+        for host in (a, b):
+            assert re.search(rf"rank [01] on node [01] \(\S+ {re.escape(host.address)}, pid \d+\): "
+                             rf"joining the process group for \d+ s: MASTER_ADDR \S+:\d+ "
+                             rf"\(127\.0\.1\.1\), gloo on {host.interface} {re.escape(host.address)} "
+                             rf"\[auto \(route to controller\)\]", output), output
+        assert re.search(r"MASTER_ADDR \S+ resolves to a loopback address \(127\.0\.1\.1\) on node", output)
+        assert "--local-addr" in output and "--rdzv-conf is_host=1" in output
+        print(output)
+        # The ranks were told to exit: both torchruns end by themselves.
+        for node in nodes:
+            assert node.wait(timeout=60) != 0
+    finally:
+        _cleanup(nodes + ([controller] if controller else []))

@@ -170,8 +170,8 @@ def _rank_line(state: _RankState, now: float) -> str:
             f"pid {state.info.get('pid', '?')}): ")
     for_s = f"{now - state.since:.0f} s"
     if state.phase == "connected":
-        return head + (f"connected {for_s} ago, not joining the process group yet (still importing "
-                       f"torch or initialising CUDA?)")
+        return head + (f"connected {for_s} ago, not joining the process group yet (still "
+                       f"initialising CUDA?)")
     if state.phase == "joining":
         return head + f"joining the process group for {for_s}: {_transport_text(state.info)}"
     if state.phase == "ready":
@@ -246,7 +246,7 @@ def _hints(address: tuple[str, int], world_size: int | None, ranks: dict[int, _R
     starting = [s.rank for s in states if s.phase == "connected"]
     if starting and not hints:
         hints.append(f"{_ranks_text(starting).capitalize()} connected but did not start joining: "
-                     f"a slow start (importing torch, CUDA initialisation) needs a longer "
+                     f"a slow start (CUDA initialisation) needs a longer "
                      f"--dist-controller-wait.")
     return hints
 

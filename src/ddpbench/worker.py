@@ -3,8 +3,8 @@
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         -m ddpbench.worker --controller CONTROLLER_HOST:29600
 
-torchrun provides RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, MASTER_ADDR and MASTER_PORT. This
-process first connects to the controller (pytest run with ``--dist-controller``) with the shared
+torchrun provides RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, MASTER_ADDR and MASTER_PORT. Once
+torch is imported, this process connects to the controller (pytest run with ``--dist-controller``) with the shared
 secret ($DDPBENCH_SECRET or ``--secret-file``) and reports its phases there: connected, joining
 the process group (MASTER_ADDR:MASTER_PORT and the interface the transport will use), ready. A
 rank stuck joining is therefore visible in the controller's wait error. It then runs the tasks it

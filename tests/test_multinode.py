@@ -1,9 +1,11 @@
-"""Multi-node pools: authentication of the controller's channel, and a two-"node" torchrun run on
-loopback driven by a pytest controller, including losing a node mid-task."""
+"""Multi-node pools: authentication of the controller's channel, the workers' interface choice,
+the controller's wait error, a two-"node" torchrun run on loopback driven by a pytest controller
+(including losing a node mid-task), and two real "hosts" made of network namespaces."""
 
 import json
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -13,7 +15,9 @@ from multiprocessing.connection import AuthenticationError, Client
 import psutil
 import pytest
 
+import netns
 from ddpbench.controller import SecretError, _Listener, load_secret, parse_address
+from ddpbench.rendezvous import loopback_interface
 
 SECRET = "a-test-secret-that-is-long-enough"
 
@@ -109,9 +113,18 @@ def test_after(dist_benchmark):
 '''
 
 
+def _clean_env() -> dict:
+    """The test's environment without anything that would pick an interface or a rendezvous."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT",
+                          "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+           and not key.startswith("TORCHELASTIC_")}
+    return dict(env, DDPBENCH_SECRET=SECRET, PYTHONUNBUFFERED="1")
+
+
 def _launch(tmp_path, hang):
     (tmp_path / "test_bench.py").write_text(BENCH.format(where=str(tmp_path), hang=hang))
-    env = dict(os.environ, DDPBENCH_SECRET=SECRET, PYTHONUNBUFFERED="1")
+    env = _clean_env()
     controller_port, rdzv_port = _free_port(), _free_port()
     controller = subprocess.Popen(
         [sys.executable, "-m", "pytest", "test_bench.py", "-p", "no:cacheprovider", "-m", "not gpu",
@@ -154,6 +167,9 @@ def test_two_nodes_on_loopback_run_the_cases_with_nodes_recorded(tmp_path):
         assert infos["test_all_reduce[gloo-2p]"]["nodes"] == 2
         assert infos["test_all_reduce[gloo-2p]"]["world_size"] == 2
         assert infos["test_all_reduce[gloo-2p]"]["busbw_GBps"] > 0
+        # No interface variable was set: the workers took the one that reaches the controller.
+        assert infos["test_all_reduce[gloo-2p]"]["socket_ifname"] == loopback_interface()
+        assert infos["test_all_reduce[gloo-2p]"]["socket_ifname_source"] == "auto (route to controller)"
         for node in nodes:  # the controller told the workers to stop: torchrun ends cleanly
             assert node.wait(timeout=60) == 0
     finally:
@@ -183,3 +199,288 @@ def test_losing_a_node_mid_task_fails_the_case_and_the_controller_finishes(tmp_p
         assert "relaunch the torchrun workers" in output
     finally:
         _cleanup(nodes + [controller])
+
+
+# ----------------------------------------------------------------------------------------------
+# The worker's interface choice and the controller's wait error (fake ranks, no torch processes)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_worker_picks_the_interface_that_reaches_the_controller_unless_told():
+    from ddpbench.worker import AUTO_SOURCE, choose_socket_interface, interface_of
+
+    lo = loopback_interface()
+    assert interface_of("127.0.0.1") == lo and interface_of("::ffff:127.0.0.1") == lo
+    assert interface_of("192.0.2.123") is None  # TEST-NET-1: on no interface here
+    environ = {}
+    chosen = choose_socket_interface("gloo", "127.0.0.1", environ)
+    assert chosen == {"socket_ifname": lo, "socket_ifname_source": AUTO_SOURCE,
+                      "socket_addresses": chosen["socket_addresses"]}
+    assert "127.0.0.1" in chosen["socket_addresses"]
+    assert environ == {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": f"={lo}"}
+    # An explicit variable always wins (and the other backend's unset one is still filled in).
+    environ = {"GLOO_SOCKET_IFNAME": "eth7"}
+    chosen = choose_socket_interface("gloo", "127.0.0.1", environ)
+    assert chosen["socket_ifname"] == "eth7" and chosen["socket_ifname_source"] == "GLOO_SOCKET_IFNAME"
+    assert environ == {"GLOO_SOCKET_IFNAME": "eth7", "NCCL_SOCKET_IFNAME": f"={lo}"}
+    environ = {"NCCL_SOCKET_IFNAME": "ib0"}
+    chosen = choose_socket_interface("nccl", "127.0.0.1", environ)
+    assert chosen["socket_ifname"] == "ib0" and chosen["socket_ifname_source"] == "NCCL_SOCKET_IFNAME"
+    # No interface carries the address: nothing is set, the transport's default is reported.
+    environ = {}
+    chosen = choose_socket_interface("gloo", "192.0.2.123", environ)
+    assert environ == {} and chosen["socket_ifname"] is None
+    assert chosen["socket_ifname_source"].startswith("gloo default (hostname ")
+
+
+def _joining(master_addr="hostA", master_ips=("10.0.0.1",), ifname="eth0", address="10.0.0.1",
+             source="auto (route to controller)"):
+    from ddpbench.controller import _is_loopback
+
+    return {"backend": "gloo", "device": "cpu", "master_addr": master_addr, "master_port": "29500",
+            "master_ips": list(master_ips), "master_is_loopback": all(map(_is_loopback, master_ips)),
+            "socket_ifname": ifname, "socket_ifname_source": source,
+            "socket_addresses": [address]}
+
+
+def _fake_rank(address, rank, world_size, phases, host="hostA", node_rank=0, local_world_size=1):
+    """A rank speaking the worker's protocol: hello on both channels, then ``phases``."""
+    info = {"rank": rank, "world_size": world_size, "host": host, "node_rank": node_rank,
+            "local_rank": 0, "local_world_size": local_world_size, "pid": 1000 + rank,
+            "phase": "connected", "address": f"10.0.0.{node_rank + 1}"}
+    task = Client(address, authkey=SECRET.encode())
+    control = Client(address, authkey=SECRET.encode())
+    task.send(("hello", "task", info))
+    control.send(("hello", "control", info))
+    for phase, details in phases:
+        task.send(("phase", phase, details))
+    return task, control
+
+
+def test_the_wait_error_says_where_each_rank_is_and_what_to_check():
+    from ddpbench.controller import gather_ranks
+    from ddpbench.pool import PoolStartError
+
+    listener = _Listener(("127.0.0.1", 0), SECRET.encode())
+    controller = f"127.0.0.1:{listener.address[1]}"
+    conns = []
+    try:
+        # Nobody came: the old advice, with the address to give the workers.
+        with pytest.raises(PoolStartError) as nobody:
+            gather_ranks(listener, 0.5, expected=4)
+        text = str(nobody.value)
+        assert f"waited 0 s on {controller} for the torchrun workers; no rank connected" in text
+        assert "connected ranks: none (this case needs 4)" in text
+        assert f"Start them with: torchrun ... -m ddpbench.worker --controller {controller}" in text
+
+        # Rank 0 joins through a MASTER_ADDR that is loopback on a 2-node group; rank 1 never came.
+        conns += _fake_rank(listener.address, 0, 2,
+                            [("joining", _joining(master_ips=("127.0.1.1",)))])
+        with pytest.raises(PoolStartError) as stuck:
+            gather_ranks(listener, 1.5, expected=2)
+        text = str(stuck.value)
+        assert f"waited 2 s on {controller} for the torchrun workers; 0 of 2 ranks ready:" in text
+        assert re.search(r"rank 0 on node 0 \(hostA 10\.0\.0\.1, pid 1000\): joining the process "
+                         r"group for \d+ s: MASTER_ADDR hostA:29500 \(127\.0\.1\.1\), gloo on eth0 "
+                         r"10\.0\.0\.1 \[auto \(route to controller\)\]", text), text
+        assert "rank 1: never connected" in text
+        assert (f"Rank 1 never connected. Start them with: torchrun ... -m ddpbench.worker "
+                f"--controller {controller}") in text
+        assert "The ranks that are joining wait for them" in text
+        assert "MASTER_ADDR hostA resolves to a loopback address (127.0.1.1) on node 0 (hostA 10.0.0.1)," in text
+        assert "--local-addr" in text and "--rdzv-conf is_host=1" in text
+        # ... and the rank that had connected is told to exit.
+        assert conns[1].poll(10) and conns[1].recv() == ("abort",)
+
+        # Every rank connected and joining, nothing obviously wrong: interfaces, --local-addr, firewall.
+        conns += _fake_rank(listener.address, 0, 2, [("joining", _joining())])
+        conns += _fake_rank(listener.address, 1, 2, [("joining", _joining(ifname="eth1", address="10.0.0.2"))],
+                            host="hostB", node_rank=1)
+        with pytest.raises(PoolStartError) as joining:
+            gather_ranks(listener, 1.5)
+        text = str(joining.value)
+        assert "rank 1 on node 1 (hostB 10.0.0.2, pid 1001): joining the process group" in text
+        assert "Every rank connected here, but the process group did not form" in text
+        assert "GLOO_SOCKET_IFNAME" in text and "--local-addr" in text and "firewall" in text
+        assert "never connected" not in text and "Start them with" not in text
+
+        # A node told to use its loopback interface cannot be reached by the other node.
+        conns += _fake_rank(listener.address, 0, 2, [("joining", _joining())])
+        conns += _fake_rank(listener.address, 1, 2, [("joining", _joining(
+            ifname="lo", address="127.0.0.1", source="GLOO_SOCKET_IFNAME"))], host="hostB", node_rank=1)
+        with pytest.raises(PoolStartError) as loopback:
+            gather_ranks(listener, 1.5)
+        text = str(loopback.value)
+        assert ("Rank 1 would exchange data over a loopback interface (lo, set by GLOO_SOCKET_IFNAME) "
+                "that the other nodes cannot reach: set GLOO_SOCKET_IFNAME on node 1 (hostB 10.0.0.2)"
+                in text), text
+        assert "Every rank connected here" not in text
+
+        # A rank whose join fails ends the wait at once, with the error.
+        conns += _fake_rank(listener.address, 0, 1, [
+            ("joining", _joining()), ("failed", {"error": "RuntimeError: connection refused"})])
+        started = time.monotonic()
+        with pytest.raises(PoolStartError) as failed:
+            gather_ranks(listener, 60)
+        assert time.monotonic() - started < 30
+        text = str(failed.value)
+        assert "rank 0 of the torchrun workers could not join the process group" in text
+        assert "could not join the process group: RuntimeError: connection refused" in text
+    finally:
+        for conn in conns:
+            conn.close()
+        listener.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Two hosts: network namespaces joined by a veth pair (root only; see tests/netns.py)
+# ----------------------------------------------------------------------------------------------
+
+CONTROLLER_PORT, RDZV_PORT = 29600, 29500  # inside fresh namespaces: nothing else listens there
+
+TWO_HOST_BENCH = '''
+import os, time
+from ddpbench.workloads import Workload
+from ddpbench.workloads.collectives import Collective
+
+class Hang(Workload):
+    def setup(self, ctx):
+        open(os.path.join({where!r}, f"started{{ctx.rank}}"), "w").close()
+        return ctx.rank
+    def run_round(self, rank):
+        import torch.distributed as dist
+        if rank == 0:
+            time.sleep(600)
+        dist.barrier()
+
+def test_all_reduce(dist_benchmark, dist_message_size):
+    dist_benchmark(Collective("all_reduce", dist_message_size), rounds=20, warmup=3)
+
+def test_host_loss(dist_benchmark):
+    dist_benchmark(Hang(), rounds=1, warmup=0)
+'''
+
+
+@pytest.fixture
+def two_hosts():
+    reason = netns.unavailable()
+    if reason:
+        if os.environ.get("DDPBENCH_REQUIRE_NETNS"):  # CI: this test must run, not skip
+            pytest.fail(f"DDPBENCH_REQUIRE_NETNS is set but {reason}")
+        pytest.skip(reason)
+    with netns.two_hosts() as hosts:
+        yield hosts
+
+
+def _controller(tmp_path, host, *options):
+    return subprocess.Popen(
+        host.command(sys.executable, "-m", "pytest", "test_bench.py", "-p", "no:cacheprovider",
+                     "-m", "not gpu", "-v", f"--dist-controller={host.address}:{CONTROLLER_PORT}",
+                     "--dist-world-sizes=2", *options),
+        cwd=tmp_path, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _torchrun_nodes(tmp_path, a, b, local_addr: bool):
+    """torchrun on host A (which hosts the rendezvous) and on host B, no interface variables."""
+    nodes = []
+    for host in (a, b):
+        options = [f"--local-addr={host.address}"] if local_addr else []
+        if host is a:  # A's hostname does not resolve to 10.77.0.1: tell torchrun it hosts the store
+            options.append("--rdzv-conf=is_host=1")
+        nodes.append(subprocess.Popen(
+            host.command(sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                         "--nproc-per-node=1", "--rdzv-backend=c10d",
+                         f"--rdzv-endpoint={a.address}:{RDZV_PORT}", *options,
+                         "-m", "ddpbench.worker", f"--controller={a.address}:{CONTROLLER_PORT}"),
+            cwd=tmp_path, env=_clean_env(), stdout=open(tmp_path / f"host_{host.address}.log", "w"),
+            stderr=subprocess.STDOUT))
+    return nodes
+
+
+def _logs(tmp_path) -> str:
+    return "".join(f"\n--- {p.name} ---\n{p.read_text()}" for p in sorted(tmp_path.glob("host_*.log")))
+
+
+def test_across_hosts_in_network_namespaces_without_interface_variables(tmp_path, two_hosts):
+    """Controller and node 0 on host A, node 1 on host B: the cases pass across the veth with
+    nodes == 2, the controller listens only on its address, losing host B fails the case in
+    seconds naming the lost rank."""
+    a, b = two_hosts
+    (tmp_path / "test_bench.py").write_text(TWO_HOST_BENCH.format(where=str(tmp_path)))
+    controller = _controller(tmp_path, a, "--dist-sizes=1MB,10MB", "--dist-timeout=60",
+                             "--dist-controller-wait=180", "--benchmark-json=out.json")
+    nodes = _torchrun_nodes(tmp_path, a, b, local_addr=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not all((tmp_path / f"started{rank}").exists() for rank in (0, 1)):
+            assert controller.poll() is None and time.monotonic() < deadline, (
+                controller.communicate(timeout=60)[0] if controller.poll() is not None else "timed out")
+            time.sleep(0.2)
+        assert netns.listening_addresses(controller.pid) == [(a.address, CONTROLLER_PORT)]
+
+        time.sleep(0.5)
+        netns.kill_namespace_processes(b.namespace)  # host B is lost: its torchrun and its rank
+        killed_at = time.monotonic()
+        output, _ = controller.communicate(timeout=120)
+        noticed_s = time.monotonic() - killed_at
+        assert noticed_s < 30, f"the controller took {noticed_s:.0f} s to notice\n{output}"
+        print(f"two hosts: losing host B failed the case and ended the run {noticed_s:.1f} s later")
+        output_and_logs = output + _logs(tmp_path)
+        assert "test_all_reduce[gloo-2p-1MB] PASSED" in output, output_and_logs
+        assert "test_all_reduce[gloo-2p-10MB] PASSED" in output, output_and_logs
+        assert "test_host_loss[gloo-2p] FAILED" in output
+        assert "rank(s) [1] of 2 died while running task" in output
+        assert "--- rank 1: its connection to the controller closed" in output
+        # Where the ranks talk, said once the pool formed.
+        assert re.search(r"2 torchrun ranks on 2 node\(s\) joined the process group at MASTER_ADDR "
+                         r"10\.77\.0\.[12]:\d+", output), output
+        for host in (a, b):
+            assert f"gloo on {host.interface} {host.address} [auto (route to controller)]" in output
+
+        cases = {c["name"]: c for c in json.loads((tmp_path / "out.json").read_text())["benchmarks"]}
+        for size in ("1MB", "10MB"):
+            info = cases[f"test_all_reduce[gloo-2p-{size}]"]["extra_info"]
+            assert info["nodes"] == 2 and info["world_size"] == 2 and info["backend"] == "gloo"
+            assert sorted(info["socket_ifname"].split(",")) == sorted([a.interface, b.interface])
+            assert info["socket_ifname_source"] == "auto (route to controller)"
+            stats = cases[f"test_all_reduce[gloo-2p-{size}]"]["stats"]
+            print(f"two hosts over a veth pair: all_reduce {size}: median {stats['median'] * 1e3:.2f} ms "
+                  f"(min {stats['min'] * 1e3:.2f}, max {stats['max'] * 1e3:.2f}, {stats['rounds']} rounds)")
+    finally:
+        _cleanup(nodes + [controller])
+
+
+def test_across_hosts_a_node_that_cannot_reach_master_addr_is_named_with_the_fix(tmp_path, two_hosts):
+    """Without --local-addr, torchrun advertises node 0 by its hostname, which resolves to
+    127.0.1.1 on both hosts (as on Debian / Ubuntu): the ranks connect to the controller but
+    cannot form the group. The wait error says so, with the fix, and the ranks are told to exit."""
+    a, b = two_hosts
+    (tmp_path / "test_bench.py").write_text(TWO_HOST_BENCH.format(where=str(tmp_path)))
+    nodes = _torchrun_nodes(tmp_path, a, b, local_addr=False)
+    controller = None
+    try:
+        # The workers are up (torch imported, retrying the controller) before the controller
+        # starts, so its short wait is spent on the join alone.
+        deadline = time.monotonic() + 240
+        while _logs(tmp_path).count("connecting to the controller") < 2:
+            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), _logs(tmp_path)
+            time.sleep(0.2)
+        controller = _controller(tmp_path, a, "--dist-controller-wait=15", "-k", "all_reduce",
+                                 "--dist-sizes=1MB")
+        output, _ = controller.communicate(timeout=180)
+        assert controller.returncode != 0
+        assert f"waited 15 s on {a.address}:{CONTROLLER_PORT} for the torchrun workers; 0 of 2 ranks ready" \
+            in output, output + _logs(tmp_path)
+        for host in (a, b):
+            assert re.search(rf"rank [01] on node [01] \(\S+ {re.escape(host.address)}, pid \d+\): "
+                             rf"joining the process group for \d+ s: MASTER_ADDR \S+:\d+ "
+                             rf"\(127\.0\.1\.1\), gloo on {host.interface} {re.escape(host.address)} "
+                             rf"\[auto \(route to controller\)\]", output), output
+        assert re.search(r"MASTER_ADDR \S+ resolves to a loopback address \(127\.0\.1\.1\) on node", output)
+        assert "--local-addr" in output and "--rdzv-conf is_host=1" in output
+        print(output)
+        # The ranks were told to exit: both torchruns end by themselves.
+        for node in nodes:
+            assert node.wait(timeout=60) != 0
+    finally:
+        _cleanup(nodes + ([controller] if controller else []))

@@ -6,20 +6,29 @@ pickled code, so both channels authenticate with a shared secret (HMAC challenge
 directions, multiprocessing.connection's handshake) before anything is unpickled on either side;
 a client without the secret is disconnected and nothing it sends is read. The controller listens
 only on the address the user gave.
+
+A worker connects before it joins the process group and reports its phases on the task channel
+(connected -> joining, with MASTER_ADDR and the interface its transport uses -> ready, or failed),
+so that when the pool does not form, the wait error names each expected rank's last phase and
+host and says what to check for that phase (start the workers, --local-addr, the interface
+variables, a firewall).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import queue
 import socket
 import stat
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
                                         deliver_challenge, wait)
 
-from .pool import PoolBase, PoolError, PoolSpec, PoolStartError
+from .pool import SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError
 
 SECRET_ENV = "DDPBENCH_SECRET"
 MIN_SECRET_LENGTH = 16
@@ -117,42 +126,308 @@ class _Listener:
         self._sock.close()
 
 
+@dataclass
+class _RankState:
+    """What the controller knows about one rank while the pool forms."""
+
+    info: dict  # the hello's info, updated with each phase's details
+    since: float  # monotonic time the current phase was reported
+    task: Connection | None = None
+    control: Connection | None = None
+    phase: str = "connected"  # connected -> joining -> ready; or failed / lost
+    error: str = ""
+
+    @property
+    def rank(self) -> int:
+        return self.info["rank"]
+
+    @property
+    def where(self) -> str:
+        """'hostname 10.0.0.2': the host's name and the address it reached the controller from."""
+        return " ".join(str(self.info[key]) for key in ("host", "address") if self.info.get(key))
+
+    @property
+    def node(self) -> str:
+        return f"node {self.info.get('node_rank', '?')} ({self.where})"
+
+    def close(self) -> None:
+        for conn in (self.task, self.control):
+            if conn is not None:
+                conn.close()
+
+
+def _transport_text(info: dict) -> str:
+    """'MASTER_ADDR vm:41234 (127.0.0.1), gloo on eth0 10.0.0.2 [auto (route to controller)]'"""
+    ips = ",".join(info.get("master_ips") or []) or "does not resolve"
+    addresses = ",".join(info.get("socket_addresses") or []) or "(no address)"
+    return (f"MASTER_ADDR {info.get('master_addr')}:{info.get('master_port')} ({ips}), "
+            f"{info.get('backend')} on {info.get('socket_ifname') or '?'} {addresses} "
+            f"[{info.get('socket_ifname_source')}]")
+
+
+def _rank_line(state: _RankState, now: float) -> str:
+    head = (f"  rank {state.rank} on node {state.info.get('node_rank', '?')} ({state.where}, "
+            f"pid {state.info.get('pid', '?')}): ")
+    for_s = f"{now - state.since:.0f} s"
+    if state.phase == "connected":
+        return head + (f"connected {for_s} ago, not joining the process group yet (still "
+                       f"initialising CUDA?)")
+    if state.phase == "joining":
+        return head + f"joining the process group for {for_s}: {_transport_text(state.info)}"
+    if state.phase == "ready":
+        return head + "ready (joined the process group)" + (
+            "" if state.control is not None else "; its control connection did not arrive")
+    if state.phase == "failed":
+        return head + f"could not join the process group: {state.error}; {_transport_text(state.info)}"
+    return head + state.error  # lost
+
+
+def _ranks_text(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _hints(address: tuple[str, int], world_size: int | None, ranks: dict[int, _RankState],
+           missing: list[int]) -> list[str]:
+    """What to try, matching where the ranks are."""
+    controller = f"{address[0]}:{address[1]}"
+    states = list(ranks.values())
+    joining = [s for s in states if s.phase in ("joining", "failed")]
+    # Ranks on several machines (torchrun "nodes" that all reach the controller over loopback
+    # share one machine, where loopback addresses work).
+    multi_node = (any(s.info.get("world_size", 1) > s.info.get("local_world_size", 1) for s in states)
+                  and not all(_is_loopback(s.info.get("address", "")) for s in states))
+    hints = []
+    if missing or world_size is None:
+        subject = ("No rank connected" if world_size is None
+                   else f"{_ranks_text(missing).capitalize()} never connected")
+        hints.append(
+            f"{subject}. Start them with: torchrun ... -m ddpbench.worker --controller "
+            f"{controller} (on every node, with the same --nnodes). If they are running, they "
+            f"cannot reach {controller}: check that it is this host's address on the network the "
+            f"nodes share and that no firewall blocks TCP port {address[1]}; their torchrun "
+            f"output shows the connection error."
+            + (" The ranks that are joining wait for them." if joining else ""))
+    loopback_master = [s for s in joining if s.info.get("master_is_loopback")]
+    if loopback_master and multi_node:
+        sample = loopback_master[0].info
+        hints.append(
+            f"MASTER_ADDR {sample.get('master_addr')} resolves to a loopback address "
+            f"({','.join(sample.get('master_ips') or [])}) on {_nodes_text(loopback_master)}, but "
+            f"the group spans several nodes: torchrun advertised the rank-0 node by its hostname, "
+            f"which resolves to loopback there, so the other nodes cannot reach its store. Give "
+            f"each node's torchrun --local-addr <that node's address on the nodes' network>; on "
+            f"the node whose address is the --rdzv-endpoint, also --rdzv-conf is_host=1 (torchrun "
+            f"recognises the endpoint as its own only when the hostname resolves to it).")
+    loopback_transport = [s for s in joining if s.info.get("socket_addresses")
+                          and all(_is_loopback(a) for a in s.info["socket_addresses"])]
+    if loopback_transport and multi_node:
+        sample = loopback_transport[0].info
+        variable = _ifname_variable(sample.get("backend"))
+        source = sample.get("socket_ifname_source")
+        hints.append(
+            f"{_ranks_text([s.rank for s in loopback_transport]).capitalize()} would exchange data "
+            f"over a loopback interface ({sample.get('socket_ifname')}, "
+            f"{'set by ' + source if source == variable else source}) that the other nodes "
+            f"cannot reach: set {variable} on {_nodes_text(loopback_transport)} to the interface "
+            f"on the nodes' network (or unset it: the worker then uses the interface that "
+            f"reaches the controller).")
+    if joining and not missing and world_size is not None and len(hints) == 0:
+        sample = joining[0].info
+        hints.append(
+            f"Every rank connected here, but the process group did not form: each rank must reach "
+            f"MASTER_ADDR {sample.get('master_addr')}:{sample.get('master_port')} and every other "
+            f"rank's address on the interface listed above. If those interfaces are not on the "
+            f"network the nodes share, set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for NCCL) on "
+            f"each node to the one that is; if MASTER_ADDR is not the rank-0 node's address on "
+            f"that network, pass --local-addr to each node's torchrun; otherwise a firewall "
+            f"between the nodes blocks MASTER_PORT or the ports gloo / NCCL listen on (allow TCP "
+            f"between the nodes).")
+    starting = [s.rank for s in states if s.phase == "connected"]
+    if starting and not hints:
+        hints.append(f"{_ranks_text(starting).capitalize()} connected but did not start joining: "
+                     f"a slow start (CUDA initialisation) needs a longer "
+                     f"--dist-controller-wait.")
+    return hints
+
+
+def _nodes_text(states) -> str:
+    nodes = sorted({s.node for s in states})
+    return nodes[0] if len(nodes) == 1 else " and ".join([", ".join(nodes[:-1]), nodes[-1]])
+
+
+def _ifname_variable(backend) -> str:
+    return "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"  # see worker.py
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _start_error(headline: str, address, world_size, ranks, rejected: int, ignored: int,
+                 expected: int | None) -> str:
+    now = time.monotonic()
+    lines = [headline]
+    missing = [r for r in range(world_size or 0) if r not in ranks]
+    if world_size is None:
+        lines.append(f"  connected ranks: none{f' (this case needs {expected})' if expected else ''}")
+    lines.extend(_rank_line(ranks[rank], now) for rank in sorted(ranks))
+    if missing:
+        lines.append(f"  {_ranks_text(missing)}: never connected")
+    notes = [f"rejected connections (wrong secret): {rejected}"]
+    if ignored:
+        notes.append(f"ignored connections from a torchrun job of another size: {ignored}")
+    lines.append("  " + "; ".join(notes))
+    hints = _hints(address, world_size, ranks, missing)
+    if hints:
+        lines.append("What to check:")
+        lines.extend(f"  - {hint}" for hint in hints)
+    return "\n".join(lines)
+
+
+def gather_ranks(listener: _Listener, wait_s: float, expected: int | None = None
+                 ) -> tuple[int, dict[int, _RankState]]:
+    """Wait until every rank of a torchrun job has connected and joined its process group.
+
+    Raises PoolStartError when ``wait_s`` runs out, naming each expected rank's last phase and
+    host with what to check; at once when a rank reports that joining failed or its connection
+    closes before it is ready. Ranks already connected are told to exit on any failure.
+    """
+    address = listener.address
+    ranks: dict[int, _RankState] = {}
+    world_size: int | None = None
+    ignored = 0
+    deadline = time.monotonic() + wait_s
+
+    def fail(headline: str) -> PoolStartError:
+        return PoolStartError(_start_error(headline, address, world_size, ranks, listener.rejected,
+                                           ignored, expected))
+
+    def accept(hello, conn) -> None:
+        nonlocal world_size, ignored
+        _, kind, info = hello
+        world_size = world_size or info["world_size"]
+        if info["world_size"] != world_size or not 0 <= info["rank"] < world_size:
+            ignored += 1
+            conn.close()
+            return
+        state = ranks.get(info["rank"])
+        if state is None:
+            state = ranks[info["rank"]] = _RankState(dict(info), time.monotonic())
+        old = state.task if kind == "task" else state.control
+        if old is not None:  # a relaunched rank replaces the old one's connection
+            old.close()
+        if kind == "task":
+            state.task, state.phase, state.since = conn, info.get("phase", "ready"), time.monotonic()
+            state.info.update(info)
+        else:
+            state.control = conn
+
+    def read_phase(state: _RankState) -> None:
+        try:
+            message = state.task.recv()
+        except (EOFError, OSError):
+            state.error = (f"its connection closed while it was {state.phase} (the rank exited or "
+                           f"its node was lost; its torchrun output says why)")
+            state.phase, state.since = "lost", time.monotonic()
+            raise fail(f"ddpbench: {_ranks_text([state.rank])} of the torchrun workers "
+                       f"disconnected before joining the process group (controller "
+                       f"{address[0]}:{address[1]}):") from None
+        if message[0] != "phase":
+            return
+        _, phase, details = message
+        state.info.update(details)
+        state.phase, state.since = phase, time.monotonic()
+        if phase == "failed":
+            state.error = details.get("error", "(no error text)")
+            raise fail(f"ddpbench: {_ranks_text([state.rank])} of the torchrun workers could not "
+                       f"join the process group (controller {address[0]}:{address[1]}):")
+
+    try:
+        while not (world_size is not None and len(ranks) == world_size
+                   and all(s.phase == "ready" and s.control is not None for s in ranks.values())):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                ready = sum(s.phase == "ready" for s in ranks.values())
+                raise fail(
+                    f"ddpbench: waited {wait_s:.0f} s on {address[0]}:{address[1]} for the torchrun "
+                    f"workers; "
+                    + (f"{ready} of {world_size} ranks ready:" if world_size else "no rank connected:"))
+            while True:  # new connections
+                try:
+                    accept(*listener.accepted.get_nowait())
+                except queue.Empty:
+                    break
+            joining = {s.task: s for s in ranks.values() if s.task is not None and s.phase != "ready"}
+            if not joining:
+                try:
+                    accept(*listener.accepted.get(timeout=min(remaining, SIGNAL_POLL_S)))
+                except queue.Empty:
+                    pass
+                continue
+            for conn in wait(list(joining), min(remaining, SIGNAL_POLL_S)):
+                read_phase(joining[conn])
+    except BaseException:
+        for state in ranks.values():  # stop the ranks that did connect: their run is over
+            if state.control is not None:
+                try:
+                    state.control.send(("abort",))
+                except OSError:
+                    pass
+            state.close()
+        raise
+    return world_size, ranks
+
+
 class ExternalPool(PoolBase):
     """The ranks torchrun started on one or more nodes, connected to this controller."""
 
     _after_teardown = "its ranks were told to exit; relaunch the torchrun workers for more cases."
 
-    def __init__(self, listener: _Listener, wait_s: float):
+    def __init__(self, listener: _Listener, wait_s: float, expected: int | None = None):
         self._listener = listener
-        task_conns: dict[int, Connection] = {}
-        control_conns: dict[int, Connection] = {}
-        infos: dict[int, dict] = {}
-        world_size = None
-        deadline = time.monotonic() + wait_s
-        while world_size is None or len(task_conns) < world_size or len(control_conns) < world_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                have = sorted(set(task_conns) & set(control_conns))
-                raise PoolStartError(
-                    f"ddpbench: waited {wait_s:.0f} s on {listener.address[0]}:{listener.address[1]} "
-                    f"for the torchrun workers; connected ranks: {have or 'none'}"
-                    f"{f' of {world_size}' if world_size else ''}; rejected connections (wrong "
-                    f"secret): {listener.rejected}. Start them with: torchrun ... -m ddpbench.worker "
-                    f"--controller {listener.address[0]}:{listener.address[1]}")
-            try:
-                (_, kind, info), conn = listener.accepted.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                continue
-            world_size = world_size or info["world_size"]
-            (task_conns if kind == "task" else control_conns)[info["rank"]] = conn
-            infos[info["rank"]] = info
-        first = infos[0]
+        world_size, ranks = gather_ranks(listener, wait_s, expected)
+        self.infos = [ranks[r].info for r in range(world_size)]
+        first = self.infos[0]
         super().__init__(PoolSpec(first["backend"], world_size, first["device"]))
-        self._conns = [task_conns[r] for r in range(world_size)]
-        self._control = [control_conns[r] for r in range(world_size)]
-        self.infos = [infos[r] for r in range(world_size)]
+        self._conns = [ranks[r].task for r in range(world_size)]
+        self._control = [ranks[r].control for r in range(world_size)]
         self.nodes = len({(i["host"], i["node_rank"]) for i in self.infos})
+        self.extra_info = self._interface_info()
         self.alive = True
+
+    def _by_node(self) -> dict[tuple, list[dict]]:
+        nodes: dict[tuple, list[dict]] = {}
+        for info in self.infos:
+            nodes.setdefault((info["node_rank"], info["host"]), []).append(info)
+        return dict(sorted(nodes.items()))
+
+    def _interface_info(self) -> dict:
+        """extra_info keys: the interface(s) the transport uses and where each choice came from
+        (one value when every node agrees, else the nodes' values in node order, comma-joined)."""
+        def joined(key):
+            values = [str(infos[0].get(key)) for infos in self._by_node().values()]
+            return values[0] if len(set(values)) == 1 else ",".join(values)
+
+        return {"socket_ifname": joined("socket_ifname"),
+                "socket_ifname_source": joined("socket_ifname_source")}
+
+    def describe(self) -> list[str]:
+        """Lines for the terminal once the pool formed: where each node's ranks talk."""
+        first = self.infos[0]
+        lines = [f"ddpbench: {self.spec.world_size} torchrun ranks on {self.nodes} node(s) joined "
+                 f"the process group at MASTER_ADDR {first.get('master_addr')}:{first.get('master_port')}:"]
+        for (node_rank, host), infos in self._by_node().items():
+            info = infos[0]
+            lines.append(f"ddpbench:   node {node_rank} on {host} {info.get('address', '')}: "
+                         f"{_ranks_text([i['rank'] for i in infos])}, {info.get('backend')} on "
+                         f"{info.get('socket_ifname') or '?'} "
+                         f"{','.join(info.get('socket_addresses') or []) or '(no address)'} "
+                         f"[{info.get('socket_ifname_source')}]")
+        return lines
 
     def _describe_death(self, code):
         return "its connection to the controller closed (node lost or process killed)"
@@ -212,9 +487,11 @@ def _closed_by_peer(conn: Connection) -> bool:
 class ExternalPoolRegistry:
     """Stands in for PoolRegistry when pytest runs with --dist-controller: one external pool."""
 
-    def __init__(self, address: tuple[str, int], secret: bytes, wait_s: float):
+    def __init__(self, address: tuple[str, int], secret: bytes, wait_s: float,
+                 announce: Callable[[list[str]], None] | None = None):
         self._listener = _Listener(address, secret)
         self._wait_s = wait_s
+        self._announce = announce
         self._pool: ExternalPool | None = None
         self._lost: str | None = None
 
@@ -222,7 +499,16 @@ class ExternalPoolRegistry:
         if self._lost:
             raise PoolError(self._lost)
         if self._pool is None:
-            self._pool = ExternalPool(self._listener, self._wait_s)
+            try:
+                self._pool = ExternalPool(self._listener, self._wait_s, expected=spec.world_size)
+            except PoolStartError:
+                # The ranks that had connected were told to exit: later cases fail at once
+                # instead of waiting again for workers that are gone.
+                self._lost = ("ddpbench: the torchrun workers did not form a pool (the first "
+                              "case's error says why); fix that, relaunch them and rerun")
+                raise
+            if self._announce is not None:
+                self._announce(self._pool.describe())
         if not self._pool.alive:
             self._lost = (f"ddpbench: the torchrun-launched pool ({self._pool.spec.label}, "
                           f"{self._pool.nodes} nodes) is gone after an earlier failure; relaunch the "

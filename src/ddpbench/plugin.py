@@ -9,6 +9,7 @@ pytest-benchmark feature (--benchmark-json, --benchmark-autosave, --benchmark-co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
@@ -176,6 +177,10 @@ def pytest_report_header(config):
     cores, gpus = cpu_count(), cuda_device_count()
     lines = [f"ddpbench: backend {config.getoption('dist_backend')}, world sizes "
              f"{','.join(map(str, world_sizes))}, {cores} CPU cores, {gpus} CUDA devices"]
+    if config.getoption("dist_controller", None):
+        lines.append(f"ddpbench: controller on {config.getoption('dist_controller')} (only that "
+                     f"address) waits for torchrun workers; they join through the interface that "
+                     f"reaches it unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME is set")
     if max(world_sizes) > cores:
         lines.append(f"ddpbench: WARNING: {max(world_sizes)} ranks outnumber the {cores} CPU cores; "
                      f"ranks time-slice and CPU timings of those cases are pessimistic")
@@ -352,11 +357,23 @@ def dist_pools(request):
         from .controller import ExternalPoolRegistry
 
         address, secret = controller
-        registry = ExternalPoolRegistry(address, secret, request.config.getoption("dist_controller_wait"))
+        registry = ExternalPoolRegistry(address, secret, request.config.getoption("dist_controller_wait"),
+                                        announce=functools.partial(_announce, request.config))
     else:
         registry = PoolRegistry(pin_cores=request.config.getoption("dist_pin_cores") == "auto")
     yield registry
     registry.close()
+
+
+def _announce(config, lines: list[str]) -> None:
+    """Write lines to the terminal in the middle of a test (past output capturing)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        for line in lines:
+            reporter.write_line(line)
 
 
 # `dist_spec` (a PoolSpec) and `dist_message_size` (bytes) are not fixtures: pytest_generate_tests
@@ -366,7 +383,8 @@ def dist_pools(request):
 @pytest.fixture
 def dist_pool(dist_pools, dist_spec, request):
     """A live pool for this case's spec (tasks: ``dist_pool.run(fn, *args, timeout_s=...)``)."""
-    from .controller import PoolUnavailable
+    from .controller import ExternalPoolRegistry, PoolUnavailable
+    from .pool import PoolError
 
     ab = getattr(request.config, "_ddpbench_ab", None)
     try:
@@ -375,6 +393,11 @@ def dist_pool(dist_pools, dist_spec, request):
         return dist_pools.get(dist_spec)
     except PoolUnavailable as exc:
         pytest.skip(str(exc))
+    except PoolError as exc:
+        if not isinstance(dist_pools, ExternalPoolRegistry):
+            raise
+        message = str(exc)  # it says where each torchrun rank is: no traceback needed
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture
@@ -506,6 +529,7 @@ class DistBenchmark:
             "device": self.spec.device,
             "nodes": self.pool.nodes,
         })
+        info.update(getattr(self.pool, "extra_info", None) or {})  # torchrun pools: socket_ifname...
         if self.spec.world_size > cpu_count():
             info["ranks_outnumber_cores"] = True
         info.update(combine_rank_metrics(rank_metrics))

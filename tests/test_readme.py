@@ -173,7 +173,11 @@ def suite_copy(tmp_path_factory):
     return where
 
 
-@pytest.mark.parametrize("command", _ids("pytest"))
+def _short(command: str) -> str:
+    return command.split("/bin/", 1)[-1]
+
+
+@pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
 def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
     args = shlex.split(command)[1:]
     missing = {a.split("=")[0] for a in args if a.startswith("--dist-")} - _registered_options()
@@ -196,7 +200,7 @@ def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_cop
                 assert not any(text in i for i in ids), f"{command!r} selects {text}"
 
 
-@pytest.mark.parametrize("command", _ids("ddpbench"))
+@pytest.mark.parametrize("command", _ids("ddpbench"), ids=_short)
 def test_readme_ddpbench_command_is_accepted_by_the_cli(command):
     args = cli._parser().parse_args(shlex.split(command)[1:])
     assert args.command in ("compare", "report")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# How reliable is the gate? (README): false alarms and power of `ddpbench compare` on this machine.
+# How reliable is the stored-baseline gate? (docs/results.md): false alarms and power of
+# `ddpbench compare` on this machine.
 #
 #   benchmarks/raw/gate_reliability.sh [RERUNS] [TRIALS]      (defaults 10 and 5)
 #

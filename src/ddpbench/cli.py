@@ -41,7 +41,10 @@ def _confidence(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import ddpbench
+
     parser = argparse.ArgumentParser(prog="ddpbench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {ddpbench.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compare", help="noise-aware regression verdicts between two runs",

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import io
 import itertools
 import multiprocessing
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -43,6 +43,7 @@ from typing import Any, Callable
 import psutil
 
 from . import rendezvous
+from .picklecheck import LOAD_FAILURE_PREFIX, LoadFailure, TaskUnpickler, load_failure_message, unpicklable_message
 
 # After one rank fails or dies, how long the others get to finish before they count as stuck.
 FAILURE_GRACE_S = 3.0
@@ -210,8 +211,10 @@ def serve_tasks(conn, ctx: RankContext) -> None:
             if entry not in sys.path:
                 sys.path.append(entry)
         try:
-            fn, args, kwargs = pickle.loads(payload)
+            fn, args, kwargs = TaskUnpickler(io.BytesIO(payload)).load()
             reply = ("ok", task_id, fn(ctx, *args, **kwargs))
+        except LoadFailure as failure:  # a class or function the task names cannot be imported here
+            reply = ("error", task_id, load_failure_message(failure))
         except BaseException:  # noqa: BLE001 - everything goes back to the controller
             reply = ("error", task_id, traceback.format_exc())
         try:
@@ -238,6 +241,21 @@ def _task_name(fn: Callable) -> str:
     module = getattr(fn, "__module__", None) or "?"
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     return f"{module}.{name}"
+
+
+def _unsendable_message(fn: Callable, args: tuple, kwargs: dict, exc: Exception) -> str:
+    """Which part of a task does not pickle (a lambda, a class defined in a function...) and the fix."""
+    name = _task_name(fn)
+    parts = [(fn, f"task {name}")]
+    parts += [(arg, f"the {type(arg).__name__} passed to task {name}") for arg in args]
+    parts += [(value, f"the {type(value).__name__} passed to task {name} as {key}=")
+              for key, value in kwargs.items()]
+    for obj, subject in parts:
+        message = unpicklable_message(obj, subject, dumps=ForkingPickler.dumps)
+        if message:
+            return message
+    return (f"ddpbench: task {name} cannot be sent to the ranks because it does not pickle ({exc}). "
+            f"Tasks must be module-level functions or picklable objects.")
 
 
 class PoolBase:
@@ -298,10 +316,7 @@ class PoolBase:
             # descriptor can be received only once, so each rank gets its own pickle).
             payloads = [bytes(ForkingPickler.dumps((fn, args, kwargs))) for _ in range(self.spec.world_size)]
         except Exception as exc:
-            raise PoolError(
-                f"ddpbench: task {_task_name(fn)} cannot be sent to the ranks because it does not "
-                f"pickle ({exc}). Tasks must be module-level functions or picklable objects."
-            ) from exc
+            raise PoolError(_unsendable_message(fn, args, kwargs, exc)) from None
         task_id = next(self._task_ids)
         try:
             return self._run(fn, task_id, payloads, timeout_s)
@@ -375,6 +390,11 @@ class PoolBase:
     def _failure_message(self, fn, timeout_s, elapsed, errors, dead, dead_stacks, stuck, torn_down):
         world = self.spec.world_size
         name = _task_name(fn)
+        texts = set(errors.values())
+        if not dead and not stuck and len(texts) == 1 and next(iter(texts)).startswith(LOAD_FAILURE_PREFIX):
+            # The ranks could not import what the task names: one message says what and the fix.
+            where = "every rank" if len(errors) == world else f"rank(s) {sorted(errors)} of {world}"
+            return f"{texts.pop()}\n(Reported by {where} for task {name}.)"
         lines = []
         if errors:
             lines.append(f"ddpbench: task {name} raised on rank(s) {sorted(errors)} of {world}.")

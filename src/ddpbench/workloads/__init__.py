@@ -1,18 +1,28 @@
-"""Benchmark workloads, one module per family.
+"""Benchmark workloads, one module per family, and the public base classes.
 
 A workload is a small picklable descriptor (the nccl-tests model): the engine in
 :mod:`ddpbench.timing` calls ``setup`` once per rank, ``run_round`` once per round, then
 ``rank_metrics``, ``check`` and ``teardown``; the controller calls ``extra_info`` with the measured
 median. A workload never times itself and the engine never knows what a workload does.
+
+:class:`Workload` and :class:`FunctionWorkload` are public (``ddpbench.Workload``,
+``ddpbench.FunctionWorkload``): users benchmark their own distributed code with them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+from ..picklecheck import unpicklable_message
 
 
 class Workload:
-    """Base class with the optional hooks filled in. Subclasses must be picklable."""
+    """Base class of a benchmark workload, with the optional hooks filled in.
+
+    Subclass it at module level (the ranks import the class by module and name) and override
+    ``setup`` and ``run_round``; instances travel to the ranks pickled, so keep only picklable
+    parameters on them and build tensors, models and process-local objects in ``setup``.
+    """
 
     #: pytest-benchmark group the case is shown in (None: pytest-benchmark's default grouping).
     group: str | None = None
@@ -41,3 +51,53 @@ class Workload:
     def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
         """Case-level extra_info computed in the controller from the median round time."""
         return {}
+
+
+class FunctionWorkload(Workload):
+    """A workload made of module-level functions, for the common case where no class is needed::
+
+        def setup(ctx): ...          # -> state, once per rank and case, not timed
+        def run_round(state): ...    # one timed round, on every rank
+
+        dist_benchmark(ddpbench.FunctionWorkload(setup, run_round))
+
+    ``check(state)`` (raise on a wrong result) and ``teardown(state)`` are optional; ``name`` goes
+    to the case's extra_info as ``workload`` (default: run_round's qualified name); ``group`` is
+    the pytest-benchmark group. Parameters travel with ``functools.partial`` of a module-level
+    function. Every function is checked here, in the controller, for what the ranks need: a
+    lambda or a function defined inside another function raises TypeError naming it.
+
+    The functions become the instance's own hooks, so a round calls ``run_round`` directly.
+    """
+
+    def __init__(self, setup: Callable[[Any], Any], run_round: Callable[[Any], Any],
+                 check: Callable[[Any], Any] | None = None, *,
+                 teardown: Callable[[Any], Any] | None = None, name: str | None = None,
+                 group: str | None = None):
+        self.name = name or _qualified_name(run_round)
+        hooks = {"setup": setup, "run_round": run_round, "check": check, "teardown": teardown}
+        for hook, fn in hooks.items():
+            if fn is None and hook in ("check", "teardown"):
+                continue
+            if not callable(fn):
+                raise TypeError(f"ddpbench.FunctionWorkload: {hook} must be a function, got {fn!r}")
+            problem = unpicklable_message(fn, f"FunctionWorkload's {hook} function")
+            if problem:
+                raise TypeError(problem)
+            setattr(self, hook, fn)
+        if group is not None:
+            self.group = group
+
+    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
+        return {"workload": self.name}
+
+    def __repr__(self) -> str:
+        return f"FunctionWorkload({self.name!r})"
+
+
+def _qualified_name(fn) -> str:
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if module and qualname:
+        return f"{module}.{qualname}"
+    return repr(fn)

@@ -8,7 +8,7 @@ all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1.
 After the timed rounds every rank re-fills its buffers with a known pattern, runs the op once more
 and compares with the exact expected result (small integers, exact in float32).
 
-Test knob for measuring the regression gate's power (README, "How reliable is the gate?"):
+Test knob for measuring the regression gate's power (docs/results.md, gate reliability):
 ``DDPBENCH_INJECT_SLOWDOWN="all_reduce:10%"`` (comma list of ``op:percent``) makes every timed
 round of those ops ``percent`` slower: after the op, the rank busy-waits for that fraction of the
 op's own duration in this round. Read in the rank processes at set-up, so it must be in the

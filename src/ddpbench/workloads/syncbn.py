@@ -20,7 +20,7 @@ variance once mean/std reaches ~3e3 (tests/test_syncbn_module.py shows both).
 Memory. The forward saves only the input (already alive), the per-channel mean and variance; the
 output is one fused ``batch_norm`` (inference-form) kernel; the backward produces the input
 gradient with one ``native_batch_norm_backward`` kernel plus two in-place per-channel updates. The
-CPU figures in README.md measure it at the same peak as ``torch.nn.BatchNorm1d`` (within 3%).
+CPU figures in docs/results.md measure it at the same peak as ``torch.nn.BatchNorm1d`` (within 3%).
 
 Semantics follow ``torch.nn.SyncBatchNorm``: the weight and bias gradients are *local* (the sums
 over this rank's batch; DDP all-reduces them like any parameter gradient), running statistics are

@@ -1,0 +1,83 @@
+"""The pytest-benchmark internals that ddpbench relies on (pyproject.toml cites this file).
+
+pytest-benchmark has no public API for timings measured elsewhere, so
+``ddpbench.plugin.replay_into_pytest_benchmark`` sets the fixture's ``_timer`` and runs
+``pedantic`` once per recorded round. These tests fail loudly when a pytest-benchmark release
+changes that: the recorded rounds must be exactly the given times, in the JSON too, with ddpbench's
+timer named; ``--benchmark-disable`` must still run; and the installed release must be inside the
+range pyproject.toml allows (widen it only after these tests pass on the new release).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import pytest
+import pytest_benchmark
+from packaging.specifiers import SpecifierSet
+
+from ddpbench.plugin import replay_into_pytest_benchmark
+
+pytest_plugins = ["pytester"]
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TIMES = [0.0031, 0.0012, 0.0027, 0.0019, 0.0022]
+
+REPLAY = f'''
+from ddpbench.plugin import replay_into_pytest_benchmark
+
+TIMES = {TIMES!r}
+
+def test_replay(benchmark):
+    replay_into_pytest_benchmark(benchmark, TIMES)
+    if not benchmark.disabled:
+        assert list(benchmark.stats.stats.data) == TIMES
+'''
+
+
+def test_replayed_round_times_are_the_recorded_rounds(pytester):
+    pytester.makepyfile(test_replay=REPLAY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-json=out.json")
+    result.assert_outcomes(passed=1)
+    (case,) = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
+    assert case["stats"]["data"] == TIMES
+    assert case["stats"]["rounds"] == len(TIMES) and case["stats"]["iterations"] == 1
+    assert case["stats"]["median"] == pytest.approx(sorted(TIMES)[len(TIMES) // 2])
+    assert case["options"]["timer"] == "rank_max_round_time"
+
+
+def test_benchmark_disable_still_runs_the_case(pytester):
+    pytester.makepyfile(test_replay=REPLAY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-disable")
+    result.assert_outcomes(passed=1)
+
+
+class _FixtureThatIgnoresItsTimer:
+    """A pytest-benchmark fixture whose pedantic no longer reads ``_timer``."""
+
+    disabled = False
+
+    def __init__(self):
+        self.stats = None
+
+    def pedantic(self, target, rounds, iterations, warmup_rounds):
+        class Stats:
+            data = [1.0] * rounds
+
+        self.stats = type("Metadata", (), {"stats": Stats})()
+
+
+def test_a_changed_fixture_is_reported_not_silently_mismeasured():
+    with pytest.raises(RuntimeError, match=r"fixture's internals \(_timer / pedantic\) changed"):
+        replay_into_pytest_benchmark(_FixtureThatIgnoresItsTimer(), TIMES)
+
+
+def test_the_installed_pytest_benchmark_is_inside_the_range_pyproject_allows():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    (spec,) = re.findall(r'"pytest-benchmark\s*([<>=!~][^"]*)"', pyproject)
+    assert pytest_benchmark.__version__ in SpecifierSet(spec), (
+        f"pytest-benchmark {pytest_benchmark.__version__} is outside {spec!r} (pyproject.toml)")
+    assert "tests/test_plugin_contract.py" in pyproject
+    assert "replay_into_pytest_benchmark" in pyproject

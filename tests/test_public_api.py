@@ -1,0 +1,47 @@
+"""The public API is importable from ``ddpbench`` itself, without importing torch; --version works."""
+
+import importlib.metadata
+import pathlib
+import subprocess
+import sys
+
+import ddpbench
+
+PUBLIC = ["Workload", "FunctionWorkload", "RankContext", "CaseResult", "DistBenchmark",
+          "PackedTensorDataset", "pack_tensors", "__version__"]
+
+
+def test_the_public_names_resolve_and_are_listed():
+    assert sorted(ddpbench.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        assert getattr(ddpbench, name) is not None
+        assert name in dir(ddpbench)
+    from ddpbench.plugin import CaseResult, DistBenchmark
+    from ddpbench.pool import RankContext
+    from ddpbench.workloads import FunctionWorkload, Workload
+
+    assert (ddpbench.Workload, ddpbench.FunctionWorkload, ddpbench.RankContext, ddpbench.CaseResult,
+            ddpbench.DistBenchmark) == (Workload, FunctionWorkload, RankContext, CaseResult, DistBenchmark)
+    assert issubclass(FunctionWorkload, Workload)
+
+
+def test_import_ddpbench_the_plugin_and_the_api_do_not_import_torch():
+    code = (
+        "import sys, ddpbench, ddpbench.plugin, ddpbench.cli\n"
+        "for name in ('Workload', 'FunctionWorkload', 'RankContext', 'CaseResult', 'DistBenchmark',\n"
+        "             '__version__'):\n"
+        "    getattr(ddpbench, name)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_version_comes_from_the_package_metadata():
+    assert ddpbench.__version__ == importlib.metadata.version("ddpbench")
+    script = pathlib.Path(sys.executable).parent / "ddpbench"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "ddpbench.cli"]
+    out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"ddpbench {ddpbench.__version__}"

@@ -1,0 +1,248 @@
+"""The README is a manual whose every command works.
+
+* The example under ``<!-- readme-example: FILE -->`` runs as it is from a fresh project.
+* Every command in the README's ``bash`` blocks is exercised here or by CI, by kind:
+  ``make TARGET`` (CI runs ``make test``; ``make bench`` runs below on one small case),
+  ``.venv/bin/pytest ...`` (collected with ``--collect-only`` in a copy of the suite, which checks
+  its options, markers and the cases it selects), ``.venv/bin/ddpbench ...`` (parsed by the CLI;
+  tests/test_compare.py, tests/test_report.py and tests/test_benchmark_flow.py run the
+  subcommands), the multi-node commands (the secret is generated and accepted here; the torchrun
+  flags are the ones tests/test_multinode.py launches two nodes with). A command of any other
+  kind fails the test until it is covered.
+* Every ``--dist-*`` option the plugin registers is documented, and the README stays ≤ 250 lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ddpbench import cli
+from ddpbench.controller import load_secret
+
+pytest_plugins = ["pytester"]
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SECTIONS = ["Set-up", "Running the families", "Writing your own benchmark", "Options and markers",
+            "Comparing and gating", "CI", "Across nodes"]
+# A/B mode's options: README documents them; a build without A/B mode skips the commands that use
+# them (once A/B mode is in, those commands are collected like the others).
+AB_OPTIONS = {"--dist-baseline-python", "--dist-baseline-path", "--dist-baseline-env",
+              "--dist-candidate-env", "--dist-ab-threshold", "--dist-ab-max-time"}
+# What README's pytest commands must select (a substring of the collected ids), and must not.
+EXPECTED_IDS = {
+    "--dist-world-sizes=2,4 --dist-sizes=1MB,1GB": (["test_all_reduce[gloo-4p-1GB]"], []),
+    "-m slow": (["test_all_reduce[gloo-2p-1GB]"], ["test_all_reduce[gloo-2p-1MB]"]),
+    "-m gpu": (["test_all_reduce[nccl-1p-1MB]"], ["[gloo-"]),
+    '-k "fused or naive"': (["-fused-", "-naive-"], ["-torch_bn-", "test_all_reduce"]),
+    "--dist-controller=": (["test_all_reduce[gloo-8p-1MB]"], []),
+}
+SECRET_COMMAND = "export DDPBENCH_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
+
+
+def code_blocks(lang: str) -> list[tuple[str | None, str]]:
+    """(marker, body) of each fenced block in ``lang``; marker: the ``<!-- ... -->`` line above."""
+    blocks = []
+    for match in re.finditer(rf"(?:<!--\s*(.*?)\s*-->\n)?```{lang}\n(.*?)```", README, re.S):
+        blocks.append((match.group(1), match.group(2)))
+    return blocks
+
+
+def _without_comment(line: str) -> str:
+    """``line`` up to an unquoted ``#`` that starts a word."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def readme_commands() -> list[str]:
+    """Each command line of the bash blocks, continuation lines joined, comments dropped."""
+    commands = []
+    for _, body in code_blocks("bash"):
+        for line in body.replace("\\\n", " ").splitlines():
+            command = " ".join(_without_comment(line).split())
+            if command:
+                commands.append(command)
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def _kind(command: str) -> str:
+    first = shlex.split(command)[0]
+    if first.startswith("DDPBENCH_SECRET=") or command.startswith("export DDPBENCH_SECRET="):
+        return "secret"
+    return {"make": "make", ".venv/bin/pytest": "pytest", ".venv/bin/ddpbench": "ddpbench",
+            ".venv/bin/torchrun": "torchrun"}.get(first, "unknown")
+
+
+def _ids(kind: str) -> list[str]:
+    return [c for c in COMMANDS if _kind(c) == kind]
+
+
+# ----------------------------------------------------------------------------------------------
+# The manual's shape
+# ----------------------------------------------------------------------------------------------
+
+
+def test_readme_is_a_manual_of_at_most_250_lines():
+    lines = README.splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines"
+    headings = [line[3:].strip() for line in lines if line.startswith("## ")]
+    assert headings == SECTIONS
+    assert not re.search(r"\d\s*ms\b", README), "measured figures belong in docs/results.md"
+    for doc in ("docs/results.md", "docs/design.md", "examples/tinyddp"):
+        assert doc in README and (ROOT / doc).exists()
+
+
+def test_every_readme_command_is_of_a_kind_that_is_exercised():
+    assert COMMANDS, "no commands found in README's bash blocks"
+    unknown = [c for c in COMMANDS if _kind(c) == "unknown"]
+    assert unknown == [], "README shows commands that no test or CI exercises"
+
+
+@functools.lru_cache(maxsize=None)
+def _registered_options() -> frozenset[str]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return frozenset(re.findall(r"(--dist-[a-z-]+)", out.stdout))
+
+
+def test_every_plugin_option_is_documented():
+    documented = set(re.findall(r"`(--dist-[a-z-]+)", README))
+    assert sorted(_registered_options() - documented) == []
+    assert sorted(documented - _registered_options() - AB_OPTIONS) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# The example
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_readme_example_runs_in_a_fresh_project(pytester):
+    examples = [(marker, body) for marker, body in code_blocks("python")
+                if marker and marker.startswith("readme-example:")]
+    assert len(examples) == 1, "README needs one block under <!-- readme-example: FILE -->"
+    marker, body = examples[0]
+    filename = marker.split(":", 1)[1].strip()
+    code_lines = [line for line in body.splitlines() if line.strip()]
+    assert len(code_lines) <= 15, f"the example has {len(code_lines)} lines"
+    (pytester.path / filename).write_text(body)
+    # `pytest test_my_step.py`, as the README says (NCCL cases deselected, few rounds for speed)
+    result = pytester.runpytest_subprocess(filename, "-p", "no:cacheprovider", "-m", "not gpu",
+                                           "--dist-rounds=3", "--dist-warmup=1",
+                                           "--benchmark-json=out.json", timeout=300)
+    result.assert_outcomes(passed=1, deselected=2)
+    (case,) = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
+    assert case["name"] == "test_my_ddp_step[gloo-2p]" and case["stats"]["rounds"] == 3
+    assert case["extra_info"]["workload"] == f"{pathlib.Path(filename).stem}.train_step"
+
+
+# ----------------------------------------------------------------------------------------------
+# The commands
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def suite_copy(tmp_path_factory):
+    """The benchmark suite as `make` and `.venv/bin/pytest` see it, in a scratch directory (so
+    nothing a command writes lands in the checkout)."""
+    where = tmp_path_factory.mktemp("suite")
+    for name in ("Makefile", "pytest.ini", "conftest.py", "pyproject.toml", "constraints.txt"):
+        shutil.copy(ROOT / name, where / name)
+    shutil.copytree(ROOT / "benchmarks", where / "benchmarks",
+                    ignore=shutil.ignore_patterns("raw", "__pycache__", ".benchmarks"))
+    return where
+
+
+def _short(command: str) -> str:
+    return command.split("/bin/", 1)[-1]
+
+
+@pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
+def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
+    args = shlex.split(command)[1:]
+    missing = {a.split("=")[0] for a in args if a.startswith("--dist-")} - _registered_options()
+    if missing and missing <= AB_OPTIONS:
+        pytest.skip(f"A/B mode is not in this build ({', '.join(sorted(missing))})")
+    if "--dist-baseline-python" in args:  # the README's path is an example: use this interpreter
+        args[args.index("--dist-baseline-python") + 1] = sys.executable
+    monkeypatch.setenv("DDPBENCH_SECRET", "0123456789abcdef" * 4)  # for --dist-controller
+    out = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
+                          "-p", "no:cacheprovider"],
+                         cwd=suite_copy, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert ids, out.stdout[-3000:]
+    for key, (wanted, unwanted) in EXPECTED_IDS.items():
+        if key in command:
+            for text in wanted:
+                assert any(text in i for i in ids), f"{command!r} does not select {text}"
+            for text in unwanted:
+                assert not any(text in i for i in ids), f"{command!r} selects {text}"
+
+
+@pytest.mark.parametrize("command", _ids("ddpbench"), ids=_short)
+def test_readme_ddpbench_command_is_accepted_by_the_cli(command):
+    args = cli._parser().parse_args(shlex.split(command)[1:])
+    assert args.command in ("compare", "report")
+
+
+def test_readme_make_targets_run_in_ci_or_here():
+    targets = [shlex.split(c)[1] for c in _ids("make")]
+    assert sorted(targets) == ["bench", "test"]
+    makefile = (ROOT / "Makefile").read_text()
+    for target in targets:
+        assert re.search(rf"^{target}:", makefile, re.M)
+    ci = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    assert "run: make test" in ci and "make test" in (ROOT / ".ci" / "run").read_text()
+    # make bench: test_make_bench_runs_saves_and_reports below
+
+
+def test_make_bench_runs_saves_and_reports(suite_copy, monkeypatch):
+    venv = pathlib.Path(sys.prefix)
+    if not (venv / "bin" / "ddpbench").exists() or shutil.which("make") is None:
+        pytest.skip("needs make and the ddpbench console script in this interpreter's venv")
+    # One small case instead of the whole suite; -o: never rebuild the venv from here.
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:cacheprovider -m 'not gpu and not slow' "
+                       "-k test_all_reduce --dist-sizes=4KB --dist-rounds=3 --dist-warmup=1")
+    out = subprocess.run(["make", "bench", f"VENV={venv}", "-o", f"{venv}/.ddpbench-installed"],
+                         cwd=suite_copy, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "test_all_reduce[gloo-2p-4KB] PASSED" in out.stdout or "1 passed" in out.stdout
+    assert "Bus Bandwidth (GB/s)" in out.stdout  # the report's collectives table
+    (saved,) = (suite_copy / ".benchmarks").rglob("*.json")
+    (case,) = json.loads(saved.read_text())["benchmarks"]
+    assert len(case["stats"]["data"]) == 3  # --benchmark-save-data kept every round
+
+
+def test_readme_multinode_commands_work_as_tests_multinode_runs_them(monkeypatch):
+    assert SECRET_COMMAND in README
+    secret = subprocess.run(["bash", "-c", SECRET_COMMAND.replace("python", shlex.quote(sys.executable), 1)
+                             + ' && printf %s "$DDPBENCH_SECRET"'],
+                            capture_output=True, text=True, timeout=60).stdout
+    monkeypatch.setenv("DDPBENCH_SECRET", secret)
+    assert len(load_secret()) == 64
+    launched = (ROOT / "tests" / "test_multinode.py").read_text()
+    (torchrun,) = _ids("torchrun")
+    for flag in [word.split("=")[0] for word in shlex.split(torchrun) if word.startswith("-")]:
+        assert f'"{flag}' in launched or f"'{flag}" in launched, f"{flag} is not what test_multinode uses"
+    assert "ddpbench.worker" in launched and _ids("secret")

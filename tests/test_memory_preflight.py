@@ -30,7 +30,7 @@ def test_a_size_that_cannot_fit_names_the_need_and_what_is_available():
                      gpu_free=lambda: None)
     message = str(info.value)
     assert "4GB" in message and "gloo, 2 ranks" in message
-    assert "need about 41.0 GiB" in message and "16.0 GiB of host memory is available" in message
+    assert "need about 32.8 GiB" in message and "16.0 GiB of host memory is available" in message
     assert "--dist-sizes" in message
 
 

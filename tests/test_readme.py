@@ -35,10 +35,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SECTIONS = ["Set-up", "Running the families", "Writing your own benchmark", "Options and markers",
             "Comparing and gating", "CI", "Across nodes"]
-# A/B mode's options: README documents them; a build without A/B mode skips the commands that use
-# them (once A/B mode is in, those commands are collected like the others).
-AB_OPTIONS = {"--dist-baseline-python", "--dist-baseline-path", "--dist-baseline-env",
-              "--dist-candidate-env", "--dist-ab-threshold", "--dist-ab-max-time"}
 # What README's pytest commands must select (a substring of the collected ids), and must not.
 EXPECTED_IDS = {
     "--dist-world-sizes=2,4 --dist-sizes=1MB,1GB": (["test_all_reduce[gloo-4p-1GB]"], []),
@@ -129,7 +125,7 @@ def _registered_options() -> frozenset[str]:
 def test_every_plugin_option_is_documented():
     documented = set(re.findall(r"`(--dist-[a-z-]+)", README))
     assert sorted(_registered_options() - documented) == []
-    assert sorted(documented - _registered_options() - AB_OPTIONS) == []
+    assert sorted(documented - _registered_options()) == []
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,9 +176,6 @@ def _short(command: str) -> str:
 @pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
 def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
     args = shlex.split(command)[1:]
-    missing = {a.split("=")[0] for a in args if a.startswith("--dist-")} - _registered_options()
-    if missing and missing <= AB_OPTIONS:
-        pytest.skip(f"A/B mode is not in this build ({', '.join(sorted(missing))})")
     if "--dist-baseline-python" in args:  # the README's path is an example: use this interpreter
         args[args.index("--dist-baseline-python") + 1] = sys.executable
     monkeypatch.setenv("DDPBENCH_SECRET", "0123456789abcdef" * 4)  # for --dist-controller

@@ -271,7 +271,7 @@ def pytest_collection_modifyitems(config, items):
 # ----------------------------------------------------------------------------------------------
 
 # Each rank process holds this much besides its buffers (the interpreter, torch, gloo).
-RANK_BASE_MEMORY_BYTES = 512 * 1024**2
+RANK_BASE_MEMORY_BYTES = 384 * 1024**2
 # Leave this share of the available memory free.
 MEMORY_MARGIN = 0.9
 

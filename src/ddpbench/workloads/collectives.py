@@ -76,7 +76,7 @@ def bandwidths_gbps(op: str, size_bytes: int, world_size: int, seconds: float) -
 
 # Peak memory of one rank of a collective case, in multiples of the message size: the op's own
 # buffers, the backend's staging copy, and the check's freshly built expected result and pattern.
-PEAK_MEMORY_MULTIPLE = 5
+PEAK_MEMORY_MULTIPLE = 4
 
 
 def rank_memory_bytes(size_bytes: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddpbench.workloads.collectives import Collective
+from ddpbench.workloads.syncbn import SyncBNCase
 
 # ----------------------------------------------------------------------------------------------
 # Collectives
@@ -38,3 +39,94 @@ class NoOpCollective(Collective):
 
     def _run_op(self, state):
         pass
+
+
+# ----------------------------------------------------------------------------------------------
+# SyncBatchNorm
+# ----------------------------------------------------------------------------------------------
+
+
+class _BrokenSyncBNCase:
+    """Mixin: a SyncBNCase("fused", ...) whose module is replaced by ``broken_module(hidden_dim)``."""
+
+    def setup(self, ctx):
+        state = super().setup(ctx)
+        state["module"] = self.broken_module(self.hidden_dim).to(ctx.device).train()
+        return state
+
+
+def _unsynced_fused(hidden_dim):
+    """The fused module with its all-reduces switched off: each rank normalises by its own batch."""
+    from ddpbench.workloads.syncbn import FusedSyncBatchNorm, FusedSyncBatchNormFunction
+
+    class UnsyncedFused(FusedSyncBatchNorm):
+        def _training_forward(self, input, track, factor):
+            return FusedSyncBatchNormFunction.apply(
+                input, self.weight, self.bias, self.running_mean if track else None,
+                self.running_var if track else None, factor, self.eps, None, False, "UnsyncedFused")
+
+    return UnsyncedFused(hidden_dim)
+
+
+def _grad_scaled_fused(hidden_dim, scale=2.0):
+    """The fused module with an input gradient ``scale`` times too large (e.g. divided by the local
+    count where the global one belongs): the output is right."""
+    import torch
+
+    from ddpbench.workloads.syncbn import FusedSyncBatchNorm
+
+    class ScaleGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * scale
+
+    class GradScaledFused(FusedSyncBatchNorm):
+        def forward(self, input):
+            return super().forward(ScaleGrad.apply(input))
+
+    return GradScaledFused(hidden_dim)
+
+
+def _no_xhat_term_bn(hidden_dim):
+    """A synced batch norm whose variance is detached from autograd: the backward loses the
+    x_hat * mean(dy * x_hat) term (the gradient through the variance). The output is right."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.nn.functional import all_reduce
+
+    class NoXhatTermBN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.eps = 1e-5
+            self.weight = torch.nn.Parameter(torch.ones(hidden_dim))
+            self.bias = torch.nn.Parameter(torch.zeros(hidden_dim))
+
+        def forward(self, x):
+            total = x.shape[0] * dist.get_world_size()
+            mean = all_reduce(x.sum(0)) / total
+            with torch.no_grad():
+                var = ((x - mean) ** 2).sum(0)
+                dist.all_reduce(var)
+                var /= total
+            return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+
+    return NoXhatTermBN()
+
+
+@dataclass(frozen=True)
+class UnsyncedSyncBN(_BrokenSyncBNCase, SyncBNCase):
+    broken_module = staticmethod(_unsynced_fused)
+
+
+@dataclass(frozen=True)
+class GradScaledSyncBN(_BrokenSyncBNCase, SyncBNCase):
+    broken_module = staticmethod(_grad_scaled_fused)
+
+
+@dataclass(frozen=True)
+class NoXhatTermSyncBN(_BrokenSyncBNCase, SyncBNCase):
+    broken_module = staticmethod(_no_xhat_term_bn)

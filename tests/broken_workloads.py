@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ddpbench.workloads.collectives import Collective
 from ddpbench.workloads.syncbn import SyncBNCase
+from ddpbench.workloads.training import Training, _ManualLoop, reduce_gradients
 
 # ----------------------------------------------------------------------------------------------
 # Collectives
@@ -130,3 +131,50 @@ class GradScaledSyncBN(_BrokenSyncBNCase, SyncBNCase):
 @dataclass(frozen=True)
 class NoXhatTermSyncBN(_BrokenSyncBNCase, SyncBNCase):
     broken_module = staticmethod(_no_xhat_term_bn)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------
+
+
+class _MissingDivideLoop(_ManualLoop):
+    """All-reduces the gradients but forgets to divide by the world size (sum, not average)."""
+
+    def _before_optimizer_step(self):
+        reduce_gradients(self.buckets, 1)
+
+
+class _ZeroedGradsLoop(_ManualLoop):
+    """Reduces correctly, then zeroes the gradients before the optimizer step (momentum still moves)."""
+
+    def _before_optimizer_step(self):
+        super()._before_optimizer_step()
+        for p in self.model.parameters():
+            p.grad.zero_()
+
+
+class _SkippedStepLoop(_ManualLoop):
+    """Computes and reduces the gradients but never steps the optimizer."""
+
+    def __init__(self, ctx, workload, data):
+        super().__init__(ctx, workload, data)
+        self.optimizer.step = lambda *args, **kwargs: None
+
+
+@dataclass(frozen=True)
+class MissingDivideTraining(Training):
+    def _loop_class(self):
+        return _MissingDivideLoop
+
+
+@dataclass(frozen=True)
+class ZeroedGradsTraining(Training):
+    def _loop_class(self):
+        return _ZeroedGradsLoop
+
+
+@dataclass(frozen=True)
+class SkippedStepTraining(Training):
+    def _loop_class(self):
+        return _SkippedStepLoop

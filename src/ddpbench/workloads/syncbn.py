@@ -486,8 +486,6 @@ class SyncBNCase(Workload):
         self._drop_grads(state)
         out = module(x)
         out.backward(grad_out)
-        if x.grad is None:
-            raise AssertionError(f"{self.variant} on rank {ctx.rank}: backward left no input gradient")
         synced = self.variant != "torch_bn" and ctx.world_size > 1
         own_x, own_dy = x.detach(), grad_out
         weight, bias, eps = getattr(module, "weight", None), getattr(module, "bias", None), module.eps
@@ -498,6 +496,8 @@ class SyncBNCase(Workload):
             all_x, all_dy, rows = own_x, own_dy, slice(None)
         ref_out, ref_grad = reference_batch_norm(all_x, all_dy, weight, bias, eps)
         ref_out, ref_grad = ref_out[rows], ref_grad[rows]
+        if x.grad is None:  # after the gathers: every rank issues the same collectives
+            raise AssertionError(f"{self.variant} on rank {ctx.rank}: backward left no input gradient")
         out, grad = out.detach().to(torch.float64), x.grad.to(torch.float64)
         batch = (f"the all-gathered global batch of {all_x.shape[0]} samples" if synced
                  else f"this rank's batch of {all_x.shape[0]} samples")

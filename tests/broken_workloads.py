@@ -178,3 +178,41 @@ class ZeroedGradsTraining(Training):
 class SkippedStepTraining(Training):
     def _loop_class(self):
         return _SkippedStepLoop
+
+
+# ----------------------------------------------------------------------------------------------
+# Datasets: corrupted copies of a built dataset (the handover and DatasetEpoch stay the real ones;
+# the check compares against the checksums of the dataset as built)
+# ----------------------------------------------------------------------------------------------
+
+
+def swapped_samples(samples, i=0, j=1):
+    """A list layout with samples ``i`` and ``j`` exchanged (count, total sum and shapes unchanged)."""
+    samples = list(samples)
+    samples[i], samples[j] = samples[j], samples[i]
+    return samples
+
+
+def moved_boundaries(packed):
+    """A packed layout whose data is one element off its offsets (every sample starts one element
+    early: shapes, element count and total sum unchanged)."""
+    import torch
+
+    from ddpbench.packed import PackedTensorDataset
+
+    data = torch.cat([packed.data[1:], packed.data[:1]])
+    return PackedTensorDataset(data, packed.offsets, packed.shapes, packed.ndims)
+
+
+def transposed_shapes(packed):
+    """A packed layout of 3 x H x W samples that records them as 3 x W x H (same elements)."""
+    from ddpbench.packed import PackedTensorDataset
+
+    shapes = packed.shapes.clone()
+    shapes[:, [1, 2]] = shapes[:, [2, 1]]
+    return PackedTensorDataset(packed.data, packed.offsets, shapes, packed.ndims)
+
+
+def transposed_data(samples):
+    """A list layout whose samples hold their elements transposed (H <-> W) under the original shape."""
+    return [t.transpose(1, 2).contiguous().view(t.shape) for t in samples]

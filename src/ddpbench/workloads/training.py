@@ -853,9 +853,9 @@ class Training(Workload):
             if float(worst[0]) > 1e-6:
                 diff = float((mine - reference).abs().max())
                 raise AssertionError(
-                    f"{self.impl}/{self.model}: rank {ctx.rank}'s parameters differ from rank 0's after "
-                    f"training (max |diff| {diff:.3g} here, {float(worst[1]):.3g} over all ranks); the "
-                    f"gradient reduction is broken")
+                    f"{who}: the ranks' parameters differ from rank 0's after training (max |diff| "
+                    f"{float(worst[1]):.3g} over all ranks, {diff:.3g} on this rank); the gradient "
+                    f"reduction is broken")
 
         params = [p for p in model.parameters() if p.requires_grad]
         names = [name for name, p in model.named_parameters() if p.requires_grad]

@@ -181,10 +181,12 @@ class SampleChecksums:
     def __len__(self) -> int:
         return len(self.sums)
 
+    def __repr__(self) -> str:
+        return f"SampleChecksums({len(self)} samples)"
+
     @classmethod
     def of(cls, samples, batch: int = 1024) -> "SampleChecksums":
         """The fingerprints of ``samples`` (tensors or numpy arrays), a batch at a time."""
-        import numpy as np
         import torch
 
         shapes, sums, weighted = [], [], []

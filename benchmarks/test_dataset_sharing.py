@@ -46,7 +46,7 @@ def test_dataset_sharing(dist_benchmark, layout, strategy, workers, num_samples,
             raise
         try:
             with sharing_strategy(strategy):
-                dist_benchmark(DatasetEpoch(layout, num_samples, num_workers, strategy, built.checksum,
+                dist_benchmark(DatasetEpoch(layout, num_samples, num_workers, strategy, built.checksums,
                                             variable=(sizes == "variable"), worker_start=worker_start),
                                warmup=1)
         finally:

@@ -1,13 +1,16 @@
 """The pytest-benchmark flow on a distributed case, end to end (pytester subprocesses):
 
 save a baseline (--benchmark-autosave --benchmark-save-data), slow the workload 3x, and see the
-native gate (--benchmark-compare --benchmark-compare-fail=median:10%) fail, an unchanged rerun pass,
---benchmark-json write the rounds, and `ddpbench compare` / `ddpbench report` read the saved runs
-(including a stats-only run saved without --benchmark-save-data).
+native gate (--benchmark-compare --benchmark-compare-fail=median:10%) fail, an unchanged rerun pass
+a loose gate, --benchmark-json write the rounds, and `ddpbench compare` / `ddpbench report` read the
+saved runs (including a stats-only run saved without --benchmark-save-data).
 
-Robust on a loaded 2-core machine: the round is a 50 ms sleep on each of 2 ranks (CPU contention
-barely moves the median of a sleep; a 10% move would need 5 ms of extra wake-up latency in most
-rounds), and the deliberate slowdown is 3x.
+Robust on a loaded 2-core machine: the round is a 50 ms sleep on each of 2 ranks and the deliberate
+slowdown is 3x, far beyond the 10% gate that must fail. Nothing asserts that an unchanged rerun
+stays within 10%: under `make test -n 2` next to other work, a few ms of extra wake-up latency per
+round can move a 50 ms median that much. The passing side uses a 100% gate (median:100%, and
+--threshold 100% for `ddpbench compare`): it still shows that the gate compares and passes, and
+that the fallback to summary stats gives a verdict, without a timing bet.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ def test_sleepy(dist_benchmark):
 
 COMMON = ["-p", "no:cacheprovider", "--dist-world-sizes=2", "--dist-rounds=7", "--dist-warmup=1",
           "-m", "not gpu", "--benchmark-autosave", "--benchmark-save-data"]
-GATE = ["--benchmark-compare=0001", "--benchmark-compare-fail=median:10%"]
+GATE = ["--benchmark-compare=0001", "--benchmark-compare-fail=median:10%"]  # the must-fail side (3x)
+LOOSE_GATE = ["--benchmark-compare=0001", "--benchmark-compare-fail=median:100%"]  # the passing side
 BASE_DELAY = "0.05"
 SLOW_DELAY = "0.15"  # 3x
 
@@ -99,7 +103,7 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert len(json.loads((pytester.path / "slow.json").read_text())["benchmarks"][0]["stats"]["data"]) == 7
 
     # the unchanged rerun is saved without --benchmark-save-data (stats only) to see compare's fallback
-    same = _run(pytester, monkeypatch, BASE_DELAY, *GATE, save_data=False)
+    same = _run(pytester, monkeypatch, BASE_DELAY, *LOOSE_GATE, save_data=False)
     assert same.ret == 0, same.stdout.str()
     assert "Performance has regressed" not in same.stdout.str() + same.stderr.str()
 
@@ -118,7 +122,8 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert cli.main(["compare", "--calibration", "never", "1", "3"]) == 2
     out, err = capsys.readouterr()
     assert "summary stats" in out and "--benchmark-save-data" in err and "Traceback" not in err
-    assert cli.main(["compare", "--calibration", "never", "--json", "--allow-summary-stats", "1", "3"]) == 0
+    assert cli.main(["compare", "--calibration", "never", "--json", "--allow-summary-stats",
+                     "--threshold", "100%", "1", "3"]) == 0
     [verdict] = json.loads(capsys.readouterr().out)["cases"]
     assert verdict["verdict"] == "unchanged" and verdict["method"] == "summary-stats"
     # with no run named: the two newest runs (0002 slow -> 0003 back to normal: an improvement)

@@ -1,11 +1,16 @@
-"""Collective workloads: nccl-tests bandwidth formulas and result checking in real ranks."""
+"""Collective workloads: nccl-tests bandwidth formulas and result checking in real ranks, with the
+check's negative controls (tests/broken_workloads.py): a wrong shard and ops that write nothing."""
 
 import pytest
+import torch
 
 from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
 from ddpbench.timing import RoundPlan, measure_workload
-from ddpbench.workloads.collectives import (OPS, Collective, bandwidths_gbps, bus_bandwidth_factor,
-                                            element_count)
+from ddpbench.workloads.collectives import (OPS, PATTERN_PERIODS, Collective, bandwidths_gbps,
+                                            bus_bandwidth_factor, element_count, fill_pattern,
+                                            pattern_tables, summed_tables)
+
+from broken_workloads import NoOpCollective, WrongShardReduceScatter
 
 
 @pytest.mark.parametrize("op,n,factor", [
@@ -40,6 +45,28 @@ def test_extra_info_reports_the_size_actually_moved():
     assert info["busbw_GBps"] == pytest.approx(info["algbw_GBps"] * 2 / 3)
 
 
+@pytest.mark.parametrize("shift", [1, 13, 1300, PATTERN_PERIODS[0], PATTERN_PERIODS[1], 10**7])
+def test_the_pattern_never_repeats_at_a_shard_distance(shift):
+    # The old pattern repeated every 13 elements: shards 13k apart were identical, so a rank
+    # holding another rank's reduce_scatter shard passed. No shift short of ~4.3e9 repeats now.
+    tables = pattern_tables(0, "cpu")
+    a, b = torch.empty(4096), torch.empty(4096)
+    fill_pattern(a, tables, 5)
+    fill_pattern(b, tables, 5 + shift)
+    assert (a != b).float().mean() > 0.9
+
+
+def test_pattern_values_are_small_integers_and_ranks_differ():
+    r0, r1 = torch.empty(70000), torch.empty(70000)
+    fill_pattern(r0, pattern_tables(0, "cpu"))
+    fill_pattern(r1, pattern_tables(1, "cpu"))
+    assert torch.equal(r0, r0.round()) and r0.min() >= 0 and r0.max() <= 126
+    assert (r0 != r1).float().mean() > 0.9
+    total = torch.empty(70000)
+    fill_pattern(total, summed_tables(2, "cpu"))
+    assert torch.equal(total, r0 + r1)  # the expected sum is the tiling of the summed tables
+
+
 class WrongAllReduce(Collective):
     """Skips the reduction on rank 1: the check must notice."""
 
@@ -69,3 +96,32 @@ def test_every_collective_passes_its_own_check(pool, op):
 def test_a_wrong_result_fails_the_case(pool):
     with pytest.raises(TaskFailed, match="all_reduce on rank 1 returned a wrong result"):
         pool.run(measure_workload, WrongAllReduce("all_reduce", 4096), RoundPlan(warmup=0, rounds=1))
+
+
+def _shard_multiple_size(n, multiple):
+    """Bytes of a reduce_scatter whose per-rank shard is a multiple of ``multiple`` elements."""
+    return n * multiple * 4 * (1 if multiple > 1000 else 100)
+
+
+@pytest.mark.parametrize("multiple", [13, PATTERN_PERIODS[0]], ids=["shard-13k", "shard-65521k"])
+def test_a_reduce_scatter_handing_out_the_wrong_shard_fails_the_case(pool, multiple):
+    # Shards a multiple of 13 elements long: the old period-13 pattern passed this bug.
+    size = _shard_multiple_size(pool.spec.world_size, multiple)
+    with pytest.raises(TaskFailed, match=r"reduce_scatter on rank 0 returned a wrong result: .* it holds "
+                                         r"rank 1's shard of the sum .* instead of its own, shard 0"):
+        pool.run(measure_workload, WrongShardReduceScatter("reduce_scatter", size), RoundPlan(warmup=0, rounds=1))
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "broadcast"])
+def test_an_op_that_writes_nothing_fails_the_case(pool, op):
+    # Before the check's op its output is poisoned with NaN: the timed rounds' correct result,
+    # still in the buffer, can no longer pass for this op's (rank 1: broadcast's root keeps its data).
+    with pytest.raises(TaskFailed, match=rf"{op} on rank 1 returned a wrong result: .*got nan.* the op "
+                                         r"wrote nothing: the buffer still holds the NaN"):
+        pool.run(measure_workload, NoOpCollective(op, 4003 * 4), RoundPlan(warmup=0, rounds=2))
+
+
+def test_an_all_reduce_that_reduces_nothing_fails_the_case(pool):
+    with pytest.raises(TaskFailed, match=r"all_reduce on rank 0 returned a wrong result: .* it is this "
+                                         r"rank's own input: nothing was reduced"):
+        pool.run(measure_workload, NoOpCollective("all_reduce", 4003 * 4), RoundPlan(warmup=0, rounds=2))

@@ -12,6 +12,8 @@ from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
 from ddpbench.timing import RoundPlan, measure_workload
 from ddpbench.workloads import datasets as D
 
+from broken_workloads import moved_boundaries, swapped_samples, transposed_data, transposed_shapes
+
 SPEC = PoolSpec("gloo", 2, "cpu")
 
 
@@ -54,7 +56,7 @@ def test_handover_counts_descriptors_and_segments(pool, layout, per_rank_fds, se
             states = pool.run(D.rank_state)
             assert all(s["strategy"] == "file_descriptor" and s["has_dataset"] for s in states)
             # The epoch workload reads every sample back and checks the sum.
-            pool.run(measure_workload, D.DatasetEpoch(layout, 200, 0, "file_descriptor", built.checksum),
+            pool.run(measure_workload, D.DatasetEpoch(layout, 200, 0, "file_descriptor", built.checksums),
                      RoundPlan(warmup=0, rounds=1), timeout_s=60)
         finally:
             D.release(pool, timeout_s=60)
@@ -79,7 +81,7 @@ def test_file_system_strategy_forked_workers_and_no_shm_leak(pool):
             assert [s["strategy"] for s in pool.run(D.rank_state)] == ["file_system"] * 2
             with D.sharing_strategy("file_system"):
                 [m0, _] = pool.run(measure_workload,
-                                   D.DatasetEpoch("list", 100, 2, "file_system", built.checksum, variable=True),
+                                   D.DatasetEpoch("list", 100, 2, "file_system", built.checksums, variable=True),
                                    RoundPlan(warmup=0, rounds=1), timeout_s=90)
             assert m0.metrics["peak_memory_bytes"] > 0 and m0.metrics["peak_uss_bytes"] > 0
         finally:
@@ -170,4 +172,48 @@ def test_bad_input_is_a_clear_error(pool):
     with pytest.raises(ValueError, match="unknown sharing strategy 'fd'"):
         D.hand_over(pool, [torch.zeros(1)], "fd")
     with pytest.raises(ValueError, match="worker start method"):
-        D.DatasetEpoch("list", 10, 2, "file_system", 0.0, worker_start="thread")
+        D.DatasetEpoch("list", 10, 2, "file_system", D.SampleChecksums.of([torch.zeros(1)] * 10),
+                       worker_start="thread")
+    with pytest.raises(ValueError, match="expected must be the SampleChecksums of the 10 samples"):
+        D.DatasetEpoch("list", 10, 2, "file_system", 0.0)
+
+
+def test_sample_checksums_tell_apart_what_a_total_sum_cannot():
+    samples = D.DatasetSpec("list", 6, variable=True).samples()
+    reference = D.SampleChecksums.of(samples)
+    assert len(reference) == 6 and reference.total == float(sum(t.double().sum() for t in samples))
+    for corrupted in (swapped_samples(samples), transposed_data(samples)):
+        other = D.SampleChecksums.of(corrupted)
+        assert other.total == reference.total  # what the old check compared
+        assert (other.sums != reference.sums).any() or (other.weighted != reference.weighted).any()
+    # batching does not change a fingerprint
+    batched = D.SampleChecksums.of(samples, batch=4)
+    assert (batched.sums == reference.sums).all() and (batched.weighted == reference.weighted).all()
+
+
+# Negative controls of DatasetEpoch.check: the dataset handed over is corrupted in a way that keeps
+# the sample count and the total sum (all the old check compared); the check compares every sample
+# by index with the checksums of the dataset as built.
+@pytest.mark.parametrize("layout, variable, corrupt, workers, message", [
+    ("list", False, swapped_samples, 0, r"sample [01] holds sample [10]'s data: samples swapped or reordered"),
+    ("packed", False, moved_boundaries, 2, r"1000 of 1000 samples differ .* sample \d+ has the right shape but "
+                                           r"other values .*: shifted boundaries or corrupted data"),
+    ("packed", True, transposed_shapes, 0, r"sample \d+ has shape \(3, \d+, \d+\), expected \(3, \d+, \d+\): its "
+                                           r"shape is transposed"),
+    ("list", True, transposed_data, 0, r"sample \d+ has the right shape and sum but its elements are in another "
+                                       r"order .*: transposed or permuted data"),
+], ids=["swapped-samples", "moved-boundaries", "transposed-shapes", "transposed-data"])
+def test_the_epoch_check_catches_a_corrupted_dataset(pool, layout, variable, corrupt, workers, message):
+    built = D.build_dataset(D.DatasetSpec(layout, 1000, variable=variable))
+    try:
+        D.hand_over(pool, corrupt(built.data), "file_system", timeout_s=60)
+        try:
+            with D.sharing_strategy("file_system"), pytest.raises(
+                    TaskFailed, match=rf"rank 0: the {layout} dataset's check epoch .* found .*" + message):
+                pool.run(measure_workload, D.DatasetEpoch(layout, 1000, workers, "file_system", built.checksums,
+                                                          variable=variable),
+                         RoundPlan(warmup=0, rounds=1), timeout_s=90)
+        finally:
+            D.release(pool, timeout_s=60)
+    finally:
+        built.cleanup()

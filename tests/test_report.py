@@ -11,6 +11,9 @@ from ddpbench import cli, report
 from ddpbench.compare import load_run
 
 MB = 1024 * 1024
+# Every case's rounds are skewed (one slow round): mean != median, so each assertion below tells
+# which statistic a table uses. Collectives: median t, mean 1.5 t.
+SKEW = (1.0, 1.0, 1.0, 3.0)
 
 
 def _fixture_run(tmp_path, families=("collectives", "syncbn", "training", "datasets", "other")):
@@ -19,8 +22,10 @@ def _fixture_run(tmp_path, families=("collectives", "syncbn", "training", "datas
         for op, factor in (("all_reduce", 1.0), ("broadcast", 1.0)):
             for ws in (2, 4):
                 for size in (MB, 10 * MB):
-                    t = size / 1e9 * ws / 2
-                    benches.append(bench(f"test_{op}[gloo-{ws}p-{size // MB}MB]", [t, t, t * 1.5, t * 0.5],
+                    t = size / 1e9 * ws / 2  # the median round
+                    # Stored bandwidths as the plugin stores them, from the median: deliberately not
+                    # what the table shows (from the mean), so a table that copied them would fail.
+                    benches.append(bench(f"test_{op}[gloo-{ws}p-{size // MB}MB]", [t * k for k in SKEW],
                                          {"backend": "gloo", "world_size": ws, "device": "cpu", "op": op,
                                           "size_bytes": size, "algbw_GBps": size / t / 1e9,
                                           "busbw_GBps": size / t / 1e9 * factor * (2 * (ws - 1) / ws
@@ -28,27 +33,27 @@ def _fixture_run(tmp_path, families=("collectives", "syncbn", "training", "datas
     if "syncbn" in families:
         for variant in ("torch", "handwritten"):
             for hidden in (64, 256):
-                benches.append(bench(f"test_syncbn[{variant}-{hidden}]", [0.002, 0.003, 0.004],
+                benches.append(bench(f"test_syncbn[{variant}-{hidden}]", [0.002, 0.003, 0.010],
                                      {"backend": "gloo", "world_size": 2, "device": "cpu", "variant": variant,
                                       "batch_size": 32, "hidden_dim": hidden,
                                       "peak_memory_bytes": 3 * MB if variant == "torch" else None}))
     if "training" in families:
         for impl in ("ddp", "handwritten", "lightning"):
             for ws in (1, 2):
-                benches.append(bench(f"test_training[{impl}-{ws}p]", [0.05, 0.06, 0.07],
+                benches.append(bench(f"test_training[{impl}-{ws}p]", [0.05, 0.06, 0.16],
                                      {"backend": "gloo", "world_size": ws, "device": "cpu", "impl": impl,
                                       "model": "mlp", "grad_accum": 1, "batch_size": 64,
                                       "samples_per_second": 1000.0 * ws * (0.9 if ws > 1 else 1),
                                       "final_loss": 0.123, "scaling_efficiency": 0.9 if ws > 1 else 1.0}))
     if "datasets" in families:
         for layout in ("list_of_tensors", "packed"):
-            benches.append(bench(f"test_dataset_sharing[{layout}-2w]", [0.5, 0.6, 0.7],
+            benches.append(bench(f"test_dataset_sharing[{layout}-2w]", [0.5, 0.6, 1.3],
                                  {"backend": "gloo", "world_size": 2, "device": "cpu", "layout": layout,
                                   "num_samples": 10000, "num_workers": 2, "sharing_strategy": "file_system",
                                   "share_seconds": 0.25, "open_fds": 1234 if layout == "list_of_tensors" else 12,
                                   "peak_memory_bytes": 50 * MB}))
     if "other" in families:
-        benches.append(bench("test_something_else", [0.001, 0.002, 0.003]))
+        benches.append(bench("test_something_else", [0.001, 0.002, 0.009]))
     return write(tmp_path / "run.json", run_doc(benches))
 
 
@@ -72,27 +77,31 @@ def test_tables_have_the_seed_shapes_and_rows(tmp_path):
                       "Bus Bandwidth (GB/s)"]
     assert [r[:3] for r in rows] == [["gloo", "2", "1MB"], ["gloo", "2", "10MB"], ["gloo", "4", "1MB"],
                                      ["gloo", "4", "10MB"]]
-    # 1 MB at 2 ranks: mean of [t, t, 1.5t, 0.5t] = t = 1.048576 ms; algbw = 1 GB/s; busbw factor 1
-    assert rows[0][3:] == ["1.049", "1.000", "1.000"]
-    assert rows[2][5] == "0.750"  # 4 ranks: algbw 0.5 GB/s, busbw factor 2*3/4 = 1.5
+    # "Avg Time" is the mean and the bandwidths come from it: 1 MB at 2 ranks, median t = 1.048576 ms,
+    # mean 1.5 t = 1.573 ms; algbw = 1 / 1.5 GB/s; busbw factor 1. (The stored, median-based
+    # bandwidths would read 1.000.)
+    assert rows[0][3:] == ["1.573", "0.667", "0.667"]
+    assert rows[2][3:] == ["3.146", "0.333", "0.500"]  # 4 ranks: mean 3 t; busbw factor 2*3/4 = 1.5
 
     header, rows = _table_rows(text, "## SyncBatchNorm")
     assert header[:3] == ["batch_size", "hidden_dim", "num_workers"]
     assert "handwritten median time (ms)" in header and "torch max memory allocated" in header
     assert len(rows) == 2 and rows[0][:3] == ["32", "64", "2"]
+    assert rows[0][header.index("handwritten median time (ms)")] == "3.000"  # median, not the mean 5.000
     assert "3.0 MB" in rows[0] and "n/a" in rows[0]  # the handwritten variant has no memory number
 
     header, rows = _table_rows(text, "### lightning")
     assert header[0] == "Ranks" and "Max Memory Allocated" in header
     assert [r[0] for r in rows] == ["1", "2"] and rows[1][3] == "1800.0"
+    assert rows[0][2] == "60.000"  # the median step, not the mean 90.000
 
     header, rows = _table_rows(text, "## Dataset sharing")
     assert header == ["layout", "workers", "sharing strategy", "share time (s)", "epoch time (s)",
                       "open fds", "memory"]
-    assert rows[0] == ["list_of_tensors", "2", "file_system", "0.250", "0.600", "1234", "50.0 MB"]
+    assert rows[0] == ["list_of_tensors", "2", "file_system", "0.250", "0.600", "1234", "50.0 MB"]  # median epoch
 
     _, rows = _table_rows(text, "## Other cases")
-    assert rows == [["test_something_else", "2.000"]]
+    assert rows == [["test_something_else", "2.000"]]  # median (the mean is 4.000)
 
 
 def test_only_present_families_get_sections(tmp_path):

@@ -18,12 +18,16 @@ import pytest
 import torch
 
 from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
+from ddpbench.timing import RoundPlan, measure_workload
 from ddpbench.workloads.syncbn import (
     FusedSyncBatchNorm,
     NaiveSyncBatchNorm,
     SyncBNCase,
     build_variant,
+    reference_batch_norm,
 )
+
+from broken_workloads import GradScaledSyncBN, NoXhatTermSyncBN, UnsyncedSyncBN
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 LARGE_MEAN_TOLERANCE = 1e-3  # float32 input with mean 1e3, std 1: about eps32 * mean / std
@@ -357,6 +361,42 @@ def test_benchmark_case_rejects_bad_parameters():
         build_variant("torch_syncbn", 8, "cpu")
 
 
+def test_reference_batch_norm_is_torch_batch_norm_in_float64():
+    torch.manual_seed(3)
+    x = torch.randn(40, 6, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(40, 6, dtype=torch.float64)
+    reference = torch.nn.BatchNorm1d(6, dtype=torch.float64)
+    with torch.no_grad():
+        reference.weight.uniform_(0.5, 1.5)
+        reference.bias.normal_()
+    out = reference(x)
+    out.backward(g)
+    ref_out, ref_grad = reference_batch_norm(x, g, reference.weight, reference.bias, reference.eps)
+    assert _rel_err(ref_out, out) <= 1e-12 and _rel_err(ref_grad, x.grad) <= 1e-12
+
+
+# The benchmark case's own check (SyncBNCase.check, run after every case's timed rounds) against a
+# float64 batch norm on the all-gathered global batch; 3 ranks, equal batch sizes, so an
+# unsynchronised module still gives each rank's output mean 0 / variance 1.
+@pytest.mark.parametrize("variant", ["fused", "naive", "torch_bn"])
+def test_benchmark_check_passes_the_real_variants(pool, variant):
+    pool.run(measure_workload, SyncBNCase(variant, 32, 128), RoundPlan(warmup=0, rounds=2), timeout_s=120)
+
+
+@pytest.mark.parametrize("broken, message", [
+    (UnsyncedSyncBN, r"the output is off by .* it matches a batch norm over this rank's own 32 samples: "
+                     r"the statistics were not synchronised across ranks"),
+    (GradScaledSyncBN, r"the input gradient is off by .* it is 2 x the reference: the gradient has the "
+                       r"wrong scale"),
+    (NoXhatTermSyncBN, r"the input gradient is off by .* it matches the gradient without the "
+                       r"x_hat \* mean\(dy \* x_hat\) term"),
+], ids=["unsynchronised", "grad-scale", "no-xhat-term"])
+def test_benchmark_check_catches_a_broken_syncbn(pool, broken, message):
+    with pytest.raises(TaskFailed, match=r"fused on rank 0 differs from a float64 batch norm over the "
+                                         r"all-gathered global batch of 96 samples: " + message):
+        pool.run(measure_workload, broken("fused", 32, 128), RoundPlan(warmup=0, rounds=1), timeout_s=120)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL runs one rank per GPU)")
 @pytest.mark.parametrize("variant", ["fused", "naive"])
@@ -370,5 +410,22 @@ def test_parity_on_cuda_with_nccl(variant):
             results = pool.run(parity_task, world_size, variant, counts, timeout_s=120, **kwargs)
             _assert_within(results, TOLERANCE[kwargs["dtype_name"]] * 10,
                            f"{variant} on CUDA, {world_size} ranks, case {name}")
+    finally:
+        registry.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL runs one rank per GPU)")
+def test_benchmark_check_on_cuda_with_nccl():
+    world_size = min(2, torch.cuda.device_count())
+    registry = PoolRegistry()
+    try:
+        pool = registry.get(PoolSpec("nccl", world_size, "cuda"))
+        for variant in ("torch_bn", "torch_syncbn", "fused", "naive"):
+            pool.run(measure_workload, SyncBNCase(variant, 32, 128), RoundPlan(warmup=0, rounds=1), timeout_s=120)
+        if world_size > 1:
+            with pytest.raises(TaskFailed, match="the statistics were not synchronised across ranks"):
+                pool.run(measure_workload, UnsyncedSyncBN("fused", 32, 128), RoundPlan(warmup=0, rounds=1),
+                         timeout_s=120)
     finally:
         registry.close()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddpbench.pool import PoolSpec, RankPool
+from ddpbench.pool import PoolSpec, RankPool, TaskFailed
 from ddpbench.timing import RoundPlan, measure_workload
 from ddpbench.workloads import training
 from ddpbench.workloads.training import Training, lightning_unavailable_reason, make_buckets, make_data, train_steps
+
+from broken_workloads import MissingDivideTraining, SkippedStepTraining, ZeroedGradsTraining
 
 STEPS = 3
 # manual vs ddp: the same float operations in the same order on 2 ranks (sum then /2 is exact).
@@ -86,6 +88,45 @@ def test_benchmark_check_fails_when_ranks_diverge(pool):
         pool.run(_measure_with_broken_reduction, workload, timeout_s=180)
 
 
+# The benchmark check's reference: one more optimizer step against a single-process float64 step
+# on the gathered micro-batches of every rank (reduced gradient, parameters moved from their start).
+@pytest.mark.parametrize("impl,model,accum", [("manual", "mlp", 4), ("ddp", "cnn", 1), ("ddp", "lstm", 4),
+                                              ("manual", "lstm", 1)])
+def test_benchmark_check_passes_the_real_loops(pool, impl, model, accum):
+    workload = Training(model, impl, batch_size=8, grad_accum=accum, measure_memory=False)
+    pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
+
+
+CHECK_FAILS = "one optimizer step differs from a single-process float64 step on the {} gathered samples of that step"
+
+
+@pytest.mark.parametrize("broken, samples, message", [
+    (MissingDivideTraining, 32, r"the reduced gradient differs in 4 of 4 parameters .* the gradient is 2 x the "
+                                r"reference's \(= the world size: a reduction that sums over the 2 ranks "
+                                r"without dividing by the world size\)"),
+    (ZeroedGradsTraining, 16, r"every gradient is zero after the step"),
+    (SkippedStepTraining, 16, r"the parameters did not move in the optimizer step .*: the step was skipped"),
+], ids=["missing-divide", "zeroed-grads", "skipped-step"])
+def test_benchmark_check_catches_a_broken_loop(pool, broken, samples, message):
+    # Every one of these keeps the ranks equal, which is all the old check compared.
+    workload = broken("mlp", "manual", batch_size=8, grad_accum=2 if samples == 32 else 1, measure_memory=False)
+    with pytest.raises(TaskFailed, match=r"manual/mlp on rank 0: " + CHECK_FAILS.format(samples) + ": " + message):
+        pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
+
+
+def test_benchmark_check_at_world_size_1_catches_a_skipped_step():
+    # At world size 1 the old check tested only that the loss was finite.
+    single = RankPool(PoolSpec("gloo", 1, "cpu"))
+    try:
+        single.run(measure_workload, Training("mlp", "manual", batch_size=8, measure_memory=False),
+                   RoundPlan(warmup=0, rounds=1), timeout_s=180)
+        with pytest.raises(TaskFailed, match=CHECK_FAILS.format(8) + ": the parameters did not move"):
+            single.run(measure_workload, SkippedStepTraining("mlp", "manual", batch_size=8, measure_memory=False),
+                       RoundPlan(warmup=0, rounds=1), timeout_s=180)
+    finally:
+        single.close()
+
+
 def _measure_with_broken_reduction(ctx, workload):
     original = training.reduce_gradients
     training.reduce_gradients = _broken_reduction
@@ -118,6 +159,14 @@ def test_lightning_follows_the_ddp_loss_trajectory(pool, accum):
         assert len(lit[rank]["losses"]) == STEPS
         assert lit[rank]["losses"] == pytest.approx(ddp[rank]["losses"], abs=LIGHTNING_LOSS_ATOL)
         torch.testing.assert_close(lit[rank]["params"], ddp[rank]["params"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
+def test_benchmark_check_passes_lightning(pool):
+    # The reference step reads the micro-batches Lightning's training_step received (it prefetches,
+    # so the data cursor runs ahead) and the gradients it leaves until the next step's backward.
+    workload = Training("mlp", "lightning", batch_size=8, grad_accum=4, measure_memory=False)
+    pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
 
 
 def _lightning_attachment(ctx):

@@ -23,12 +23,13 @@ def test_workflows_lint_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_ci_runs_the_readme_test_command_and_gpu_runs_the_gpu_marker():
+def test_ci_runs_the_readme_test_command_and_gpu_runs_the_gpu_marker_on_tests_and_benchmarks():
     ci = (WORKFLOWS / "ci.yml").read_text()
     gpu = (WORKFLOWS / "gpu.yml").read_text()
     assert "make test" in ci and "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
     assert "pytest -m gpu benchmarks/" in gpu and "[self-hosted, gpu]" in gpu
+    assert "pytest -m gpu tests/" in gpu  # the CUDA tests in tests/ run nowhere else
     assert "workflow_dispatch" in gpu and "schedule" in gpu
 
 

@@ -5,8 +5,17 @@ all_gather output, the reduce_scatter input), algbw = size / time, and busbw = a
 that makes the number comparable with the hardware's link bandwidth whatever the rank count:
 all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1.
 
-After the timed rounds every rank re-fills its buffers with a known pattern, runs the op once more
-and compares with the exact expected result (small integers, exact in float32).
+After the timed rounds (untimed, as nccl-tests' ``#wrong`` check) every rank re-fills its input with
+its known data, poisons the buffer the op must write (NaN: the all_gather / reduce_scatter output,
+a non-root rank's broadcast buffer), runs the op once more and compares with the exact expected
+result. Rank r's data at global element index i is ``T1_r[i mod 65521] + T2_r[i mod 65537]``: two
+tables of small random integers per rank (:func:`pattern_tables`), so the pattern repeats only
+every 65521 * 65537 (about 4.3e9) elements, more than any buffer holds: a shard taken from the
+wrong place, a rank's data missing or counted twice, or an op that wrote nothing all show. Values
+are integers up to 126 per rank, so sums over ranks are exact in float32. Every fill is two
+broadcast copies of the tables (copy speed, no index tensor), and the expected sum over ranks is
+the tiling of the tables' sums, so the check costs a few passes over the buffer whatever the rank
+count.
 
 Test knob for measuring the regression gate's power (docs/results.md, gate reliability):
 ``DDPBENCH_INJECT_SLOWDOWN="all_reduce:10%"`` (comma list of ``op:percent``) makes every timed
@@ -26,7 +35,11 @@ from . import Workload
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 ELEMENT_BYTES = 4  # float32
-PATTERN_PERIOD = 13  # values stay small integers, so sums are exact in float32
+# The check's data: per rank, one table of small random integers per period (coprime periods, so
+# the sum of the two tilings repeats only every 65521 * 65537 elements).
+PATTERN_PERIODS = (65521, 65537)
+PATTERN_VALUES = 64  # table entries in 0..63: a rank's value is at most 126, exact in float32 sums
+PATTERN_SEED = 0x5EED
 INJECT_ENV = "DDPBENCH_INJECT_SLOWDOWN"
 
 
@@ -92,15 +105,44 @@ def element_count(op: str, size_bytes: int, world_size: int) -> int:
     return count
 
 
-def _pattern(count: int, rank: int, device, offset: int = 0):
-    """Rank r's known data: (index + offset) mod 13 + r, as float32."""
+def pattern_tables(rank: int, device) -> list:
+    """Rank ``rank``'s pattern tables (float32 small integers on ``device``), the same in every process."""
     import torch
 
-    # One period, rotated to the offset and tiled: a copy-speed fill (an int64 arange over the
-    # whole buffer costs 2x its size in memory and most of a 100 MB case's set-up time).
-    period = torch.arange(PATTERN_PERIOD, dtype=torch.float32, device=device) + rank
-    period = period.roll(-(offset % PATTERN_PERIOD))
-    return period.repeat(count // PATTERN_PERIOD + 1)[:count]
+    tables = []
+    for k, period in enumerate(PATTERN_PERIODS):
+        generator = torch.Generator().manual_seed(PATTERN_SEED + 1_000_003 * k + rank)
+        values = torch.randint(0, PATTERN_VALUES, (period,), generator=generator, dtype=torch.int64)
+        tables.append(values.to(torch.float32).to(device))
+    return tables
+
+
+def _write_tiled(out, table, offset: int, accumulate: bool) -> None:
+    """``out[j] (+)= table[(offset + j) mod len(table)]``: broadcast copies, no index tensor."""
+    period = table.numel()
+    rolled = table.roll(-(offset % period))
+    full = out.numel() // period
+    body, tail = out[:full * period].view(full, period), out[full * period:]
+    if accumulate:
+        body.add_(rolled)
+        tail.add_(rolled[:tail.numel()])
+    else:
+        body.copy_(rolled)
+        tail.copy_(rolled[:tail.numel()])
+
+
+def fill_pattern(out, tables, offset: int = 0) -> None:
+    """``out[j]`` = the pattern of ``tables`` at global element index ``offset + j``."""
+    first, *rest = tables
+    _write_tiled(out, first, offset, accumulate=False)
+    for table in rest:
+        _write_tiled(out, table, offset, accumulate=True)
+
+
+def summed_tables(world_size: int, device) -> list:
+    """The tables of the sum over ranks (a sum of tilings is the tiling of the summed tables)."""
+    per_rank = [pattern_tables(r, device) for r in range(world_size)]
+    return [sum(tables[k] for tables in per_rank) for k in range(len(PATTERN_PERIODS))]
 
 
 @dataclass(frozen=True)
@@ -134,12 +176,18 @@ class Collective(Workload):
         return state
 
     def _fill(self, state) -> None:
+        """This rank's known data into the input (all_gather: its chunk, at its global offset)."""
         ctx, count = state["ctx"], state["count"]
-        if self.op == "all_gather":
-            chunk = count // ctx.world_size
-            state["input"].copy_(_pattern(chunk, ctx.rank, ctx.device, offset=ctx.rank * chunk))
-        else:
-            state["input"].copy_(_pattern(count, ctx.rank, ctx.device))
+        tables = pattern_tables(ctx.rank, ctx.device)
+        offset = ctx.rank * (count // ctx.world_size) if self.op == "all_gather" else 0
+        fill_pattern(state["input"], tables, offset)
+
+    def _poison(self, state) -> None:
+        """NaN into the buffer the op must write, so a result can only come from this op."""
+        if self.op in ("all_gather", "reduce_scatter"):
+            state["output"].fill_(float("nan"))
+        elif self.op == "broadcast" and state["ctx"].rank != 0:
+            state["input"].fill_(float("nan"))
 
     def run_round(self, state) -> None:
         inject = state.get("inject", 0.0)
@@ -168,32 +216,72 @@ class Collective(Workload):
 
         ctx, count = state["ctx"], state["count"]
         n, device = ctx.world_size, ctx.device
-        rank_sum = n * (n - 1) // 2  # sum of the per-rank offsets 0..n-1
-        if self.op == "all_reduce":
-            return _pattern(count, 0, device) * n + rank_sum
+        chunk = count // n
         if self.op == "all_gather":
-            chunk = count // n
-            return torch.cat([_pattern(chunk, r, device, offset=r * chunk) for r in range(n)])
+            expected = torch.empty(count, dtype=torch.float32, device=device)
+            for r in range(n):
+                fill_pattern(expected[r * chunk:(r + 1) * chunk], pattern_tables(r, device), r * chunk)
+            return expected
         if self.op == "reduce_scatter":
-            chunk = count // n
-            return _pattern(chunk, 0, device, offset=ctx.rank * chunk) * n + rank_sum
-        return _pattern(count, 0, device)
+            expected = torch.empty(chunk, dtype=torch.float32, device=device)
+            fill_pattern(expected, summed_tables(n, device), ctx.rank * chunk)
+            return expected
+        expected = torch.empty(count, dtype=torch.float32, device=device)
+        fill_pattern(expected, summed_tables(n, device) if self.op == "all_reduce"
+                     else pattern_tables(0, device))
+        return expected
 
     def check(self, state) -> None:
+        """Fill, poison the output with NaN, run the op once (untimed) and compare exactly."""
         import torch
 
         self._fill(state)
+        self._poison(state)
         self._run_op(state)
         result = state["output"] if self.op in ("all_gather", "reduce_scatter") else state["input"]
         expected = self.expected(state)
-        if not torch.equal(result, expected):
-            wrong = (result != expected).nonzero()
-            first = int(wrong[0, 0])
-            raise AssertionError(
-                f"{self.op} on rank {state['ctx'].rank} returned a wrong result: {wrong.shape[0]} of "
-                f"{result.numel()} elements differ; first at index {first}: got "
-                f"{float(result[first])}, expected {float(expected[first])}"
-            )
+        if torch.equal(result, expected):
+            return
+        mismatch = result != expected  # NaN compares unequal: unwritten elements count as wrong
+        wrong = int(mismatch.sum())
+        first = int(torch.argmax(mismatch.to(torch.uint8)))
+        raise AssertionError(
+            f"{self.op} on rank {state['ctx'].rank} returned a wrong result: {wrong} of "
+            f"{result.numel()} elements differ; first at index {first}: got {float(result[first])}, "
+            f"expected {float(expected[first])}; {self._diagnose(state, result, expected)}")
+
+    def _diagnose(self, state, result, expected) -> str:
+        """What the wrong result looks like (runs only when the check failed)."""
+        import torch
+
+        ctx, count = state["ctx"], state["count"]
+        n, device = ctx.world_size, ctx.device
+        chunk = count // n
+        unwritten = int(torch.isnan(result).sum())
+        if unwritten == result.numel():
+            return ("the op wrote nothing: the buffer still holds the NaN the check put there "
+                    "before running it")
+        notes = []
+        if unwritten:
+            notes.append(f"{unwritten} elements were never written (still the NaN poison)")
+        if self.op == "reduce_scatter":
+            summed = summed_tables(n, device)
+            shard = torch.empty_like(expected)
+            for r in range(n):
+                fill_pattern(shard, summed, r * chunk)
+                if r != ctx.rank and torch.equal(result, shard):
+                    notes.append(f"it holds rank {r}'s shard of the sum (shard {r}, elements "
+                                 f"{r * chunk}..{(r + 1) * chunk - 1}) instead of its own, shard {ctx.rank}")
+        elif self.op == "all_gather":
+            bad = [r for r in range(n) if not torch.equal(result[r * chunk:(r + 1) * chunk],
+                                                          expected[r * chunk:(r + 1) * chunk])]
+            notes.append(f"wrong in the chunk(s) of rank(s) {', '.join(map(str, bad))}")
+        elif self.op == "all_reduce":
+            own = torch.empty_like(expected)
+            fill_pattern(own, pattern_tables(ctx.rank, device))
+            if torch.equal(result, own):
+                notes.append("it is this rank's own input: nothing was reduced")
+        return "; ".join(notes) or "the values are wrong"
 
     def teardown(self, state) -> None:
         state.clear()

@@ -47,6 +47,8 @@ SCRATCH_KEY = "ddpbench.dataset"
 # resource sharer, DataLoader pipes): a handover that would leave fewer is refused up front.
 FD_MARGIN = 32
 FIXED_SHAPE = (3, 32, 32)  # the reported case: CIFAR-sized float32 images
+SHAPE_WIDTH = 8  # dimensions a sample's recorded shape holds (padded with -1)
+POSITION_WEIGHTS = 4093  # element k of a sample weighs (k mod 4093) + 1 in its weighted sum
 VARIABLE_SIDE = (16, 48)  # variable-size samples: 3 x H x W with H, W uniform in this range
 
 
@@ -163,11 +165,91 @@ class DatasetSpec:
         return [torch.randint(0, 256, shape, generator=gen).to(torch.float32) for shape in self.shapes()]
 
 
+class SampleChecksums:
+    """Fingerprints of a dataset's samples, by index: each sample's shape, the sum of its elements
+    and their position-weighted sum (element k weighs ``k mod 4093 + 1``), in float64 -- exact
+    for the suite's samples (small integers). A swapped or reordered sample, a moved boundary, a
+    transposed shape or transposed data changes at least one of them.
+
+    Numpy arrays, so the workload that carries them pickles them by value (torch tensors would
+    travel to the ranks through shared memory and show up in the handover's descriptor counts).
+    """
+
+    def __init__(self, shapes, sums, weighted):
+        self.shapes, self.sums, self.weighted = shapes, sums, weighted
+
+    def __len__(self) -> int:
+        return len(self.sums)
+
+    def __repr__(self) -> str:
+        return f"SampleChecksums({len(self)} samples)"
+
+    @classmethod
+    def of(cls, samples, batch: int = 1024) -> "SampleChecksums":
+        """The fingerprints of ``samples`` (tensors or numpy arrays), a batch at a time."""
+        import torch
+
+        shapes, sums, weighted = [], [], []
+        for start in range(0, len(samples), batch):
+            items = [torch.as_tensor(t) for t in samples[start:start + batch]]
+            flat, lengths, rows = _flatten(items)
+            s, w = fingerprints(flat, lengths)
+            shapes.append(rows)
+            sums.append(s)
+            weighted.append(w)
+        return cls(torch.cat(shapes).numpy(), torch.cat(sums).numpy(), torch.cat(weighted).numpy())
+
+    @property
+    def total(self) -> float:
+        """The sum of every element of the dataset."""
+        return float(self.sums.sum())
+
+
+def shape_rows(items):
+    """(len(items), SHAPE_WIDTH) int64: each item's shape, padded with -1."""
+    import torch
+
+    rows = []
+    for i, t in enumerate(items):
+        if t.dim() > SHAPE_WIDTH:
+            raise ValueError(f"sample {i} has {t.dim()} dimensions; fingerprints record at most {SHAPE_WIDTH}")
+        rows.append(list(t.shape) + [-1] * (SHAPE_WIDTH - t.dim()))
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(items), SHAPE_WIDTH)
+
+
+def _flatten(items):
+    import torch
+
+    flat = torch.cat([t.reshape(-1) for t in items]) if items else torch.empty(0)
+    return flat, torch.tensor([t.numel() for t in items], dtype=torch.int64), shape_rows(items)
+
+
+def fingerprints(flat, lengths):
+    """Per-sample (sum, position-weighted sum) in float64 of samples stored back to back in
+    ``flat`` with ``lengths`` elements each. Vectorised: the samples become the rows of a
+    zero-padded matrix (a plain view when they are all one size), summed and multiplied by the
+    weights. For integer-valued samples (the suite's) every partial sum is an exact float64
+    integer, so the result does not depend on the batching or the summation order."""
+    import torch
+
+    lengths = lengths.to(torch.int64)
+    count = lengths.numel()
+    width = int(lengths.max()) if count else 0
+    values = flat.reshape(-1).to(torch.float64)
+    if count and bool((lengths == width).all()):
+        rows = values.view(count, width)
+    else:
+        rows = torch.zeros(count, width, dtype=torch.float64)
+        rows[torch.arange(width) < lengths[:, None]] = values
+    weights = torch.arange(width, dtype=torch.int64).remainder_(POSITION_WEIGHTS).add_(1).to(torch.float64)
+    return rows.sum(1), rows @ weights
+
+
 @dataclass
 class BuiltDataset:
     spec: DatasetSpec
     data: Any  # what is handed over
-    checksum: float  # sum of every element (float64)
+    checksums: SampleChecksums  # of the samples as built, by index (DatasetEpoch checks against them)
     elements: int
     path: str | None = None  # the mmap layout's file
 
@@ -186,21 +268,21 @@ def build_dataset(spec: DatasetSpec) -> BuiltDataset:
     from ..packed import PackedTensorDataset
 
     samples = spec.samples()
-    checksum = float(sum(float(t.double().sum()) for t in samples))
+    checksums = SampleChecksums.of(samples)
     elements = sum(t.numel() for t in samples)
     if spec.layout == "list":
-        return BuiltDataset(spec, samples, checksum, elements)
+        return BuiltDataset(spec, samples, checksums, elements)
     if spec.layout == "numpy":
-        return BuiltDataset(spec, [t.numpy() for t in samples], checksum, elements)
+        return BuiltDataset(spec, [t.numpy() for t in samples], checksums, elements)
     packed = PackedTensorDataset.from_tensors(samples)
     if spec.layout == "packed":
-        return BuiltDataset(spec, packed, checksum, elements)
+        return BuiltDataset(spec, packed, checksums, elements)
     directory = tempfile.mkdtemp(prefix="ddpbench-mmap-")
     path = os.path.join(directory, "samples.bin")
     packed.data.numpy().tofile(path)
     data = MappedPackedDataset(path, str(packed.data.dtype).removeprefix("torch."), packed.data.numel(),
                                packed.offsets.numpy(), packed.shapes.numpy(), packed.ndims.numpy())
-    return BuiltDataset(spec, data, checksum, elements, path=path)
+    return BuiltDataset(spec, data, checksums, elements, path=path)
 
 
 class MappedPackedDataset:
@@ -502,6 +584,27 @@ def flat_collate(batch):
     return torch.cat([t.reshape(-1) for t in batch]), torch.tensor([t.numel() for t in batch])
 
 
+class _Indexed:
+    """``dataset[i]`` as ``(i, dataset[i])``: the check's epoch knows which sample it got."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return index, self.dataset[index]
+
+
+def indexed_collate(batch):
+    """(indices, flat elements, lengths, shapes) of a batch of ``(index, sample)`` pairs."""
+    import torch
+
+    flat, lengths, rows = _flatten([sample for _, sample in batch])
+    return torch.tensor([index for index, _ in batch], dtype=torch.int64), flat, lengths, rows
+
+
 class _MemorySampler:
     """Samples the summed PSS and USS of this process and its children (loader workers)."""
 
@@ -549,16 +652,18 @@ LOADER_BATCH_TIMEOUT_S = 60.0
 class DatasetEpoch(Workload):
     """One round = one epoch of a DataLoader over the dataset this rank received by hand_over.
 
-    ``layout``, ``variable`` and ``sharing_strategy`` describe what was handed over (extra_info);
-    ``expected_checksum`` / ``num_samples`` are checked after the timed rounds on one more,
-    untimed epoch, during which the peak memory is sampled.
+    ``layout``, ``variable`` and ``sharing_strategy`` describe what was handed over (extra_info).
+    After the timed rounds, one more (untimed) epoch, during which the peak memory is sampled,
+    goes through the same DataLoader settings over ``(index, sample)`` pairs; every index must come
+    exactly once and every sample must match ``expected`` (:class:`SampleChecksums` of the dataset
+    as built, before the handover) by index: shape, sum and position-weighted sum.
     """
 
     layout: str
     num_samples: int
     num_workers: int
     sharing_strategy: str
-    expected_checksum: float
+    expected: SampleChecksums
     variable: bool = False
     batch_size: int = 64
     # How the rank starts its loader workers: "fork" inherits the dataset; "spawn" (what a spawned
@@ -578,26 +683,32 @@ class DatasetEpoch(Workload):
         if self.worker_start not in WORKER_START_METHODS:
             raise ValueError(f"unknown worker start method {self.worker_start!r}; expected one of "
                              f"{', '.join(WORKER_START_METHODS)}")
+        if not isinstance(self.expected, SampleChecksums) or len(self.expected) != self.num_samples:
+            raise ValueError(f"expected must be the SampleChecksums of the {self.num_samples} samples "
+                             f"handed over (BuiltDataset.checksums), got {self.expected!r}")
 
     def setup(self, ctx) -> dict[str, Any]:
-        import torch
-        from torch.utils.data import DataLoader
-
         if self.key not in ctx.scratch:
             raise RuntimeError(f"rank {ctx.rank} holds no dataset: call hand_over() before DatasetEpoch")
         data = as_map_dataset(ctx.scratch[self.key])
         if len(data) != self.num_samples:
             raise AssertionError(f"rank {ctx.rank} holds {len(data)} samples, expected {self.num_samples}")
-        loader = DataLoader(data, batch_size=self.batch_size, shuffle=True,
-                            generator=torch.Generator().manual_seed(ctx.rank),
-                            num_workers=self.num_workers, collate_fn=flat_collate,
-                            multiprocessing_context=self.worker_start if self.num_workers else None,
-                            # A batch takes milliseconds: a worker silent for a minute is stuck
-                            # (seen once with 5000 shared tensors and forked workers), and the
-                            # case then fails with torch's "DataLoader timed out" instead of
-                            # waiting for --dist-timeout.
-                            timeout=LOADER_BATCH_TIMEOUT_S if self.num_workers else 0)
-        return {"ctx": ctx, "loader": loader, "samples": 0}
+        loader = self._loader(ctx, data, flat_collate)
+        return {"ctx": ctx, "loader": loader, "data": data, "samples": 0}
+
+    def _loader(self, ctx, data, collate_fn):
+        import torch
+        from torch.utils.data import DataLoader
+
+        return DataLoader(data, batch_size=self.batch_size, shuffle=True,
+                          generator=torch.Generator().manual_seed(ctx.rank),
+                          num_workers=self.num_workers, collate_fn=collate_fn,
+                          multiprocessing_context=self.worker_start if self.num_workers else None,
+                          # A batch takes milliseconds: a worker silent for a minute is stuck
+                          # (seen once with 5000 shared tensors and forked workers), and the
+                          # case then fails with torch's "DataLoader timed out" instead of
+                          # waiting for --dist-timeout.
+                          timeout=LOADER_BATCH_TIMEOUT_S if self.num_workers else 0)
 
     def run_round(self, state) -> None:
         samples = 0
@@ -606,23 +717,83 @@ class DatasetEpoch(Workload):
         state["samples"] = samples
 
     def rank_metrics(self, state) -> dict[str, Any]:
-        samples, checksum = 0, 0.0
+        """The check's epoch (same loader settings, samples tagged with their index), with the
+        memory sampled; the fingerprints are compared in :meth:`check`."""
+        import torch
+
+        n = self.num_samples
+        counts = torch.zeros(n, dtype=torch.int64)
+        sums = torch.full((n,), float("nan"), dtype=torch.float64)
+        weighted = torch.full((n,), float("nan"), dtype=torch.float64)
+        shapes = torch.full((n, SHAPE_WIDTH), -2, dtype=torch.int64)
+        loader = self._loader(state["ctx"], _Indexed(state["data"]), indexed_collate)
         with _MemorySampler() as sampler:
-            for flat, lengths in state["loader"]:
-                samples += len(lengths)
-                checksum += float(flat.double().sum())
-        state["check"] = (samples, checksum)
+            for indices, flat, lengths, rows in loader:
+                s, w = fingerprints(flat, lengths)
+                counts.index_add_(0, indices, torch.ones_like(indices))
+                sums[indices], weighted[indices], shapes[indices] = s, w, rows
+        state["check"] = (counts, shapes, sums, weighted)
         return {"peak_memory_bytes": sampler.peak_pss, "peak_uss_bytes": sampler.peak_uss}
 
     def check(self, state) -> None:
-        samples, checksum = state["check"]
-        rank = state["ctx"].rank
-        if state["samples"] != self.num_samples or samples != self.num_samples:
-            raise AssertionError(f"rank {rank}: an epoch yielded {state['samples']} / {samples} samples, "
-                                 f"expected {self.num_samples}")
-        if checksum != self.expected_checksum:
-            raise AssertionError(f"rank {rank}: the samples' sum is {checksum}, expected "
-                                 f"{self.expected_checksum}: the dataset arrived corrupted")
+        import torch
+
+        rank, n = state["ctx"].rank, self.num_samples
+        if state["samples"] != n:
+            raise AssertionError(f"rank {rank}: a timed epoch yielded {state['samples']} samples, expected {n}")
+        counts, shapes, sums, weighted = state["check"]
+        problems = []
+        missing, repeated = (counts == 0).nonzero().flatten(), (counts > 1).nonzero().flatten()
+        if missing.numel():
+            problems.append(f"{missing.numel()} samples never came (first: index {int(missing[0])})")
+        if repeated.numel():
+            problems.append(f"{repeated.numel()} samples came more than once (first: index "
+                            f"{int(repeated[0])}, {int(counts[repeated[0]])} times)")
+        expected = self.expected
+        exp_shapes = torch.from_numpy(expected.shapes)
+        exp_sums, exp_weighted = torch.from_numpy(expected.sums), torch.from_numpy(expected.weighted)
+        seen = counts > 0
+        bad = seen & ((shapes != exp_shapes).any(1) | (sums != exp_sums) | (weighted != exp_weighted))
+        wrong = bad.nonzero().flatten()
+        if wrong.numel():
+            shown = [self._describe(int(i), shapes, sums, weighted, exp_shapes, exp_sums, exp_weighted)
+                     for i in wrong[:3]]
+            more = f"; and {wrong.numel() - 3} more" if wrong.numel() > 3 else ""
+            problems.append(f"{wrong.numel()} of {n} samples differ from the dataset as built: "
+                            + "; ".join(shown) + more)
+        if problems:
+            raise AssertionError(f"rank {rank}: the {self.layout} dataset's check epoch (every sample "
+                                 f"by index: shape, sum and position-weighted sum) found "
+                                 + "; ".join(problems))
+
+    @staticmethod
+    def _describe(i, shapes, sums, weighted, exp_shapes, exp_sums, exp_weighted) -> str:
+        """What is wrong with sample ``i`` (runs for a few wrong samples only)."""
+        import torch
+
+        def dims(row):
+            return tuple(int(d) for d in row if d >= 0)
+
+        got, want = dims(shapes[i]), dims(exp_shapes[i])
+        if got != want:
+            numel = lambda shape: int(torch.tensor(shape).prod()) if shape else 1  # noqa: E731
+            if sorted(got) == sorted(want):
+                return f"sample {i} has shape {got}, expected {want}: its shape is transposed"
+            if numel(got) != numel(want):
+                return (f"sample {i} has shape {got} ({numel(got)} elements), expected {want} "
+                        f"({numel(want)}): the boundaries between samples moved")
+            return f"sample {i} has shape {got}, expected {want}"
+        same = ((exp_sums == sums[i]) & (exp_weighted == weighted[i])
+                & (exp_shapes == shapes[i]).all(1)).nonzero().flatten()
+        others = [int(j) for j in same if int(j) != i]
+        if others:
+            return (f"sample {i} holds sample {others[0]}'s data: samples swapped or reordered")
+        if sums[i] == exp_sums[i]:
+            return (f"sample {i} has the right shape and sum but its elements are in another order "
+                    f"(weighted sum {float(weighted[i]):.17g}, expected {float(exp_weighted[i]):.17g}): "
+                    f"transposed or permuted data")
+        return (f"sample {i} has the right shape but other values (sum {float(sums[i]):.17g}, expected "
+                f"{float(exp_sums[i]):.17g}): shifted boundaries or corrupted data")
 
     def teardown(self, state) -> None:
         state.clear()

@@ -353,6 +353,55 @@ def cpu_peak_allocated_bytes(fn) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
+#: SyncBNCase.check's tolerance: max |actual - reference| / max |reference|, for float32 inputs
+#: (the parity tests in tests/test_syncbn_module.py hold the variants to 1e-5).
+CHECK_RTOL = 1e-4
+
+
+def reference_batch_norm(x, grad_out, weight, bias, eps: float, xhat_term: bool = True):
+    """Training-mode batch norm of an (N, C) batch in float64, written out: (output, input gradient).
+
+    ``grad_in = w * invstd * (dy - mean(dy) - x_hat * mean(dy * x_hat))`` over the N samples (the
+    per-channel means are over the batch). ``xhat_term=False`` drops the last term (the gradient
+    through the variance): SyncBNCase.check uses it only to name that bug.
+    """
+    x, dy = x.detach().to(torch.float64), grad_out.detach().to(torch.float64)
+    mean = x.mean(0)
+    invstd = torch.rsqrt(x.var(0, correction=0) + eps)
+    xhat = (x - mean) * invstd
+    w = weight.detach().to(torch.float64) if weight is not None else torch.ones_like(mean)
+    b = bias.detach().to(torch.float64) if bias is not None else torch.zeros_like(mean)
+    dxhat = dy * w
+    grad = dxhat - dxhat.mean(0)
+    if xhat_term:
+        grad = grad - xhat * (dxhat * xhat).mean(0)
+    return xhat * w + b, grad * invstd
+
+
+def _gather_rows(tensor):
+    """The (world_size * N, C) concatenation of every rank's (N, C) tensor, in rank order."""
+    tensor = tensor.detach().contiguous()
+    out = tensor.new_empty((dist.get_world_size() * tensor.shape[0],) + tuple(tensor.shape[1:]))
+    dist.all_gather_into_tensor(out, tensor)
+    return out
+
+
+def _rel_err(actual, expected) -> float:
+    """max |actual - expected| / max |expected| (NaN counts as infinitely wrong)."""
+    err = float((actual - expected).abs().max()) / max(float(expected.abs().max()), 1e-30)
+    return err if err == err else float("inf")
+
+
+def _mismatch(what: str, actual, expected) -> str:
+    diff = (actual - expected).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    index = int(diff.argmax())
+    sample, channel = divmod(index, actual.shape[1])
+    return (f"the {what} is off by up to {_rel_err(actual, expected):.3g} of its largest value "
+            f"(tolerance {CHECK_RTOL:g}; sample {sample}, channel {channel}: got "
+            f"{float(actual[sample, channel]):.6g}, expected {float(expected[sample, channel]):.6g})")
+
+
 def build_variant(variant: str, num_features: int, device) -> torch.nn.Module:
     """A fresh batch-norm module of the given benchmark variant on ``device``."""
     if variant == "torch_bn":
@@ -429,34 +478,66 @@ class SyncBNCase(Workload):
         state["module"](state["x"]).backward(state["grad_out"])
 
     def check(self, state) -> None:
-        """The output of one more forward has per-channel mean 0 and variance 1 over the batch the
-        variant normalises (the global batch for the synced variants, the local one for torch_bn),
-        and the last round's input gradient sums to 0 per channel over that batch."""
-        ctx, module = state["ctx"], state["module"]
-        grad = state["x"].grad
-        if grad is None:
-            raise AssertionError(f"{self.variant}: the round left no input gradient on rank {ctx.rank}")
-        with torch.no_grad():
-            out = module(state["x"]).to(torch.float64)
-            sums = torch.cat([out.sum(0), (out * out).sum(0), grad.to(torch.float64).sum(0),
-                              torch.tensor([out.shape[0]], dtype=torch.float64, device=out.device)])
-        if self.variant != "torch_bn" and ctx.world_size > 1:
-            dist.all_reduce(sums)
-        c = self.hidden_dim
-        count = float(sums[-1])
-        mean = sums[:c] / count
-        var = sums[c:2 * c] / count - mean * mean
-        grad_sum = sums[2 * c:3 * c]
+        """One more forward + backward (untimed) against :func:`reference_batch_norm`: a float64
+        batch norm of the batch the variant must normalise over (the all-gathered global batch for
+        the synced variants, this rank's own for torch_bn). This rank's rows of the output and of
+        the input gradient must match within :data:`CHECK_RTOL` of their largest value."""
+        ctx, module, x, grad_out = state["ctx"], state["module"], state["x"], state["grad_out"]
+        self._drop_grads(state)
+        out = module(x)
+        out.backward(grad_out)
+        synced = self.variant != "torch_bn" and ctx.world_size > 1
+        own_x, own_dy = x.detach(), grad_out
+        weight, bias, eps = getattr(module, "weight", None), getattr(module, "bias", None), module.eps
+        if synced:
+            all_x, all_dy = _gather_rows(own_x), _gather_rows(own_dy)
+            rows = slice(ctx.rank * self.batch_size, (ctx.rank + 1) * self.batch_size)
+        else:
+            all_x, all_dy, rows = own_x, own_dy, slice(None)
+        ref_out, ref_grad = reference_batch_norm(all_x, all_dy, weight, bias, eps)
+        ref_out, ref_grad = ref_out[rows], ref_grad[rows]
+        if x.grad is None:  # after the gathers: every rank issues the same collectives
+            raise AssertionError(f"{self.variant} on rank {ctx.rank}: backward left no input gradient")
+        out, grad = out.detach().to(torch.float64), x.grad.to(torch.float64)
+        batch = (f"the all-gathered global batch of {all_x.shape[0]} samples" if synced
+                 else f"this rank's batch of {all_x.shape[0]} samples")
         problems = []
-        if float(mean.abs().max()) > 1e-4:
-            problems.append(f"output mean up to {float(mean.abs().max()):.3g} (expected 0)")
-        if float((var - 1).abs().max()) > 1e-3:
-            problems.append(f"output variance off 1 by up to {float((var - 1).abs().max()):.3g}")
-        if float(grad_sum.abs().max()) > 1e-5 * count:
-            problems.append(f"input gradient sums to {float(grad_sum.abs().max()):.3g} per channel (expected 0)")
+        if _rel_err(out, ref_out) > CHECK_RTOL:
+            problems.append(_mismatch("output", out, ref_out) + self._diagnose_output(
+                out, own_x, own_dy, weight, bias, eps, synced))
+        if _rel_err(grad, ref_grad) > CHECK_RTOL:
+            problems.append(_mismatch("input gradient", grad, ref_grad) + self._diagnose_grad(
+                grad, ref_grad, own_x, own_dy, all_x, all_dy, rows, weight, bias, eps, synced))
         if problems:
-            raise AssertionError(f"{self.variant} on rank {ctx.rank} normalised wrongly over "
-                                 f"{count:.0f} samples: " + "; ".join(problems))
+            raise AssertionError(
+                f"{self.variant} on rank {ctx.rank} differs from a float64 batch norm over {batch}: "
+                + "; ".join(problems))
+
+    @staticmethod
+    def _diagnose_output(out, own_x, own_dy, weight, bias, eps, synced) -> str:
+        if synced:
+            local_out, _ = reference_batch_norm(own_x, own_dy, weight, bias, eps)
+            if _rel_err(out, local_out) <= CHECK_RTOL:
+                return (f"; it matches a batch norm over this rank's own {own_x.shape[0]} samples: "
+                        f"the statistics were not synchronised across ranks")
+        return ""
+
+    @staticmethod
+    def _diagnose_grad(grad, ref_grad, own_x, own_dy, all_x, all_dy, rows, weight, bias, eps,
+                       synced) -> str:
+        if synced:
+            _, local_grad = reference_batch_norm(own_x, own_dy, weight, bias, eps)
+            if _rel_err(grad, local_grad) <= CHECK_RTOL:
+                return (f"; it matches the gradient of a batch norm over this rank's own "
+                        f"{own_x.shape[0]} samples: the backward's sums were not synchronised")
+        _, no_xhat = reference_batch_norm(all_x, all_dy, weight, bias, eps, xhat_term=False)
+        if _rel_err(grad, no_xhat[rows]) <= CHECK_RTOL:
+            return ("; it matches the gradient without the x_hat * mean(dy * x_hat) term: the "
+                    "gradient through the variance is missing")
+        scale = float((grad * ref_grad).sum() / (ref_grad * ref_grad).sum().clamp(min=1e-300))
+        if _rel_err(grad, ref_grad * scale) <= CHECK_RTOL:
+            return f"; it is {scale:.4g} x the reference: the gradient has the wrong scale"
+        return ""
 
     def teardown(self, state) -> None:
         state.clear()

@@ -17,6 +17,13 @@ samples (the generator is seeded from ``(seed, rank)``) and models are initialis
 rank-dependent seed too: every implementation must broadcast rank 0's parameters and reduce
 gradients correctly, or the ranks drift apart and :meth:`Training.check` fails the case.
 
+The check (after the timed rounds, untimed) also runs one more optimizer step and compares it with
+:func:`reference_step`, a single-process float64 step on every rank's micro-batches of that step,
+gathered: the gradient each parameter holds after the step must be the global-batch average and the
+parameters must have moved by the SGD-with-momentum update it implies. A reduction that sums without
+dividing by the world size, zeroed gradients or a skipped optimizer step keep the ranks equal and
+fail here (tests/test_training_parity.py runs each), at world size 1 too.
+
 Implementations:
 
 * ``manual``: broadcast rank 0's parameters and buffers once; per step, forward/backward on each
@@ -252,6 +259,9 @@ class _Loop:
         self.inputs, self.targets = data
         self.cursor = 0
         self.losses: list[float] = []
+        # The (inputs, targets) micro-batches of the last finished optimizer step (Training.check).
+        self.last_step_batches: list = []
+        self.optimizer = None  # the torch optimizer (Training.check reads its momentum buffers)
 
     def next_batch(self):
         i = self.cursor % self.inputs.shape[0]
@@ -267,12 +277,15 @@ class _Loop:
         accum = self.w.grad_accum
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
+        batches = []
         for i in range(accum):
             x, y = self.next_batch()
+            batches.append((x, y))
             total += self._micro_step(x, y, accum, last=i == accum - 1)
         self._before_optimizer_step()
         self.optimizer.step()
         self.losses.append(total / accum)
+        self.last_step_batches = batches
         return self.losses[-1]
 
     def _micro_step(self, x, y, accum: int, last: bool) -> float:
@@ -451,6 +464,7 @@ class _LightningLoop(_Loop):
         self.peak_memory_bytes: int | None = None
         self._probe = None
         self._micro_losses: list[float] = []
+        self._micro_batches: list = []
         import torch
 
         self._num_threads = torch.get_num_threads()  # the rank's setting (1 in the pool)
@@ -510,6 +524,7 @@ class _LightningLoop(_Loop):
         if batch_idx:  # a full optimizer step has just finished
             micro, self._micro_losses = self._micro_losses, []
             self.losses.append(sum(micro) / len(micro))
+            self.last_step_batches, self._micro_batches = self._micro_batches, []
         if self._free_steps:
             self._free_steps -= 1
             return None
@@ -589,15 +604,114 @@ def _make_lightning_module(pl, loop: _LightningLoop):
             x, y = batch
             loss = loss_fn(self.model(x), y)
             loop._micro_losses.append(float(loss.detach()))
+            loop._micro_batches.append((x, y))
             return loss
 
         def on_train_batch_start(self, batch, batch_idx):
             return loop._at_batch_start(batch_idx)
 
         def configure_optimizers(self):
-            return _make_optimizer(loop.w, self.parameters())
+            loop.optimizer = _make_optimizer(loop.w, self.parameters())
+            return loop.optimizer
 
     return _BenchModule()
+
+
+# ----------------------------------------------------------------------------------------------
+# The check's reference step
+# ----------------------------------------------------------------------------------------------
+
+
+def check_rtol(device_type: str) -> float:
+    """Training.check's tolerance, relative to each parameter's gradient / update norm. The loops
+    run in float32 (CPU: ~1e-6 off the float64 reference); on CUDA cuDNN convolutions may use
+    TF32 (10-bit mantissa) by default, hence the looser bound there."""
+    return 1e-2 if device_type == "cuda" else 1e-3
+
+
+def reference_step(workload: "Training", state_dict, inputs, targets, momentum):
+    """One single-process SGD step in float64 from ``state_dict`` on the global batch
+    (``inputs``, ``targets``: every rank's micro-batches of the step, concatenated).
+
+    Returns (gradient, parameter update) flattened in parameter order: the gradient of the mean
+    loss over the global batch (what the average over ranks of the average over equal-sized
+    micro-batches must equal) and ``-lr * (momentum * buffer + gradient)`` (torch's SGD with
+    momentum; the buffers are the implementation's from before the step, None where it had none).
+    """
+    import torch
+
+    model = build_model(workload.model).to(torch.float64)
+    model.load_state_dict({k: v.to(torch.float64) if v.is_floating_point() else v
+                           for k, v in state_dict.items()})
+    model.to(inputs.device)
+    x = inputs.to(torch.float64) if inputs.is_floating_point() else inputs
+    loss_fn(model(x), targets).backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad = torch.cat([p.grad.reshape(-1) for p in params]).cpu()
+    steps = []
+    for p, buf in zip(params, momentum):
+        g = p.grad.reshape(-1).cpu()
+        if buf is not None and workload.momentum:
+            g = buf.reshape(-1).to("cpu", torch.float64) * workload.momentum + g
+        steps.append(g * -workload.lr)
+    return grad, torch.cat(steps)
+
+
+def _gather_cat(tensor):
+    """Every rank's ``tensor`` (same shape on each), concatenated along dim 0 in rank order."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = tensor.contiguous()
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts)
+
+
+def _compare_step(grads, grad_ref, moved, update_ref, sizes, names, rounding, rtol,
+                  world_size) -> list[str]:
+    """What is wrong with one step (empty when nothing): per parameter, the gradient and the
+    update against the reference's, relative to the reference's norm (the update: plus
+    ``rounding``, the parameter's own storage rounding, which a small update can be near)."""
+    problems = []
+    gnorm = float(grad_ref.norm())
+    if float(grads.norm()) == 0.0 and gnorm > 0:
+        problems.append(f"every gradient is zero after the step (the reference's norm is {gnorm:.3g})")
+    else:
+        wrong = []
+        for name, g, r in zip(names, grads.split(sizes), grad_ref.split(sizes)):
+            err = float((g - r).norm()) / max(float(r.norm()), 1e-12 * gnorm, 1e-300)
+            if not err <= rtol:
+                wrong.append((err, name))
+        if wrong:
+            scale = float((grads * grad_ref).sum()) / max(gnorm * gnorm, 1e-300)
+            hint = ""
+            if float((grads - grad_ref * scale).norm()) <= rtol * gnorm * max(abs(scale), 1.0):
+                hint = f"; the gradient is {scale:.4g} x the reference's"
+                if world_size > 1 and abs(scale - world_size) <= rtol * world_size:
+                    hint += (f" (= the world size: a reduction that sums over the {world_size} "
+                             f"ranks without dividing by the world size)")
+            worst = max(wrong)
+            problems.append(f"the reduced gradient differs in {len(wrong)} of {len(sizes)} parameters "
+                            f"(worst {worst[1]}: off by {worst[0]:.3g} of its norm, tolerance {rtol:g})"
+                            + hint)
+    unorm = float(update_ref.norm())
+    if float(moved.norm()) == 0.0 and unorm > 0:
+        problems.append(f"the parameters did not move in the optimizer step (the reference moves "
+                        f"them by a norm of {unorm:.3g}): the step was skipped or had nothing to apply")
+    else:
+        wrong = []
+        for name, m, u, floor in zip(names, moved.split(sizes), update_ref.split(sizes), rounding):
+            size = max(float(u.norm()), 1e-12 * unorm, 1e-300)
+            err = float((m - u).norm()) / size
+            if not err <= rtol + floor / size:
+                wrong.append((err, name))
+        if wrong:
+            worst = max(wrong)
+            problems.append(f"the parameters moved differently from the reference's SGD update in "
+                            f"{len(wrong)} of {len(sizes)} parameters (worst {worst[1]}: off by "
+                            f"{worst[0]:.3g} of the update's norm, tolerance {rtol:g})")
+    return problems
 
 
 # ----------------------------------------------------------------------------------------------
@@ -670,8 +784,7 @@ class Training(Workload):
             probe = _CpuMemoryProbe().start() if (self.measure_memory and on_cpu) else None
             loop = None
             try:
-                cls = {"manual": _ManualLoop, "ddp": _DDPLoop, "dataparallel": _DataParallelLoop}[self.impl]
-                loop = cls(ctx, self, data)
+                loop = self._loop_class()(ctx, self, data)
                 if self.measure_memory:
                     loop.step()  # the untimed memory step (same for every impl)
             finally:
@@ -681,6 +794,10 @@ class Training(Workload):
         state["loop"] = loop
         state["setup_seconds"] = time.perf_counter() - started
         return state
+
+    def _loop_class(self):
+        """The loop of ``impl`` (all but Lightning; tests plant bugs in subclasses through this)."""
+        return {"manual": _ManualLoop, "ddp": _DDPLoop, "dataparallel": _DataParallelLoop}[self.impl]
 
     def run_round(self, state) -> None:
         state["loop"].step()
@@ -706,26 +823,79 @@ class Training(Workload):
         return metrics
 
     def check(self, state) -> None:
-        """The loss is finite and every rank holds the same parameters (rank 0's)."""
+        """The losses are finite, every rank holds rank 0's parameters, and one more optimizer step
+        (untimed) matches :func:`reference_step`: a single-process step in float64 on the gathered
+        micro-batches of that step from every rank. The gradient the implementation left on each
+        parameter must be the reference's (the average over the global batch) and the parameters
+        must have moved from their start by the reference's SGD update, each within
+        :func:`check_rtol` of its size."""
         import math
 
         import torch
         import torch.distributed as dist
 
         ctx, loop = state["ctx"], state["loop"]
+        who = f"{self.impl}/{self.model} on rank {ctx.rank}"
         bad = [loss for loss in loop.losses if not math.isfinite(loss)]
         if bad:
-            raise AssertionError(f"{self.impl}/{self.model} on rank {ctx.rank}: non-finite loss {bad[0]}")
-        if self.impl == "dataparallel" or ctx.world_size == 1:
-            return
-        mine = flat_parameters(loop.module()).to(ctx.device)
-        reference = mine.clone()
-        dist.broadcast(reference, src=0)
-        if not torch.allclose(mine, reference, rtol=1e-5, atol=1e-6):
-            diff = float((mine - reference).abs().max())
+            raise AssertionError(f"{who}: non-finite loss {bad[0]}")
+        distributed = self.impl != "dataparallel" and ctx.world_size > 1
+        model = loop.module()
+        if distributed:
+            # Every rank reaches the same verdict (a rank that raised alone would leave the others
+            # waiting in the reference step's collectives).
+            mine = flat_parameters(model).to(ctx.device)
+            reference = mine.clone()
+            dist.broadcast(reference, src=0)
+            off = (mine - reference).abs() - 1e-5 * reference.abs()
+            worst = torch.stack([off.max(), (mine - reference).abs().max()]).to(torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            if float(worst[0]) > 1e-6:
+                diff = float((mine - reference).abs().max())
+                raise AssertionError(
+                    f"{who}: the ranks' parameters differ from rank 0's after training (max |diff| "
+                    f"{float(worst[1]):.3g} over all ranks, {diff:.3g} on this rank); the gradient "
+                    f"reduction is broken")
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        start_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        start = [p.detach().clone() for p in params]
+        optimizer_state = loop.optimizer.state if loop.optimizer is not None else {}
+        momentum = [optimizer_state.get(p, {}).get("momentum_buffer") for p in params]
+        momentum = [None if m is None else m.detach().clone() for m in momentum]
+        loop.step()
+        batches = loop.last_step_batches
+        if not batches:
+            raise AssertionError(f"{who}: the optimizer step recorded no micro-batches")
+        inputs = torch.cat([x for x, _ in batches])
+        targets = torch.cat([y for _, y in batches])
+        if distributed:
+            inputs, targets = _gather_cat(inputs), _gather_cat(targets)
+        sizes = [p.numel() for p in params]
+        if not distributed or ctx.rank == 0:
+            grad_ref, update_ref = reference_step(self, start_state, inputs, targets, momentum)
+            packed = torch.cat([grad_ref, update_ref]).to(inputs.device)
+        else:
+            packed = torch.empty(2 * sum(sizes), dtype=torch.float64, device=inputs.device)
+        if distributed:
+            dist.broadcast(packed, src=0)
+        grad_ref, update_ref = packed.cpu().split(sum(sizes))
+        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                           .to("cpu", torch.float64) for p in params])
+        moved = torch.cat([(p.detach() - s0).reshape(-1).to("cpu", torch.float64)
+                           for p, s0 in zip(params, start)])
+        # A parameter is stored in float32: its new value is off the exact one by up to half an ulp.
+        rounding = [torch.finfo(s0.dtype).eps * float(s0.norm()) for s0 in start]
+        samples = inputs.shape[0]
+        problems = [] if len(batches) == self.grad_accum else [
+            f"the step ran {len(batches)} micro-batches on this rank, expected grad_accum = {self.grad_accum}"]
+        problems += _compare_step(grads, grad_ref, moved, update_ref, sizes, names, rounding,
+                                 check_rtol(ctx.device_type), ctx.world_size if distributed else 1)
+        if problems:
             raise AssertionError(
-                f"{self.impl}/{self.model}: rank {ctx.rank}'s parameters differ from rank 0's after "
-                f"training (max |diff| {diff:.3g}); the gradient reduction is broken")
+                f"{who}: one optimizer step differs from a single-process float64 step on the "
+                f"{samples} gathered samples of that step: " + "; ".join(problems))
 
     def teardown(self, state) -> None:
         loop = state.get("loop")

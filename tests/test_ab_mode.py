@@ -119,6 +119,8 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert ab["pairs"] >= 10 and ab["blocks"] == 2 * ab["pairs"] and ab["order"].count("AB") == ab["order"].count("BA")
     assert ab["sides"]["candidate"]["env"] == {"SLEEP_FACTOR": "1.5"} and ab["sides"]["baseline"]["env"] == {}
     assert ab["sides"]["baseline"]["torch_version"]
+    # A/B pins by default (same placement on both sides) where every rank can have a core.
+    assert case["extra_info"]["pinned_cores"] is (len(os.sched_getaffinity(0)) >= 2)
     # The case's own rounds are the candidate's (slower); the baseline's are kept raw in extra_info.
     assert case["stats"]["rounds"] == ab["pairs"] * ab["rounds_per_block"]
     assert len(ab["baseline"]["round_times"]) == ab["baseline"]["rounds"]

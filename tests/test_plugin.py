@@ -37,6 +37,7 @@ def test_a_distributed_case_reaches_pytest_benchmark_json_intact(pytester):
     assert case["name"] == "test_all_reduce[gloo-2p-64KB]"
     assert CONTRACT_KEYS <= set(case["extra_info"])
     assert case["extra_info"]["backend"] == "gloo" and case["extra_info"]["world_size"] == 2
+    assert case["extra_info"]["pinned_cores"] is False  # the OS places ranks, as a plain script
     assert case["extra_info"]["size_bytes"] == 65536
     # The per-round max over ranks is exactly what pytest-benchmark stored as the rounds: this is
     # the guard on the pytest-benchmark internals ddpbench relies on.

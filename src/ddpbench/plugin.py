@@ -50,11 +50,12 @@ def pytest_addoption(parser):
                     help="recorded rounds per case; 0 picks enough rounds to fill --dist-min-time. Default: 0")
     group.addoption("--dist-warmup", type=opts.parse_warmup, default=2,
                     help="unrecorded warm-up rounds per case. Default: 2")
-    group.addoption("--dist-pin-cores", choices=("auto", "off"), default="off",
+    group.addoption("--dist-pin-cores", choices=("auto", "off"), default=None,
                     help="off: the OS places the ranks, as in a plain torch.distributed script; "
                          "auto: pin each local rank to a core of its own while it measures, when "
                          "there are enough cores (steadier, but it measures that placement: 1 MB "
-                         "gloo all_reduce ran 2-3x slower pinned on the 2-core dev machine). Default: off")
+                         "gloo all_reduce ran 2-3x slower pinned on the 2-core dev machine). "
+                         "Default: off; in A/B mode auto (both sides get the same placement)")
     group.addoption("--dist-controller", default=None, metavar="HOST:PORT",
                     help="multi-node: listen on HOST:PORT for ranks started by torchrun "
                          "(-m ddpbench.worker) instead of spawning local pools")
@@ -156,6 +157,16 @@ def _configure_ab(config) -> None:
     config._ddpbench_ab = ABConfig(baseline, candidate, settings)
 
 
+def pin_cores(config) -> bool:
+    """--dist-pin-cores as given; unset: off, except in A/B mode, where both sides' ranks get the
+    same placement (unpinned, each pool's ranks settle on CPUs of their own, and at small sizes
+    that placement moves a side's timings by up to 3x on the dev machine: docs/results.md)."""
+    value = config.getoption("dist_pin_cores", None)
+    if value is None:
+        value = "auto" if getattr(config, "_ddpbench_ab", None) is not None else "off"
+    return value == "auto"
+
+
 @functools.lru_cache(maxsize=None)
 def cuda_device_count() -> int:
     """CUDA devices visible to this process (asked once: every test function's parametrization
@@ -188,7 +199,9 @@ def pytest_report_header(config):
     if ab is not None:
         s = ab.settings
         lines.append(f"ddpbench A/B: threshold {s.threshold * 100:g}%, blocks of ~{s.block_time_s:g} s, "
-                     f"{s.first_pairs} pairs first, more up to {s.max_time_s:g} s per case")
+                     f"{s.first_pairs} pairs first, more up to {s.max_time_s:g} s per case, ranks "
+                     f"{'pinned one core each' if pin_cores(config) else 'placed by the OS'} "
+                     f"(--dist-pin-cores)")
         lines.append(f"ddpbench A/B: baseline  = {ab.baseline.short()}")
         lines.append(f"ddpbench A/B: candidate = {ab.candidate.short()}")
         if 2 * max(world_sizes) > cores:
@@ -360,7 +373,7 @@ def dist_pools(request):
         registry = ExternalPoolRegistry(address, secret, request.config.getoption("dist_controller_wait"),
                                         announce=functools.partial(_announce, request.config))
     else:
-        registry = PoolRegistry(pin_cores=request.config.getoption("dist_pin_cores") == "auto")
+        registry = PoolRegistry(pin_cores=pin_cores(request.config))
     yield registry
     registry.close()
 

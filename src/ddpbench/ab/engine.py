@@ -68,6 +68,11 @@ class ABOutcome:
             times = rounds.round_times
             q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
             out = {"median_s": statistics.median(times), "iqr_s": q[2] - q[0], "rounds": len(times)}
+            ranks = len(rounds.cpus[0]) if rounds.cpus else 0
+            per_rank = [[c for block in rounds.cpus for c in (block[r] or [])] for r in range(ranks)]
+            if ranks > 1 and all(len(c) == len(times) for c in per_rank):
+                together = sum(len(set(cpus)) == 1 for cpus in zip(*per_rank))
+                out["ranks_shared_cpu_share"] = round(together / len(times), 4)
             if raw:
                 out["round_times"] = times
             return out

@@ -6,7 +6,9 @@ sides alike), and each side reports its per-size median. Sides:
 * ``plain``: benchmarks/raw/standalone_allreduce.py as a user would write it (the reference);
 * ``plain+loopback``: the same script with GLOO_SOCKET_IFNAME=lo (ddpbench's loopback set-up);
 * ``suite``: ``pytest benchmarks/test_collectives.py -k all_reduce`` with default options;
-* ``suite-pinned``: the same with ``--dist-pin-cores=auto``.
+* ``suite-pinned``: the same with ``--dist-pin-cores=auto``;
+* ``suite-fill``: the same with ``--dist-precision=0`` (rounds fill --dist-min-time, as the plain
+  script's do, instead of stopping once the median is known to 1%).
 
 Prints per size and side the median of the per-run medians with min-max, and the ratio to
 ``plain`` (median of the per-repeat ratios, with their min-max).
@@ -52,6 +54,7 @@ SIDES = {
     "plain+loopback": lambda s, n: run_standalone(s, n, "--loopback"),
     "suite": lambda s, n: run_suite(s, n),
     "suite-pinned": lambda s, n: run_suite(s, n, "--dist-pin-cores=auto"),
+    "suite-fill": lambda s, n: run_suite(s, n, "--dist-precision=0"),
 }
 
 
@@ -64,7 +67,7 @@ def main(argv=None):
     parser.add_argument("--sizes", default="1MB,10MB,100MB")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--sides", default=",".join(SIDES),
+    parser.add_argument("--sides", default="plain,plain+loopback,suite,suite-pinned",
                         help=f"comma list from {', '.join(SIDES)}; the first is the reference")
     args = parser.parse_args(argv)
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]

@@ -191,6 +191,26 @@ class RankSession:
         finally:
             self._unpin()
 
+    def refresh(self, warmup: int = 1) -> None:
+        """Tear the workload's state down and build it anew (untimed), then ``warmup`` unrecorded
+        rounds: A/B mode does this before every block, so that what one set-up happened to get
+        (where its buffers landed, which side set up first) varies from block to block instead of
+        biasing a whole side."""
+        self._pin()
+        try:
+            clock = time.perf_counter
+            phase_start = clock()
+            self.close()
+            self.state = self.workload.setup(self.ctx)
+            self._set_up = True
+            self.phases["engine_setup_s"] += clock() - phase_start
+            phase_start = clock()
+            for _ in range(warmup):
+                self._time_round(self.ctx, self.workload.run_round, self.state)
+            self.phases["engine_warmup_s"] += clock() - phase_start
+        finally:
+            self._unpin()
+
     def record(self, rounds: int, stop_when_precise: bool = False) -> tuple[list[float], list]:
         """Up to ``rounds`` recorded rounds; with ``stop_when_precise``, fewer once the median of
         the cross-rank maxima is known to the plan's precision (all ranks take the same decision)."""

@@ -27,6 +27,10 @@ class ABSettings:
     max_pairs: int = 80
     min_block_rounds: int = 3
     max_block_rounds: int = 1000
+    # Set each side's workload up anew before each of its blocks (after the first): what one
+    # set-up gets (buffer placement, set-up order) then varies between pairs instead of biasing a
+    # side for the whole case, which identical sides showed on the dev machine (docs/results.md).
+    fresh_state_per_block: bool = True
     alpha: float = stats.DEFAULT_ALPHA
     confidence: float = stats.DEFAULT_CONFIDENCE
 
@@ -60,6 +64,7 @@ class ABOutcome:
     wall_s: float
     threshold: float
     alpha: float
+    fresh_state: bool
 
     def summary(self, sides: dict[str, dict]) -> dict[str, Any]:
         """``extra_info["ab"]``."""
@@ -85,6 +90,7 @@ class ABOutcome:
             "order": self.order,
             "wall_s": round(self.wall_s, 3),
             "threshold": self.threshold,
+            "fresh_state_per_block": self.fresh_state,
             "alpha": self.alpha,
             "baseline": side(self.baseline, raw=True),
             "candidate": side(self.candidate, raw=False),  # its rounds are the case's own
@@ -121,7 +127,8 @@ def run_case(pools: dict[str, Any], workload, plan, settings: ABSettings, timeou
             stage = schedule.balanced_pairs(stage_pairs, rng)
             for pair in stage:
                 for name in pair:
-                    per_rank = pools[name].run(tasks.block, key, rounds, timeout_s=timeout_s)
+                    fresh = settings.fresh_state_per_block and bool(sides[name].blocks)
+                    per_rank = pools[name].run(tasks.block, key, rounds, fresh, timeout_s=timeout_s)
                     sides[name].blocks.append(max_over_ranks([times for times, _ in per_rank]))
                     sides[name].cpus.append([cpus for _, cpus in per_rank])
             orders += stage
@@ -153,4 +160,4 @@ def run_case(pools: dict[str, Any], workload, plan, settings: ABSettings, timeou
     order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _ in orders)
     return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE],
                      metrics[schedule.CANDIDATE], metrics[schedule.BASELINE], rounds, order, stages,
-                     time.monotonic() - started, threshold, settings.alpha)
+                     time.monotonic() - started, threshold, settings.alpha, settings.fresh_state_per_block)

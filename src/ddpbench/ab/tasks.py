@@ -21,9 +21,13 @@ def start(ctx, key: str, workload, plan) -> float:
     return session.round_estimate_s
 
 
-def block(ctx, key: str, rounds: int) -> tuple[list[float], list | None]:
-    """One block of recorded rounds: (this rank's round times, its CPU per round)."""
-    return ctx.scratch[key].record(rounds)
+def block(ctx, key: str, rounds: int, fresh_state: bool = False) -> tuple[list[float], list | None]:
+    """One block of recorded rounds: (this rank's round times, its CPU per round); with
+    ``fresh_state``, the workload is set up anew (and warmed up one round) first, untimed."""
+    session = ctx.scratch[key]
+    if fresh_state:
+        session.refresh()
+    return session.record(rounds)
 
 
 def finish(ctx, key: str) -> dict:

@@ -55,6 +55,8 @@ def run_once(index, args, out_dir):
         command.append(f"--dist-candidate-env=DDPBENCH_INJECT_SLOWDOWN={args.inject}")
     started = time.monotonic()
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    with open(os.path.join(out_dir, f"run{index:02d}.log"), "w") as fh:
+        fh.write(proc.stdout + proc.stderr)
     if proc.returncode not in (0, 1) or not os.path.exists(path):
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"run {index} failed (exit {proc.returncode})")
@@ -112,7 +114,10 @@ def main(argv=None):
               f"{counts['inconclusive']} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
               f"{_spread(walls[name], '{:.1f}')} |")
     all_walls = [w for ws in walls.values() for w in ws]
-    print(f"\ntotal over {sum(totals.values())} case verdicts: " + ", ".join(f"{n} {v}" for v, n in totals.items()))
+    expected = args.runs * max(len(v) for v in verdicts.values())
+    print(f"\ntotal over {sum(totals.values())} case verdicts: " + ", ".join(f"{n} {v}" for v, n in totals.items())
+          + (f"; {expected - sum(totals.values())} case(s) gave no verdict (failed: see the run logs "
+             f"in {args.out})" if sum(totals.values()) < expected else ""))
     print(f"wall per case: {_spread(all_walls, '{:.1f}')} s, min {min(all_walls):.1f}, max {max(all_walls):.1f}; "
           f"wall per run: {_spread(run_walls, '{:.0f}')} s; exit statuses: {exits}")
 

@@ -201,3 +201,37 @@ def test_looks_grow_geometrically_and_stop_at_a_looser_precision():
         looks.append(min(1000, -(-looks[-1] * 3 // 2)))
     assert len(times) in looks and len(times) < 1000
     assert median_is_precise(times, 0.02)
+
+
+class _Counting(Workload):
+    """Counts set-ups, teardowns and rounds in a shared dict (the fake rank runs in-process)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def setup(self, ctx):
+        self.log["setup"] += 1
+        return {"generation": self.log["setup"]}
+
+    def run_round(self, state):
+        self.log.setdefault("rounds_by_generation", []).append(state["generation"])
+
+    def teardown(self, state):
+        self.log["teardown"] += 1
+
+
+def test_refresh_builds_the_state_anew_and_warms_it_up_untimed():
+    log = {"setup": 0, "teardown": 0}
+    session = RankSession(_FakeCtx(), _Counting(log), RoundPlan(warmup=1, rounds=3))
+    session._time_round = lambda ctx, run_round, state: (run_round(state), 0.001)[1]
+    session._agree = lambda ctx, values: list(values)
+    session.start()
+    session.record(3)
+    session.refresh()
+    times, _ = session.record(3)
+    assert (log["setup"], log["teardown"]) == (2, 1)
+    # generation 1: 1 warm-up + 3 recorded; generation 2: 1 warm-up after the refresh + 3 recorded
+    assert log["rounds_by_generation"] == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert len(times) == 3
+    session.finish(check=False)
+    assert log["teardown"] == 2  # the last state is torn down once

@@ -31,7 +31,7 @@ def test_a_25_percent_slowdown_is_always_a_regression():
     for _ in range(100):
         result = stats.analyse_pairs(*_pairs(rng, 10, shift=0.25), threshold=0.05)
         assert result.verdict == "regression", result
-        assert result.ci_low > 1.0 and result.ratio > 1.05 and result.p_value < stats.DEFAULT_ALPHA
+        assert result.ci_low > 1.05 and result.p_value < stats.DEFAULT_ALPHA
 
 
 def test_a_25_percent_speed_up_is_an_improvement():
@@ -51,10 +51,15 @@ def test_noisy_pairs_are_inconclusive_rather_than_same():
     assert result.verdict == "inconclusive"
 
 
-def test_decide_needs_estimate_interval_and_significance_together():
+def test_decide_needs_the_whole_interval_beyond_the_threshold_and_significance():
     assert stats.decide(1.2, 1.1, 1.3, 0.001, 0.05) == "regression"
     assert stats.decide(1.2, 1.1, 1.3, 0.2, 0.05) == "inconclusive"  # not significant
     assert stats.decide(1.04, 1.01, 1.2, 0.001, 0.05) == "inconclusive"  # estimate under the threshold
+    # Estimate over the threshold and significant, but the interval reaches below it: the A/A
+    # offsets between two pools of processes look like this on the dev machine.
+    assert stats.decide(1.085, 1.033, 1.132, 0.006, 0.05) == "inconclusive"
+    assert stats.decide(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
+    assert stats.decide(0.93, 0.894, 0.972, 0.001, 0.05) == "inconclusive"
     assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05) == "same"
 
 

@@ -86,7 +86,8 @@ def test_clients_without_the_secret_get_nothing_read(tmp_path):
         listener.close()
 
 
-BENCH = '''
+# A workload whose rank 0 never finishes a round (the lost-node tests kill a node meanwhile).
+HANG_WORKLOAD = '''
 import os, time
 from ddpbench.workloads import Workload
 from ddpbench.workloads.collectives import Collective
@@ -100,7 +101,9 @@ class Hang(Workload):
         if rank == 0:
             time.sleep(600)
         dist.barrier()
+'''
 
+BENCH = HANG_WORKLOAD + '''
 def test_all_reduce(dist_benchmark):
     dist_benchmark(Collective("all_reduce", 65536), rounds=5, warmup=1)
 
@@ -338,21 +341,7 @@ def test_the_wait_error_says_where_each_rank_is_and_what_to_check():
 
 CONTROLLER_PORT, RDZV_PORT = 29600, 29500  # inside fresh namespaces: nothing else listens there
 
-TWO_HOST_BENCH = '''
-import os, time
-from ddpbench.workloads import Workload
-from ddpbench.workloads.collectives import Collective
-
-class Hang(Workload):
-    def setup(self, ctx):
-        open(os.path.join({where!r}, f"started{{ctx.rank}}"), "w").close()
-        return ctx.rank
-    def run_round(self, rank):
-        import torch.distributed as dist
-        if rank == 0:
-            time.sleep(600)
-        dist.barrier()
-
+TWO_HOST_BENCH = HANG_WORKLOAD + '''
 def test_all_reduce(dist_benchmark, dist_message_size):
     dist_benchmark(Collective("all_reduce", dist_message_size), rounds=20, warmup=3)
 

@@ -11,20 +11,14 @@ import sys
 from pathlib import Path
 
 from . import compare as cmp
+from . import options as opts
 
 DEFAULT_STORAGE = ".benchmarks"
 DEFAULT_CHARTS = "reports"
 
 
 def _percent(text: str) -> float:
-    value = text.strip().rstrip("%")
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage such as 10% or 5, got {text!r}") from None
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return number / 100.0
+    return opts.parse_percent(text, allow_zero=True)
 
 
 def _confidence(text: str) -> float:

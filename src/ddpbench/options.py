@@ -111,13 +111,14 @@ def parse_precision(text: str) -> float:
     return number
 
 
-def parse_percent(text: str) -> float:
+def parse_percent(text: str, allow_zero: bool = False) -> float:
     """'5%' or '5' -> 0.05 (a bare number is a percentage)."""
     value = text.strip().rstrip("%")
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a percentage; write e.g. 5% or 5") from None
-    if not 0 < number < 1000:
-        raise argparse.ArgumentTypeError(f"{text!r}: the percentage must be above 0 (e.g. 5%)")
+    if not (0 <= number if allow_zero else 0 < number) or not number < 1000:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the percentage must be {'0 or more' if allow_zero else 'above 0'} (e.g. 5%)")
     return number / 100.0

@@ -50,3 +50,23 @@ def test_backend_timeout_rounds():
     assert options.parse_rounds("0") == 0
     with pytest.raises(argparse.ArgumentTypeError):
         options.parse_rounds("-3")
+
+
+@pytest.mark.parametrize("text,expected", [("1%", 0.01), ("0.02", 0.02), ("0", 0.0), (" 5% ", 0.05)])
+def test_precision_is_a_fraction_or_a_percentage(text, expected):
+    assert options.parse_precision(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["abc", "-1%", "100%", "1.5"])
+def test_bad_precisions_name_the_value(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="precision"):
+        options.parse_precision(text)
+
+
+def test_percentages_for_the_ab_threshold():
+    assert options.parse_percent("5%") == pytest.approx(0.05)
+    assert options.parse_percent("12.5") == pytest.approx(0.125)
+    assert options.parse_percent("0", allow_zero=True) == 0.0
+    for bad in ("0", "-3", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="percentage"):
+            options.parse_percent(bad)

@@ -61,6 +61,8 @@ def test_benchmark_disable_still_runs_and_checks_the_workload_once(pytester):
     ("--dist-world-sizes=0", "'0' is not a world size"),
     ("--dist-timeout=-5", "must be larger than 0"),
     ("--dist-backend=mpi", "'mpi' is not a backend"),
+    ("--dist-precision=abc", "'abc' is not a precision"),
+    ("--dist-ab-threshold=x", "'x' is not a percentage"),
 ])
 def test_bad_options_are_usage_errors_without_a_traceback(pytester, option, message):
     pytester.makepyfile(test_bench=TINY_BENCHMARK)

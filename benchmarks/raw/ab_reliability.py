@@ -114,7 +114,7 @@ def main(argv=None):
               f"{counts['inconclusive']} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
               f"{_spread(walls[name], '{:.1f}')} |")
     all_walls = [w for ws in walls.values() for w in ws]
-    expected = args.runs * max(len(v) for v in verdicts.values())
+    expected = args.runs * len(verdicts)
     print(f"\ntotal over {sum(totals.values())} case verdicts: " + ", ".join(f"{n} {v}" for v, n in totals.items())
           + (f"; {expected - sum(totals.values())} case(s) gave no verdict (failed: see the run logs "
              f"in {args.out})" if sum(totals.values()) < expected else ""))

@@ -102,20 +102,16 @@ def run_ab_verdicts(args, run) -> int:
 
 
 def run_compare(args) -> int:
-    if args.baseline and not args.current:
-        # One file that holds an A/B run: print its verdicts rather than comparing two runs.
-        try:
-            single = cmp.load_run(cmp.resolve_run(args.baseline, args.storage))
-        except cmp.CompareError:
-            single = None
-        if single is not None and any(isinstance(c.extra_info.get("ab"), dict) for c in single.cases.values()):
-            return run_ab_verdicts(args, single)
     try:
+        base = None
         if args.baseline and args.current:
             base_path = cmp.resolve_run(args.baseline, args.storage)
             cur_path = cmp.resolve_run(args.current, args.storage)
-        elif args.baseline:  # one run given: compare it against... the newest saved run
+        elif args.baseline:  # one run given: an A/B run's own verdicts, or compared with the newest run
             base_path = cmp.resolve_run(args.baseline, args.storage)
+            base = cmp.load_run(base_path)
+            if any(isinstance(c.extra_info.get("ab"), dict) for c in base.cases.values()):
+                return run_ab_verdicts(args, base)
             runs = cmp.saved_runs(args.storage)
             if not runs:
                 raise cmp.CompareError(f"only a baseline was given and {args.storage} has no saved run "
@@ -125,7 +121,7 @@ def run_compare(args) -> int:
             base_path, cur_path = cmp.default_runs(args.storage)
         if base_path.resolve() == cur_path.resolve():
             raise cmp.CompareError(f"baseline and current are the same file: {base_path}")
-        base = cmp.load_run(base_path)
+        base = base or cmp.load_run(base_path)
         cur = cmp.load_run(cur_path)
         result = cmp.compare_runs(base, cur, threshold=args.threshold, confidence=args.confidence,
                                   calibration=args.calibration)

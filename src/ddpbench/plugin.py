@@ -10,6 +10,7 @@ pytest-benchmark feature (--benchmark-json, --benchmark-autosave, --benchmark-co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import statistics
@@ -146,9 +147,10 @@ def _configure_ab(config) -> None:
                              parse_env_assignments(config.getoption("dist_baseline_env"), "--dist-baseline-env"))
         candidate = make_side("candidate", None, None,
                               parse_env_assignments(config.getoption("dist_candidate_env"), "--dist-candidate-env"))
-        version = local_facts()["ddpbench_version"]
-        baseline = probe(baseline, version)
-        candidate = probe(candidate, version) if candidate.env else local_facts(candidate)
+        ours = local_facts()
+        baseline = probe(baseline, ours["ddpbench_version"])
+        candidate = (probe(candidate, ours["ddpbench_version"]) if candidate.env
+                     else dataclasses.replace(candidate, facts=ours))
     except SideError as exc:
         raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
     settings = ABSettings(threshold=config.getoption("dist_ab_threshold"),
@@ -516,9 +518,7 @@ class DistBenchmark:
         summary = outcome.summary(self.ab.sides())
         self.benchmark.extra_info["ab"] = summary
         self.ab.results.append((self.case_id, summary, statistics.median(outcome.candidate.round_times)))
-        cpus = [[c for block in outcome.candidate.cpus for c in (block[r] or [])]
-                for r in range(self.spec.world_size)]
-        return outcome.candidate.round_times, outcome.candidate_metrics, cpus, []
+        return outcome.candidate.round_times, outcome.candidate_metrics, outcome.candidate.rank_cpus, []
 
     def __call__(self, workload, *, rounds: int | None = None, warmup: int | None = None) -> CaseResult:
         plan = self.plan
@@ -592,7 +592,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_sep("-", "ddpbench A/B")
     sides = {name: describe(desc) for name, desc in ab.sides().items()}
     for line in format_text(cases, ab.settings.threshold, sides).splitlines():
-        terminalreporter.write_line(line, red="regression" in line.split()[-1:] if line else False)
+        terminalreporter.write_line(line, red=line.endswith(" regression"))
     if any(c.verdict == "regression" for c in cases):
         terminalreporter.write_line("ddpbench A/B: regression(s) found: exit status 1", red=True, bold=True)
 

@@ -10,7 +10,9 @@ workload does. ``max_over_ranks`` runs in the controller.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -51,7 +53,10 @@ class RoundPlan:
 
 def median_interval(values: list[float]) -> tuple[float, float]:
     """The 95% distribution-free interval of the median: order statistics j and k around n/2."""
-    ordered = sorted(values)
+    return _median_interval_of_sorted(sorted(values))
+
+
+def _median_interval_of_sorted(ordered: list[float]) -> tuple[float, float]:
     n = len(ordered)
     half = _Z95 * math.sqrt(n) / 2
     low = max(0, math.floor(n / 2 - half) - 1)
@@ -63,8 +68,9 @@ def median_is_precise(values: list[float], precision: float) -> bool:
     """Whether the median's 95% interval lies within +-precision of the median."""
     if precision <= 0 or len(values) < PRECISION_FIRST_LOOK:
         return False
-    low, high = median_interval(values)
-    median = statistics.median(values)
+    ordered = sorted(values)
+    low, high = _median_interval_of_sorted(ordered)
+    median = statistics.median(ordered)
     return median > 0 and (median - low) <= precision * median and (high - median) <= precision * median
 
 
@@ -83,13 +89,29 @@ class RankMeasurement:
     round_cpus: list[int] | None = None
 
 
-def current_cpu() -> int | None:
-    """The CPU the calling thread last ran on (Linux /proc), or None."""
-    try:
-        with open("/proc/thread-self/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[36])
-    except (OSError, ValueError, IndexError):
-        return None
+class ThreadCpuReader:
+    """Reads the CPU the opening thread last ran on (Linux /proc): the file is opened once and each
+    read is one pread, so sampling it after every round costs a single system call. Where /proc
+    cannot tell, every read returns None."""
+
+    def __init__(self):
+        try:
+            self._fd: int | None = os.open("/proc/thread-self/stat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def read(self) -> int | None:
+        if self._fd is None:
+            return None
+        try:
+            return int(os.pread(self._fd, 1024, 0).rsplit(b")", 1)[1].split()[36])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _barrier(ctx) -> None:
@@ -149,113 +171,104 @@ class RankSession:
                        "engine_check_s": 0.0}
         self.state = None
         self._set_up = False
-        self._previous_affinity = None
         self._peak_reset = False
         self.round_estimate_s = 0.0
 
-    # Pinning: rank r stays on its core while it measures (workloads with processes of their own
-    # opt out through pin_to_core = False).
-    def _pin(self) -> None:
-        if self.pin:
-            import os
+    @contextlib.contextmanager
+    def _pinned(self):
+        """Rank r stays on its core while it measures (workloads with processes of their own opt
+        out through pin_to_core = False); the previous affinity comes back afterwards."""
+        if not self.pin:
+            yield
+            return
+        from .pool import set_process_affinity
 
-            from .pool import set_process_affinity
+        previous = sorted(os.sched_getaffinity(0))
+        set_process_affinity([self.ctx.core])
+        try:
+            yield
+        finally:
+            set_process_affinity(previous)
 
-            self._previous_affinity = sorted(os.sched_getaffinity(0))
-            set_process_affinity([self.ctx.core])
-
-    def _unpin(self) -> None:
-        if self.pin and self._previous_affinity is not None:
-            from .pool import set_process_affinity
-
-            set_process_affinity(self._previous_affinity)
-            self._previous_affinity = None
+    def _build(self, warmup: int) -> list[float]:
+        """Set the workload up and run ``warmup`` unrecorded rounds; returns their times."""
+        clock = time.perf_counter
+        phase_start = clock()
+        self.state = self.workload.setup(self.ctx)
+        self._set_up = True
+        self.phases["engine_setup_s"] += clock() - phase_start
+        phase_start = clock()
+        times = [self._time_round(self.ctx, self.workload.run_round, self.state) for _ in range(warmup)]
+        self.phases["engine_warmup_s"] += clock() - phase_start
+        return times
 
     def start(self) -> None:
         """Set-up and warm-up; leaves the fastest warm-up round (max over ranks) as the estimate."""
-        self._pin()
-        try:
-            clock = time.perf_counter
-            phase_start = clock()
-            self.state = self.workload.setup(self.ctx)
-            self._set_up = True
-            self.phases["engine_setup_s"] = clock() - phase_start
+        with self._pinned():
             # Choosing the round count from min_time needs at least one timed warm-up round.
-            warmup = max(self.plan.warmup, 1 if self.plan.rounds == 0 else 0)
-            phase_start = clock()
-            times = [self._time_round(self.ctx, self.workload.run_round, self.state) for _ in range(warmup)]
+            times = self._build(max(self.plan.warmup, 1 if self.plan.rounds == 0 else 0))
             if times:
                 # The fastest warm-up round estimates a round best: one stall must not cut the count.
+                phase_start = time.perf_counter()
                 self.round_estimate_s = self._agree(self.ctx, [min(times)])[0]
-            self.phases["engine_warmup_s"] = clock() - phase_start
-        finally:
-            self._unpin()
+                self.phases["engine_warmup_s"] += time.perf_counter() - phase_start
 
     def refresh(self, warmup: int = 1) -> None:
         """Tear the workload's state down and build it anew (untimed), then ``warmup`` unrecorded
         rounds: A/B mode does this before every block, so that what one set-up happened to get
         (where its buffers landed, which side set up first) varies from block to block instead of
         biasing a whole side."""
-        self._pin()
-        try:
-            clock = time.perf_counter
-            phase_start = clock()
+        with self._pinned():
+            phase_start = time.perf_counter()
             self.close()
-            self.state = self.workload.setup(self.ctx)
-            self._set_up = True
-            self.phases["engine_setup_s"] += clock() - phase_start
-            phase_start = clock()
-            for _ in range(warmup):
-                self._time_round(self.ctx, self.workload.run_round, self.state)
-            self.phases["engine_warmup_s"] += clock() - phase_start
-        finally:
-            self._unpin()
+            self.phases["engine_setup_s"] += time.perf_counter() - phase_start
+            self._build(warmup)
 
     def record(self, rounds: int, stop_when_precise: bool = False) -> tuple[list[float], list]:
         """Up to ``rounds`` recorded rounds; with ``stop_when_precise``, fewer once the median of
         the cross-rank maxima is known to the plan's precision (all ranks take the same decision)."""
         import torch
 
-        self._pin()
+        cpu = ThreadCpuReader()
         try:
-            if self.on_cuda and not self._peak_reset:  # peak memory over all recorded rounds
-                torch.cuda.reset_peak_memory_stats(self.ctx.device)
-                self._peak_reset = True
-            times: list[float] = []
-            cpus: list = []
-            look = max(PRECISION_FIRST_LOOK, self.plan.min_rounds) if stop_when_precise else rounds
-            phase_start = time.perf_counter()
-            while len(times) < rounds:
-                for _ in range(min(look, rounds) - len(times)):
-                    times.append(self._time_round(self.ctx, self.workload.run_round, self.state))
-                    cpus.append(current_cpu())
-                if len(times) >= rounds:
-                    break
-                if median_is_precise(self._agree(self.ctx, times), self.plan.precision):
-                    break
-                look = math.ceil(len(times) * PRECISION_GROWTH)
-            # The untimed part of the recorded phase: barriers, CUDA syncs, the stopping rule.
-            self.phases["engine_between_rounds_s"] += max(0.0, time.perf_counter() - phase_start - sum(times))
-            return times, (cpus if None not in cpus else None)
+            with self._pinned():
+                if self.on_cuda and not self._peak_reset:  # peak memory over all recorded rounds
+                    torch.cuda.reset_peak_memory_stats(self.ctx.device)
+                    self._peak_reset = True
+                times: list[float] = []
+                cpus: list = []
+                look = max(PRECISION_FIRST_LOOK, self.plan.min_rounds) if stop_when_precise else rounds
+                phase_start = time.perf_counter()
+                while len(times) < rounds:
+                    for _ in range(min(look, rounds) - len(times)):
+                        times.append(self._time_round(self.ctx, self.workload.run_round, self.state))
+                        cpus.append(cpu.read())
+                    if len(times) >= rounds:
+                        break
+                    if median_is_precise(self._agree(self.ctx, times), self.plan.precision):
+                        break
+                    look = math.ceil(len(times) * PRECISION_GROWTH)
+                # The untimed part of the recorded phase: barriers, CUDA syncs, the stopping rule.
+                self.phases["engine_between_rounds_s"] += max(0.0, time.perf_counter() - phase_start - sum(times))
+                return times, (cpus if None not in cpus else None)
         finally:
-            self._unpin()
+            cpu.close()
 
     def finish(self, check: bool = True) -> dict[str, Any]:
         """Metrics, the workload's check (untimed), teardown; returns this rank's metrics."""
         import torch
 
         metrics: dict[str, Any] = {}
-        self._pin()  # the rank's own metrics and check see the placement the rounds had
         try:
-            if self.on_cuda:
-                metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.ctx.device))
-            phase_start = time.perf_counter()
-            metrics.update(self.workload.rank_metrics(self.state) or {})
-            if check:
-                self.workload.check(self.state)
-            self.phases["engine_check_s"] = time.perf_counter() - phase_start
+            with self._pinned():  # the rank's own metrics and check see the placement the rounds had
+                if self.on_cuda:
+                    metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.ctx.device))
+                phase_start = time.perf_counter()
+                metrics.update(self.workload.rank_metrics(self.state) or {})
+                if check:
+                    self.workload.check(self.state)
+                self.phases["engine_check_s"] = time.perf_counter() - phase_start
         finally:
-            self._unpin()
             self.close()
         # Where a case's untimed seconds go (max over ranks in extra_info); see benchmarks/raw/overhead.py.
         metrics.update({key: round(value, 6) for key, value in self.phases.items()})

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..modes import placement_info
 from ..timing import max_over_ranks
 from . import schedule, stats, tasks
 
@@ -50,6 +51,13 @@ class SideRounds:
     def block_medians(self) -> list[float]:
         return [statistics.median(b) for b in self.blocks]
 
+    @property
+    def rank_cpus(self) -> list[list[int] | None]:
+        """Per rank, its CPU after each round over all blocks (None where a block could not tell)."""
+        ranks = len(self.cpus[0]) if self.cpus else 0
+        return [None if any(block[r] is None for block in self.cpus)
+                else [c for block in self.cpus for c in block[r]] for r in range(ranks)]
+
 
 @dataclass
 class ABOutcome:
@@ -57,7 +65,6 @@ class ABOutcome:
     baseline: SideRounds
     candidate: SideRounds
     candidate_metrics: list[dict[str, Any]]
-    baseline_metrics: list[dict[str, Any]]
     rounds_per_block: int
     order: str  # e.g. "AB BA BA AB ..." (A = baseline)
     stages: int
@@ -73,11 +80,9 @@ class ABOutcome:
             times = rounds.round_times
             q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
             out = {"median_s": statistics.median(times), "iqr_s": q[2] - q[0], "rounds": len(times)}
-            ranks = len(rounds.cpus[0]) if rounds.cpus else 0
-            per_rank = [[c for block in rounds.cpus for c in (block[r] or [])] for r in range(ranks)]
-            if ranks > 1 and all(len(c) == len(times) for c in per_rank):
-                together = sum(len(set(cpus)) == 1 for cpus in zip(*per_rank))
-                out["ranks_shared_cpu_share"] = round(together / len(times), 4)
+            share = placement_info(times, rounds.rank_cpus).get("ranks_shared_cpu_share")
+            if share is not None:
+                out["ranks_shared_cpu_share"] = share
             if raw:
                 out["round_times"] = times
             return out
@@ -105,11 +110,10 @@ def _block_rounds(estimate_s: float, settings: ABSettings) -> int:
 
 
 def run_case(pools: dict[str, Any], workload, plan, settings: ABSettings, timeout_s: float,
-             case_id: str, threshold: float | None = None) -> ABOutcome:
+             case_id: str) -> ABOutcome:
     """Measure ``workload`` on both pools (keys "baseline" and "candidate"), interleaved."""
     started = time.monotonic()
     key = f"ddpbench-ab:{case_id}"
-    threshold = settings.threshold if threshold is None else threshold
     live: list[str] = []
     try:
         estimates = []
@@ -135,7 +139,7 @@ def run_case(pools: dict[str, Any], workload, plan, settings: ABSettings, timeou
             stages += 1
             seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
             result = stats.analyse_pairs(sides[schedule.BASELINE].block_medians,
-                                         sides[schedule.CANDIDATE].block_medians, threshold,
+                                         sides[schedule.CANDIDATE].block_medians, settings.threshold,
                                          settings.alpha, settings.confidence)
             if result.verdict != "inconclusive":
                 break
@@ -159,5 +163,5 @@ def run_case(pools: dict[str, Any], workload, plan, settings: ABSettings, timeou
         raise
     order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _ in orders)
     return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE],
-                     metrics[schedule.CANDIDATE], metrics[schedule.BASELINE], rounds, order, stages,
-                     time.monotonic() - started, threshold, settings.alpha, settings.fresh_state_per_block)
+                     metrics[schedule.CANDIDATE], rounds, order, stages, time.monotonic() - started,
+                     settings.threshold, settings.alpha, settings.fresh_state_per_block)

@@ -8,6 +8,7 @@ The pool only learns "start ranks with this interpreter and this environment" fr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -141,27 +142,20 @@ def probe(side: Side, expected_version: str | None) -> Side:
                         f"from {facts.get('ddpbench_file')}, but this run is ddpbench {expected_version}: both "
                         f"sides' ranks run this run's engine, so install the same ddpbench version in both "
                         f"environments (the code under test may differ; ddpbench may not)")
-    return Side(side.name, side.python, side.paths, side.env, facts)
+    return dataclasses.replace(side, facts=facts)
 
 
-def local_facts(side: Side | None = None):
-    """The controller's own interpreter, ddpbench and torch versions (without importing torch);
-    with ``side``, that side with these facts (a side that runs the controller's interpreter
-    unchanged needs no probe)."""
+def local_facts() -> dict:
+    """The controller's own interpreter, ddpbench and torch versions (without importing torch): a
+    side that runs the controller's interpreter unchanged needs no probe."""
     from importlib.metadata import PackageNotFoundError, version
 
     import ddpbench
 
-    facts = {"python": sys.executable, "python_version": sys.version.split()[0],
-             "ddpbench_file": ddpbench.__file__}
-    ours = getattr(ddpbench, "__version__", None)
-    for package, key in (("ddpbench", "ddpbench_version"), ("torch", "torch_version")):
-        try:
-            facts[key] = version(package)
-        except PackageNotFoundError:
-            facts[key] = None
-    if ours is not None:
-        facts["ddpbench_version"] = ours
-    if side is None:
-        return facts
-    return Side(side.name, side.python, side.paths, side.env, facts)
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = None
+    return {"python": sys.executable, "python_version": sys.version.split()[0],
+            "ddpbench_file": ddpbench.__file__, "ddpbench_version": ddpbench.__version__,
+            "torch_version": torch_version}

@@ -94,6 +94,7 @@ def test_another_ddpbench_version_is_refused(tmp_path):
     (["--dist-baseline-env", "NOEQUALS"], "*--dist-baseline-env 'NOEQUALS': expected KEY=VALUE*"),
     (["--dist-baseline-python", "/nonexistent/python"], "*no executable interpreter there*"),
     (["--dist-candidate-env", "A=1", "-n", "2"], "*run without -n (xdist)*"),
+    (["--dist-candidate-env", "A=1", "--dist-ab-pools-per-side=0"], "*pools per side must be larger than 0*"),
 ])
 def test_bad_sides_stop_the_run_with_a_usage_error(pytester, args, message):
     pytester.makepyfile(test_bench=SLEEPY)
@@ -116,7 +117,11 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert ab["verdict"] == "regression" and ab["p_value"] < 0.01
     assert 1.3 < ab["ratio"] < 1.8  # 6 ms vs 4 ms sleeps
     assert ab["ratio_ci"][0] > 1.05
-    assert ab["pairs"] >= 10 and ab["blocks"] == 2 * ab["pairs"] and ab["order"].count("AB") == ab["order"].count("BA")
+    assert ab["pairs"] >= 12 and ab["blocks"] == 2 * ab["pairs"] and ab["order"].count("AB") == ab["order"].count("BA")
+    # Two pools per side by default, taking turns; every pool pair saw the slowdown.
+    assert ab["pools_per_side"] == 2 and sorted(set(ab["pool_pair_of_pair"])) == [0, 1]
+    assert ab["pool_pair_of_pair"].count(0) == ab["pool_pair_of_pair"].count(1) == ab["pairs"] // 2
+    assert len(ab["ratio_per_pool_pair"]) == 2 and all(r > 1.3 for r in ab["ratio_per_pool_pair"])
     assert ab["sides"]["candidate"]["env"] == {"SLEEP_FACTOR": "1.5"} and ab["sides"]["baseline"]["env"] == {}
     assert ab["sides"]["baseline"]["torch_version"]
     # A/B pins by default (same placement on both sides) where every rank can have a core.
@@ -139,10 +144,14 @@ def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
     # checks the path with a threshold that the test machine's load cannot cross (under `make
     # test -n 2` beside other jobs, identical sleeping sides were seen 5% apart).
     pytester.makepyfile(test_bench=SLEEPY)
+    # One pool per side here: the single-pool path (the whole interval must clear the threshold).
     result = pytester.runpytest_subprocess(f"--dist-baseline-python={sys.executable}",
-                                           "--dist-ab-threshold=25%", "--benchmark-json=aa.json", *FAST,
-                                           timeout=300)
+                                           "--dist-ab-threshold=25%", "--dist-ab-pools-per-side=1",
+                                           "--benchmark-json=aa.json", *FAST, timeout=300)
     assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*1 pool(s) per side*"])
     (case,) = json.loads((pytester.path / "aa.json").read_text())["benchmarks"]
-    assert case["extra_info"]["ab"]["verdict"] in ("same", "inconclusive")
-    assert 0.8 < case["extra_info"]["ab"]["ratio"] < 1.25
+    ab = case["extra_info"]["ab"]
+    assert ab["verdict"] in ("same", "inconclusive")
+    assert 0.8 < ab["ratio"] < 1.25
+    assert ab["pools_per_side"] == 1 and set(ab["pool_pair_of_pair"]) == {0} and len(ab["ratio_per_pool_pair"]) == 1

@@ -51,7 +51,7 @@ def test_noisy_pairs_are_inconclusive_rather_than_same():
     assert result.verdict == "inconclusive"
 
 
-def test_decide_needs_the_whole_interval_beyond_the_threshold_and_significance():
+def test_decide_with_one_pool_per_side_needs_the_whole_interval_beyond_the_threshold():
     assert stats.decide(1.2, 1.1, 1.3, 0.001, 0.05) == "regression"
     assert stats.decide(1.2, 1.1, 1.3, 0.2, 0.05) == "inconclusive"  # not significant
     assert stats.decide(1.04, 1.01, 1.2, 0.001, 0.05) == "inconclusive"  # estimate under the threshold
@@ -61,6 +61,57 @@ def test_decide_needs_the_whole_interval_beyond_the_threshold_and_significance()
     assert stats.decide(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
     assert stats.decide(0.93, 0.894, 0.972, 0.001, 0.05) == "inconclusive"
     assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05) == "same"
+
+
+def test_decide_with_several_pool_pairs_needs_every_pool_pair_over_the_threshold():
+    # Every pool pair slower by more than 5%, significant, the interval above 1: a regression even
+    # though the interval reaches below 1.05 (the single-pool rule would wait for more pairs).
+    assert stats.decide(1.085, 1.033, 1.132, 0.001, 0.05, pool_pair_ratios=(1.08, 1.09)) == "regression"
+    # One pool pair's own offset: the pooled figures look like a regression, the other pair does not.
+    assert stats.decide(1.085, 1.033, 1.132, 0.001, 0.05, pool_pair_ratios=(1.15, 1.01)) == "inconclusive"
+    assert stats.decide(1.085, 0.99, 1.132, 0.001, 0.05, pool_pair_ratios=(1.08, 1.09)) == "inconclusive"  # interval reaches 1
+    assert stats.decide(1.085, 1.033, 1.132, 0.02, 0.05, pool_pair_ratios=(1.08, 1.09)) == "inconclusive"  # not significant
+    assert stats.decide(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.90)) == "improvement"
+    assert stats.decide(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.85, 0.99)) == "inconclusive"
+    assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05, pool_pair_ratios=(1.02, 0.98)) == "same"
+
+
+def _pairs_over_pools(rng, per_pool, offsets, shift=0.0, noise=0.03):
+    """Pairs on len(offsets) pool pairs; pool pair k's candidate pool runs ``offsets[k]`` slower
+    on its own (a lasting offset of one pool), every candidate pool ``shift`` slower (a change)."""
+    base, cand, pool_of = [], [], []
+    for k, offset in enumerate(offsets):
+        b, c = _pairs(rng, per_pool, shift=shift, noise=noise)
+        base += b
+        cand += [x * (1 + offset) for x in c]
+        pool_of += [k] * per_pool
+    return base, cand, pool_of
+
+
+def test_one_pools_lasting_offset_is_not_a_regression_but_a_change_on_every_pool_is():
+    rng = random.Random(6)
+    for _ in range(50):
+        base, cand, pool_of = _pairs_over_pools(rng, 12, offsets=(0.15, 0.0))
+        one = stats.analyse_pairs(base, cand, threshold=0.05, pool_pair_of=pool_of)
+        assert one.verdict != "regression", one
+        assert one.pool_pair_ratios[0] > 1.07 and one.pool_pair_ratios[1] < 1.05
+        # The same blocks read as one pool pair: the offset alone passes for a regression.
+    assert stats.analyse_pairs(base, cand, threshold=0.05).ratio > 1.05
+    for _ in range(50):
+        base, cand, pool_of = _pairs_over_pools(rng, 6, offsets=(0.0, 0.0), shift=0.12)
+        change = stats.analyse_pairs(base, cand, threshold=0.05, pool_pair_of=pool_of)
+        assert change.verdict == "regression", change
+        assert len(change.pool_pair_ratios) == 2 and change.to_dict()["ratio_per_pool_pair"] == list(change.pool_pair_ratios)
+
+
+def test_the_interval_resamples_within_each_pool_pair():
+    base, cand, pool_of = _pairs_over_pools(random.Random(7), 8, offsets=(0.1, -0.1), noise=0.01)
+    result = stats.analyse_pairs(base, cand, threshold=0.05, pool_pair_of=pool_of)
+    # Two tight groups at +10% and -10%: resampled within each, the pooled estimate stays near 1
+    # (an unstratified resample could draw all pairs from one group and reach 0.9 or 1.1).
+    assert 0.95 < result.ci_low <= result.ratio <= result.ci_high < 1.05
+    with pytest.raises(ValueError, match="pool pair"):
+        stats.analyse_pairs(base, cand, threshold=0.05, pool_pair_of=pool_of[:-1])
 
 
 def test_hodges_lehmann_is_the_median_of_walsh_averages():
@@ -83,3 +134,19 @@ def test_block_order_is_balanced_shuffled_and_reproducible_per_case():
     assert len(others) > 10  # not one fixed pattern
     with pytest.raises(ValueError, match="even"):
         schedule.balanced_pairs(3, rng)
+
+
+def test_pool_pairs_take_turns_each_with_a_balanced_order():
+    rng = schedule.case_rng("bench.py::test_x[gloo-2p-10MB]")
+    stage = schedule.pairs_over_pools(6, 2, rng)
+    assert len(stage) == 12
+    for k in (0, 1):
+        mine = [(first, second) for first, second, j in stage if j == k]
+        assert mine.count(("baseline", "candidate")) == 3 == mine.count(("candidate", "baseline"))
+    # Turns: each consecutive two pairs use both pool pairs once.
+    assert all({stage[i][2], stage[i + 1][2]} == {0, 1} for i in range(0, 12, 2))
+    assert stage == schedule.pairs_over_pools(6, 2, schedule.case_rng("bench.py::test_x[gloo-2p-10MB]"))
+    with pytest.raises(ValueError, match="even"):
+        schedule.pairs_over_pools(3, 2, rng)
+    with pytest.raises(ValueError, match="pool pairs"):
+        schedule.pairs_over_pools(2, 0, rng)

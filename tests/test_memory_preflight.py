@@ -34,11 +34,16 @@ def test_a_size_that_cannot_fit_names_the_need_and_what_is_available():
     assert "--dist-sizes" in message
 
 
-def test_ab_mode_counts_both_sides_pools():
+def test_ab_mode_counts_every_pool_of_both_sides():
     items = [_Item(1 * GIB, CPU2)]
     check_memory(items, 1, host_available=16 * GIB, gpu_free=lambda: None)
-    with pytest.raises(pytest.UsageError, match="2 sides"):
+    with pytest.raises(pytest.UsageError, match="x 2 pools") as one_each:
         check_memory(items, 2, host_available=16 * GIB, gpu_free=lambda: None)
+    assert "--dist-ab-pools-per-side" not in str(one_each.value)  # one pool per side already
+    check_memory(items, 2, host_available=24 * GIB, gpu_free=lambda: None)
+    with pytest.raises(pytest.UsageError, match="x 4 pools") as two_each:
+        check_memory(items, 4, host_available=24 * GIB, gpu_free=lambda: None)
+    assert "need about 35.0 GiB" in str(two_each.value) and "--dist-ab-pools-per-side=1" in str(two_each.value)
 
 
 def test_nccl_cases_are_held_against_the_smallest_gpus_free_memory():

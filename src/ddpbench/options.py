@@ -92,6 +92,11 @@ def parse_warmup(text: str) -> int:
     return _positive_number(int, text, "warm-up rounds", allow_zero=True)
 
 
+def parse_pools_per_side(text: str) -> int:
+    """A/B mode: independent pools of ranks per side (1 or more)."""
+    return _positive_number(int, text, "pools per side")
+
+
 def parse_min_time(text: str) -> float:
     return _positive_number(float, text, "seconds")
 

@@ -87,6 +87,10 @@ def pytest_addoption(parser):
                       "to this many seconds. Default: 60")
     ab.addoption("--dist-ab-block-time", type=opts.parse_timeout, default=0.1, metavar="SECONDS",
                  help="recorded seconds aimed for per block (at least 3 rounds). Default: 0.1")
+    ab.addoption("--dist-ab-pools-per-side", type=opts.parse_pools_per_side, default=2, metavar="N",
+                 help="independent pools of ranks per side, taking turns pair by pair; a regression "
+                      "must show on every pool pair, so one pool's own lasting offset is not a "
+                      "verdict (1: the whole interval must clear the threshold instead). Default: 2")
     group.addoption("--dist-precision", type=opts.parse_precision, default=0.01,
                     help="with --dist-rounds=0: stop recording once the median's 95%% interval is "
                          "within +-this fraction of it (e.g. 1%%; checked after 20 rounds, then every "
@@ -155,7 +159,8 @@ def _configure_ab(config) -> None:
         raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
     settings = ABSettings(threshold=config.getoption("dist_ab_threshold"),
                           max_time_s=config.getoption("dist_ab_max_time"),
-                          block_time_s=config.getoption("dist_ab_block_time"))
+                          block_time_s=config.getoption("dist_ab_block_time"),
+                          pools_per_side=config.getoption("dist_ab_pools_per_side"))
     config._ddpbench_ab = ABConfig(baseline, candidate, settings)
 
 
@@ -201,14 +206,16 @@ def pytest_report_header(config):
     if ab is not None:
         s = ab.settings
         lines.append(f"ddpbench A/B: threshold {s.threshold * 100:g}%, blocks of ~{s.block_time_s:g} s, "
-                     f"{s.first_pairs} pairs first, more up to {s.max_time_s:g} s per case, ranks "
+                     f"{s.first_pairs} pairs first, more up to {s.max_time_s:g} s per case, "
+                     f"{s.pools_per_side} pool(s) per side, ranks "
                      f"{'pinned one core each' if pin_cores(config) else 'placed by the OS'} "
                      f"(--dist-pin-cores)")
         lines.append(f"ddpbench A/B: baseline  = {ab.baseline.short()}")
         lines.append(f"ddpbench A/B: candidate = {ab.candidate.short()}")
-        if 2 * max(world_sizes) > cores:
-            lines.append(f"ddpbench A/B: both sides' pools are alive at once ({2 * max(world_sizes)} rank "
-                         f"processes on {cores} cores); only the side measuring a block is busy")
+        alive = 2 * s.pools_per_side * max(world_sizes)
+        if alive > cores:
+            lines.append(f"ddpbench A/B: both sides' pools are alive at once ({alive} rank "
+                         f"processes on {cores} cores); only the pool measuring a block is busy")
     return lines
 
 
@@ -322,7 +329,8 @@ def check_memory(items, pools_at_once: int, host_available: int, gpu_free) -> No
         if spec.device == "cpu":
             available = int(host_available * MEMORY_MARGIN)
             where = f"{_gib(host_available)} of host memory is available"
-            who = f"{spec.world_size} ranks{' x 2 sides (A/B mode)' if pools_at_once > 1 else ''}"
+            who = f"{spec.world_size} ranks" + (f" x {pools_at_once} pools (A/B mode: both sides' pools "
+                                                f"alive at once)" if pools_at_once > 1 else "")
         else:
             free = gpu_free()
             if free is None:
@@ -335,7 +343,8 @@ def check_memory(items, pools_at_once: int, host_available: int, gpu_free) -> No
                 f"--dist-sizes: the {opts.format_size(size)} collective cases on {spec.label} need about "
                 f"{_gib(need)} ({who}: the buffers, the backend's copy and the check's expected "
                 f"result), but {where}. Use smaller --dist-sizes (e.g. --dist-sizes=1MB,10MB,100MB) "
-                f"or fewer ranks (--dist-world-sizes).")
+                f"or fewer ranks (--dist-world-sizes)"
+                + (", or fewer A/B pools (--dist-ab-pools-per-side=1)." if pools_at_once > 2 else "."))
 
 
 def _smallest_gpu_free_bytes():
@@ -352,7 +361,8 @@ def pytest_collection_finish(session):
         return  # multi-node: the nodes' memory is not this machine's
     import psutil
 
-    pools_at_once = 2 if getattr(session.config, "_ddpbench_ab", None) else 1
+    ab = getattr(session.config, "_ddpbench_ab", None)
+    pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else 1
     check_memory(session.items, pools_at_once, psutil.virtual_memory().available, _smallest_gpu_free_bytes)
 
 
@@ -513,7 +523,9 @@ class DistBenchmark:
                     [m.round_cpus for m in measurements], [list(m.round_times) for m in measurements])
         from .ab.engine import run_case
 
-        pools = {"baseline": self._pools.get(self.spec, self.ab.baseline.launch), "candidate": self.pool}
+        copies = range(1, self.ab.settings.pools_per_side)
+        pools = {"baseline": [self._pools.get(self.spec, self.ab.baseline.launch, j) for j in range(len(copies) + 1)],
+                 "candidate": [self.pool] + [self._pools.get(self.spec, self.ab.candidate.launch, j) for j in copies]}
         outcome = run_case(pools, workload, plan, self.ab.settings, self.timeout_s, self.case_id)
         summary = outcome.summary(self.ab.sides())
         self.benchmark.extra_info["ab"] = summary

@@ -678,9 +678,10 @@ class PoolRegistry:
         self._pin_cores = pin_cores
         self.started = 0  # how many pools this registry has started (tests check reuse with it)
 
-    def get(self, spec: PoolSpec, launch: RankLaunch | None = None) -> RankPool:
-        """The live pool for ``spec`` (started with ``launch`` when given: A/B sides)."""
-        key = (spec, launch)
+    def get(self, spec: PoolSpec, launch: RankLaunch | None = None, index: int = 0) -> RankPool:
+        """The live pool for ``spec`` (started with ``launch`` when given: A/B sides; ``index``
+        tells apart several independent pools of the same spec and launch)."""
+        key = (spec, launch, index)
         pool = self._pools.get(key)
         if pool is None or not pool.alive:
             pool = RankPool(spec, start_timeout_s=self._start_timeout_s, pin_cores=self._pin_cores,

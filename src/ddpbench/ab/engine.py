@@ -1,8 +1,8 @@
-"""One A/B case: both sides' pools alive, warm-up on each, then blocks of rounds in a balanced
-random order (ddpbench.ab.schedule), paired statistics (ddpbench.ab.stats) after every stage, and
-more pairs while the answer is unclear, up to a time cap.
+"""One A/B case: both sides' pools alive (``pools_per_side`` independent pools each), warm-up on
+each, then blocks of rounds in a balanced random order (ddpbench.ab.schedule), paired statistics
+(ddpbench.ab.stats) after every stage, and more pairs while the answer is unclear, up to a time cap.
 
-The engine knows sides only as two pools; it never knows what the workload does.
+The engine knows sides only as lists of pools; it never knows what the workload does.
 """
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ class ABSettings:
     threshold: float = 0.05  # smallest slowdown that counts
     max_time_s: float = 60.0  # per case, for adding pairs (the first stage always runs)
     block_time_s: float = 0.1  # recorded seconds aimed for per block
-    first_pairs: int = 10
-    more_pairs: int = 10  # added per stage while inconclusive
-    max_pairs: int = 80
+    # Independent pools of ranks per side; pair k runs on baseline pool j and candidate pool j for
+    # one j. Two or more let the verdict tell a pool's own lasting offset from a change.
+    pools_per_side: int = 2
+    first_pairs: int = 12  # over all pool pairs (each gets an even share, at least 2)
+    more_pairs: int = 12  # added per stage while inconclusive
+    max_pairs: int = 96
     min_block_rounds: int = 3
     max_block_rounds: int = 1000
     # Set each side's workload up anew before each of its blocks (after the first): what one
@@ -42,6 +45,7 @@ class SideRounds:
 
     blocks: list[list[float]] = field(default_factory=list)
     cpus: list[list[list[int] | None]] = field(default_factory=list)  # per block, per rank
+    pools: list[int] = field(default_factory=list)  # per block, which of the side's pools ran it
 
     @property
     def round_times(self) -> list[float]:
@@ -67,6 +71,8 @@ class ABOutcome:
     candidate_metrics: list[dict[str, Any]]
     rounds_per_block: int
     order: str  # e.g. "AB BA BA AB ..." (A = baseline)
+    pool_pairs: list[int]  # per pair, the pool pair it ran on
+    pools_per_side: int
     stages: int
     wall_s: float
     threshold: float
@@ -93,6 +99,8 @@ class ABOutcome:
             "rounds_per_block": self.rounds_per_block,
             "stages": self.stages,
             "order": self.order,
+            "pools_per_side": self.pools_per_side,
+            "pool_pair_of_pair": self.pool_pairs,
             "wall_s": round(self.wall_s, 3),
             "threshold": self.threshold,
             "fresh_state_per_block": self.fresh_state,
@@ -109,59 +117,76 @@ def _block_rounds(estimate_s: float, settings: ABSettings) -> int:
     return max(settings.min_block_rounds, min(settings.max_block_rounds, wanted))
 
 
-def run_case(pools: dict[str, Any], workload, plan, settings: ABSettings, timeout_s: float,
+def _per_pool_pair(pairs: int, pool_pairs: int) -> int:
+    """An even share of ``pairs`` for each pool pair, at least 2."""
+    share = max(2, math.ceil(pairs / pool_pairs))
+    return share + share % 2
+
+
+def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeout_s: float,
              case_id: str) -> ABOutcome:
-    """Measure ``workload`` on both pools (keys "baseline" and "candidate"), interleaved."""
+    """Measure ``workload`` on both sides' pools (keys "baseline" and "candidate", each a list of
+    ``settings.pools_per_side`` pools), interleaved. The candidate's first pool is the case's own:
+    its metrics and check results are the case's."""
     started = time.monotonic()
     key = f"ddpbench-ab:{case_id}"
-    live: list[str] = []
+    names = (schedule.BASELINE, schedule.CANDIDATE)
+    pool_pairs = min(len(pools[name]) for name in names)
+    live: list[Any] = []
     try:
         estimates = []
-        for name in (schedule.BASELINE, schedule.CANDIDATE):
-            live.append(name)
-            estimates.append(max(pools[name].run(tasks.start, key, workload, plan, timeout_s=timeout_s)))
+        for j in range(pool_pairs):
+            for name in names:
+                live.append(pools[name][j])
+                estimates.append(max(pools[name][j].run(tasks.start, key, workload, plan, timeout_s=timeout_s)))
         rounds = _block_rounds(max(estimates), settings)
-        sides = {schedule.BASELINE: SideRounds(), schedule.CANDIDATE: SideRounds()}
+        sides = {name: SideRounds() for name in names}
         rng = schedule.case_rng(case_id)
-        orders: list[tuple[str, str]] = []
+        orders: list[tuple[str, str, int]] = []
         stage_pairs = settings.first_pairs
         stages = 0
         while True:
             stage_started = time.monotonic()
-            stage = schedule.balanced_pairs(stage_pairs, rng)
-            for pair in stage:
-                for name in pair:
-                    fresh = settings.fresh_state_per_block and bool(sides[name].blocks)
-                    per_rank = pools[name].run(tasks.block, key, rounds, fresh, timeout_s=timeout_s)
-                    sides[name].blocks.append(max_over_ranks([times for times, _ in per_rank]))
-                    sides[name].cpus.append([cpus for _, cpus in per_rank])
+            stage = schedule.pairs_over_pools(_per_pool_pair(stage_pairs, pool_pairs), pool_pairs, rng)
+            for first, second, j in stage:
+                for name in (first, second):
+                    side = sides[name]
+                    fresh = settings.fresh_state_per_block and j in side.pools
+                    per_rank = pools[name][j].run(tasks.block, key, rounds, fresh, timeout_s=timeout_s)
+                    side.blocks.append(max_over_ranks([times for times, _ in per_rank]))
+                    side.cpus.append([cpus for _, cpus in per_rank])
+                    side.pools.append(j)
             orders += stage
             stages += 1
             seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
             result = stats.analyse_pairs(sides[schedule.BASELINE].block_medians,
                                          sides[schedule.CANDIDATE].block_medians, settings.threshold,
-                                         settings.alpha, settings.confidence)
+                                         settings.alpha, settings.confidence,
+                                         pool_pair_of=[j for _, _, j in orders])
             if result.verdict != "inconclusive":
                 break
             # Escalate while the next stage still ends inside the per-case time cap.
             pairs_left = settings.max_pairs - len(orders)
-            stage_pairs = min(settings.more_pairs, pairs_left - pairs_left % 2)
+            stage_pairs = _per_pool_pair(settings.more_pairs, pool_pairs) * pool_pairs
             remaining = settings.max_time_s - (time.monotonic() - started)
-            if stage_pairs <= 0 or stage_pairs * seconds_per_pair > remaining:
+            if stage_pairs > pairs_left or stage_pairs * seconds_per_pair > remaining:
                 break
-        metrics = {}
-        for name in (schedule.BASELINE, schedule.CANDIDATE):
-            live.remove(name)
-            metrics[name] = pools[name].run(tasks.finish, key, timeout_s=timeout_s)
+        metrics = []
+        for j in range(pool_pairs):
+            for name in names:
+                live.remove(pools[name][j])
+                ranks = pools[name][j].run(tasks.finish, key, timeout_s=timeout_s)
+                if name == schedule.CANDIDATE and j == 0:
+                    metrics = ranks
     except BaseException:
-        for name in live:  # free the other side's state; a torn-down pool has nothing left
-            if pools[name].alive:
+        for pool in live:  # free the other pools' state; a torn-down pool has nothing left
+            if pool.alive:
                 try:
-                    pools[name].run(tasks.stop, key, timeout_s=timeout_s)
+                    pool.run(tasks.stop, key, timeout_s=timeout_s)
                 except Exception:
                     pass
         raise
-    order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _ in orders)
-    return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE],
-                     metrics[schedule.CANDIDATE], rounds, order, stages, time.monotonic() - started,
+    order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _, _ in orders)
+    return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE], metrics, rounds, order,
+                     [j for _, _, j in orders], pool_pairs, stages, time.monotonic() - started,
                      settings.threshold, settings.alpha, settings.fresh_state_per_block)

@@ -43,12 +43,14 @@ def _rows(cases: list[CaseVerdict]) -> list[list[str]]:
         if candidate is None:
             candidate = (ab.get("candidate") or {}).get("median_s")
         rows.append([case.name, _ms((ab.get("baseline") or {}).get("median_s")), _ms(candidate),
-                     f"{ab['ratio']:.3f} [{low:.3f}, {high:.3f}]", f"{ab['p_value']:.2g}",
+                     f"{ab['ratio']:.3f} [{low:.3f}, {high:.3f}]",
+                     " / ".join(f"{r:.3f}" for r in ab.get("ratio_per_pool_pair") or []) or "-",
+                     f"{ab['p_value']:.2g}",
                      str(ab.get("pairs", "")), f"{ab.get('wall_s', 0):.1f}", case.verdict])
     return rows
 
 
-HEADER = ["case", "baseline median (ms)", "candidate median (ms)", "ratio [95% interval]", "p",
+HEADER = ["case", "baseline median (ms)", "candidate median (ms)", "ratio [95% interval]", "per pool pair", "p",
           "pairs", "wall (s)", "verdict"]
 
 

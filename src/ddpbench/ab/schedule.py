@@ -1,6 +1,7 @@
 """The interleaved block order of an A/B case: pairs of blocks, as many baseline-first (AB) as
 candidate-first (BA), shuffled, so that a drift or a periodic disturbance hits both sides alike
-and neither side always runs second (e.g. in caches warmed by the other)."""
+and neither side always runs second (e.g. in caches warmed by the other). With several pools per
+side, the pool pairs take turns pair by pair, each with its own balanced order."""
 
 from __future__ import annotations
 
@@ -17,6 +18,21 @@ def balanced_pairs(pairs: int, rng: random.Random) -> list[tuple[str, str]]:
     orders = [(BASELINE, CANDIDATE)] * (pairs // 2) + [(CANDIDATE, BASELINE)] * (pairs // 2)
     rng.shuffle(orders)
     return orders
+
+
+def pairs_over_pools(pairs_per_pool_pair: int, pool_pairs: int, rng: random.Random) -> list[tuple[str, str, int]]:
+    """(first side, second side, pool pair) for ``pairs_per_pool_pair`` (even) pairs on each of
+    ``pool_pairs`` pool pairs: every pool pair gets as many AB as BA, and the pool pairs take
+    turns (in a shuffled order within each turn), so that each one spans the whole stage."""
+    if pool_pairs <= 0:
+        raise ValueError(f"the number of pool pairs must be positive (got {pool_pairs})")
+    orders = [balanced_pairs(pairs_per_pool_pair, rng) for _ in range(pool_pairs)]
+    out = []
+    for turn in range(pairs_per_pool_pair):
+        pools = list(range(pool_pairs))
+        rng.shuffle(pools)
+        out += [(*orders[k][turn], k) for k in pools]
+    return out
 
 
 def case_rng(case_id: str) -> random.Random:

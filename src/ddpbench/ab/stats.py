@@ -2,25 +2,28 @@
 
 The unit is a *pair*: one block of baseline rounds and one block of candidate rounds run next to
 each other (in either order). Each block is summarised by the median of its rounds; each pair by
-the log of candidate median / baseline median. Over the pairs:
+the log of candidate median / baseline median. Each side runs on one or more independent pools of
+rank processes (``pools_per_side``); pair i runs on pool pair ``pool_pair_of[i]`` (baseline pool k
+with candidate pool k). Over the pairs:
 
 * the estimate is the Hodges-Lehmann location of the log ratios (median of the Walsh averages),
-  reported as a ratio (>1: the candidate is slower);
-* its interval is a percentile bootstrap of that estimate (fixed seed: the same blocks always give
-  the same interval);
+  reported as a ratio (>1: the candidate is slower); each pool pair also gets its own estimate;
+* its interval is a percentile bootstrap of that estimate, resampling pairs within each pool pair
+  (stratified; fixed seed: the same blocks always give the same interval);
 * significance is the two-sided Wilcoxon signed-rank test of "log ratios symmetric about 0"
   (exact for small samples), as Chromium's Pinpoint decides.
 
 Verdicts, for a threshold t (the smallest change that counts) and a significance level alpha:
-``regression`` when p < alpha and the whole interval lies above 1 + t (so the estimate does too);
-``improvement`` symmetrically (p < alpha, the interval below 1 / (1 + t)); ``same`` when the whole
-interval lies within [1 / (1 + t), 1 + t] (any change is smaller than what counts);
+``regression`` when p < alpha, the interval excludes no change (lies above 1), the estimate is over
+1 + t, and so is every pool pair's own estimate (with a single pool per side: the whole interval
+lies above 1 + t); ``improvement`` symmetrically; ``same`` when the
+whole interval lies within [1 / (1 + t), 1 + t] (any change is smaller than what counts);
 ``inconclusive`` otherwise: more pairs are needed.
 
-Why the interval and not only the estimate must clear the threshold: identical sides measured A/A
-on the dev machine kept case-long offsets of up to ~9% between the two pools of processes (not
-removed by setting the workload up anew per block), with intervals like [1.02, 1.10] and p < 0.01;
-an estimate-only rule called 3-5% of such cases regressions or improvements (docs/results.md).
+Why every pool pair must agree: identical sides measured A/A on the dev machine kept offsets of up
+to ~15% between two pools of processes that lasted many seconds (whole cases), with tight
+intervals and p < 0.001; pairing blocks cannot cancel an offset that belongs to one pool. A real
+change moves every pool of the candidate side; a pool's own offset moves one (docs/results.md).
 
 Tests come from scipy.stats rather than being written by hand.
 """
@@ -47,10 +50,12 @@ class PairedResult:
     ci_high: float
     p_value: float
     verdict: str
+    pool_pair_ratios: tuple[float, ...] = ()  # exp(Hodges-Lehmann) of each pool pair's log ratios
 
     def to_dict(self) -> dict:
         return {"pairs": self.pairs, "ratio": self.ratio, "ratio_ci": [self.ci_low, self.ci_high],
-                "p_value": self.p_value, "verdict": self.verdict}
+                "p_value": self.p_value, "verdict": self.verdict,
+                "ratio_per_pool_pair": list(self.pool_pair_ratios)}
 
 
 def hodges_lehmann(values, axis: int = -1):
@@ -73,26 +78,41 @@ def signed_rank_p(log_ratios) -> float:
     return float(stats.wilcoxon(x, alternative="two-sided", method="auto").pvalue)
 
 
-def bootstrap_interval(log_ratios, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
-    """Percentile bootstrap interval of the Hodges-Lehmann estimate (scipy.stats.bootstrap)."""
+def _pooled_hodges_lehmann(*groups, axis: int = -1):
+    return hodges_lehmann(np.concatenate(groups, axis=axis), axis=axis)
+
+
+def bootstrap_interval(groups, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
+    """Percentile bootstrap interval of the Hodges-Lehmann estimate of all log ratios together,
+    resampling within each group (a pool pair's log ratios) separately (scipy.stats.bootstrap)."""
     from scipy import stats
 
-    x = np.asarray(log_ratios, dtype=float)
-    if len(x) < 2 or np.all(x == x[0]):
+    groups = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    x = np.concatenate(groups) if groups else np.asarray([], dtype=float)
+    if len(x) < 2 or np.all(x == x[0]) or any(len(g) < 2 for g in groups):
         value = float(hodges_lehmann(x)) if len(x) else 0.0
         return value, value
-    result = stats.bootstrap((x,), hodges_lehmann, confidence_level=confidence, n_resamples=BOOTSTRAP_RESAMPLES,
-                             method="percentile", vectorized=True, batch=250,
-                             random_state=np.random.default_rng(BOOTSTRAP_SEED))
+    result = stats.bootstrap(tuple(groups), _pooled_hodges_lehmann, confidence_level=confidence,
+                             n_resamples=BOOTSTRAP_RESAMPLES, method="percentile", vectorized=True,
+                             batch=250, random_state=np.random.default_rng(BOOTSTRAP_SEED))
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshold: float,
-           alpha: float = DEFAULT_ALPHA) -> str:
+           alpha: float = DEFAULT_ALPHA, pool_pair_ratios=()) -> str:
+    """The verdict (module docstring). With two or more pool pairs, each pool pair's estimate must
+    clear the threshold; with one, nothing can tell its pools' own offset from a change, so the
+    whole interval must clear it instead."""
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
-    if p_value < alpha and ci_low > up:
+    each = list(pool_pair_ratios)
+    if len(each) >= 2:
+        slower = ci_low > 1.0 and ratio > up and all(r > up for r in each)
+        faster = ci_high < 1.0 and ratio < down and all(r < down for r in each)
+    else:
+        slower, faster = ci_low > up, ci_high < down
+    if p_value < alpha and slower:
         return "regression"
-    if p_value < alpha and ci_high < down:
+    if p_value < alpha and faster:
         return "improvement"
     if ci_low >= down and ci_high <= up:
         return "same"
@@ -100,15 +120,23 @@ def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshol
 
 
 def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], threshold: float,
-                  alpha: float = DEFAULT_ALPHA, confidence: float = DEFAULT_CONFIDENCE) -> PairedResult:
+                  alpha: float = DEFAULT_ALPHA, confidence: float = DEFAULT_CONFIDENCE,
+                  pool_pair_of: list[int] | None = None) -> PairedResult:
     """The verdict over paired block medians (baseline_blocks[i] and candidate_blocks[i] ran next
-    to each other)."""
+    to each other, on pool pair ``pool_pair_of[i]``; all on one pool pair when not given)."""
     if len(baseline_blocks) != len(candidate_blocks) or not baseline_blocks:
         raise ValueError("analyse_pairs needs the same, non-zero number of baseline and candidate blocks")
+    if pool_pair_of is None:
+        pool_pair_of = [0] * len(baseline_blocks)
+    if len(pool_pair_of) != len(baseline_blocks):
+        raise ValueError("analyse_pairs needs one pool pair index per pair")
     logs = np.log(np.asarray(candidate_blocks, dtype=float)) - np.log(np.asarray(baseline_blocks, dtype=float))
+    labels = np.asarray(pool_pair_of)
+    groups = [logs[labels == k] for k in sorted(set(pool_pair_of))]
     estimate = float(hodges_lehmann(logs))
-    low, high = bootstrap_interval(logs, confidence)
+    low, high = bootstrap_interval(groups, confidence)
     p_value = signed_rank_p(logs)
+    each = tuple(math.exp(float(hodges_lehmann(g))) for g in groups)
     ratio, ci_low, ci_high = math.exp(estimate), math.exp(low), math.exp(high)
     return PairedResult(len(logs), ratio, ci_low, ci_high, p_value,
-                        decide(ratio, ci_low, ci_high, p_value, threshold, alpha))
+                        decide(ratio, ci_low, ci_high, p_value, threshold, alpha, each), each)

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from ddpbench.ab import schedule, stats
+from ddpbench.ab.engine import ABSettings
 
 
 def _pairs(rng, n, shift=0.0, noise=0.05):
@@ -150,3 +151,17 @@ def test_pool_pairs_take_turns_each_with_a_balanced_order():
         schedule.pairs_over_pools(3, 2, rng)
     with pytest.raises(ValueError, match="pool pairs"):
         schedule.pairs_over_pools(2, 0, rng)
+
+
+def test_every_look_at_the_pairs_tests_at_a_share_of_alpha():
+    # 12 pairs, then 12 more per stage up to 96: 8 looks, each at alpha / 8 (Bonferroni), so that
+    # escalating while inconclusive does not raise the case's false-alarm rate above alpha.
+    settings = ABSettings()
+    assert settings.stage_sizes(2) == [12] * 8 and settings.stage_sizes(1) == [12] * 8
+    assert settings.alpha_per_look(2) == pytest.approx(0.01 / 8)
+    assert ABSettings(first_pairs=8, more_pairs=8, max_pairs=32).stage_sizes(2) == [8, 8, 8, 8]
+    assert ABSettings(first_pairs=10, more_pairs=10, max_pairs=40).stage_sizes(2) == [12, 12, 12]  # 5 -> 6 per pool pair
+    assert ABSettings(first_pairs=10, more_pairs=10, max_pairs=40).stage_sizes(4) == [16, 16]  # 2 per pool pair at least, even
+    # 12 pairs all one way is still significant at the first look (exact p = 2 / 2**12).
+    p = stats.signed_rank_p([0.1 + 0.01 * i for i in range(12)])
+    assert p == pytest.approx(2 / 4096) and p < settings.alpha_per_look(2)

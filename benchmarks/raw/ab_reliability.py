@@ -72,6 +72,15 @@ def _spread(values, fmt="{:.3f}"):
     return f"{fmt.format(statistics.median(values))} (IQR {fmt.format(q[0])}-{fmt.format(q[2])})"
 
 
+def _held_back(ab) -> bool:
+    """Significant and beyond the threshold over all pairs, but not on every pool pair: the cases
+    the pool-pair rule kept from being a regression or an improvement."""
+    up = 1 + ab["threshold"]
+    each = ab.get("ratio_per_pool_pair") or []
+    beyond = ab["ratio"] > up or ab["ratio"] < 1 / up
+    return (ab["verdict"] == "inconclusive" and ab["p_value"] < ab["alpha"] and beyond and len(each) > 1)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -79,14 +88,24 @@ def main(argv=None):
     parser.add_argument("--inject", default=None, help="e.g. all_reduce:10%% (candidate side only)")
     parser.add_argument("--load", action="store_true", help="busy 3 s / idle 3 s on one core meanwhile")
     parser.add_argument("--out", default="/tmp/ddpbench-ab-reliability")
+    parser.add_argument("--summarize", action="store_true",
+                        help="run nothing: summarise the run*.json files already in --out (e.g. of an "
+                             "interrupted measurement); run walls and exit statuses are then unknown")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    load = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT]) if args.load else None
-    verdicts, ratios, walls, exits, run_walls = {}, {}, {}, [], []
+    if args.summarize:
+        paths = sorted(p for p in os.listdir(args.out) if p.startswith("run") and p.endswith(".json"))
+        if not paths:
+            raise SystemExit(f"--summarize: no run*.json files in {args.out}")
+        args.runs = len(paths)
+        runs = ((json.load(open(os.path.join(args.out, p))), float("nan"), None) for p in paths)
+    else:
+        runs = (run_once(i, args, args.out) for i in range(args.runs))
+    load = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT]) if args.load and not args.summarize else None
+    verdicts, ratios, walls, exits, run_walls, held = {}, {}, {}, [], [], {}
     try:
-        for i in range(args.runs):
-            data, wall, rc = run_once(i, args, args.out)
+        for i, (data, wall, rc) in enumerate(runs):
             exits.append(rc)
             run_walls.append(wall)
             for case in data["benchmarks"]:
@@ -95,15 +114,18 @@ def main(argv=None):
                 verdicts.setdefault(name, []).append(ab["verdict"])
                 ratios.setdefault(name, []).append(ab["ratio"])
                 walls.setdefault(name, []).append(ab["wall_s"])
+                held.setdefault(name, []).append(_held_back(ab))
             print(f"run {i + 1}/{args.runs}: exit {rc}, {wall:.0f} s", file=sys.stderr, flush=True)
     finally:
         if load is not None:
             load.kill()
     kind = f"candidate slowed: {args.inject}" if args.inject else "A/A (identical sides)"
-    print(f"{args.runs} runs, {kind}{', background load on/off' if args.load else ''}; "
+    print(f"{args.runs} runs, {kind}{', background load on/off' if args.load else ''}"
+          f"{' (summarised from ' + args.out + ')' if args.summarize else ''}; "
           f"extra pytest args: {' '.join(args.pytest_args) or 'none'}\n")
-    print("| case | regression | improvement | same | inconclusive | ratio median (min-max) | wall per case s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | regression | improvement | same | inconclusive | of which held back by the pool-pair rule "
+          "| ratio median (min-max) | wall per case s |")
+    print("|---|---|---|---|---|---|---|---|")
     totals = {v: 0 for v in ("regression", "improvement", "same", "inconclusive")}
     for name in sorted(verdicts):
         counts = {v: verdicts[name].count(v) for v in totals}
@@ -111,11 +133,12 @@ def main(argv=None):
             totals[v] += counts[v]
         r = ratios[name]
         print(f"| {name} | {counts['regression']} | {counts['improvement']} | {counts['same']} | "
-              f"{counts['inconclusive']} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
+              f"{counts['inconclusive']} | {sum(held[name])} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
               f"{_spread(walls[name], '{:.1f}')} |")
     all_walls = [w for ws in walls.values() for w in ws]
     expected = args.runs * len(verdicts)
     print(f"\ntotal over {sum(totals.values())} case verdicts: " + ", ".join(f"{n} {v}" for v, n in totals.items())
+          + f" ({sum(sum(h) for h in held.values())} of the inconclusive held back by the pool-pair rule)"
           + (f"; {expected - sum(totals.values())} case(s) gave no verdict (failed: see the run logs "
              f"in {args.out})" if sum(totals.values()) < expected else ""))
     print(f"wall per case: {_spread(all_walls, '{:.1f}')} s, min {min(all_walls):.1f}, max {max(all_walls):.1f}; "

@@ -35,8 +35,23 @@ class ABSettings:
     # set-up gets (buffer placement, set-up order) then varies between pairs instead of biasing a
     # side for the whole case, which identical sides showed on the dev machine (docs/results.md).
     fresh_state_per_block: bool = True
+    # The case's overall significance level. The pairs are analysed after every stage, and each
+    # look is another chance for noise to pass, so each look tests at alpha / (the most looks the
+    # case can take) (Bonferroni): the case as a whole keeps alpha.
     alpha: float = stats.DEFAULT_ALPHA
     confidence: float = stats.DEFAULT_CONFIDENCE
+
+    def stage_sizes(self, pool_pairs: int) -> list[int]:
+        """The pairs each stage adds, first to last, if every stage is run."""
+        first = _per_pool_pair(self.first_pairs, pool_pairs) * pool_pairs
+        more = _per_pool_pair(self.more_pairs, pool_pairs) * pool_pairs
+        sizes = [first]
+        while sum(sizes) + more <= self.max_pairs:
+            sizes.append(more)
+        return sizes
+
+    def alpha_per_look(self, pool_pairs: int) -> float:
+        return self.alpha / len(self.stage_sizes(pool_pairs))
 
 
 @dataclass
@@ -77,6 +92,7 @@ class ABOutcome:
     wall_s: float
     threshold: float
     alpha: float
+    alpha_per_look: float
     fresh_state: bool
 
     def summary(self, sides: dict[str, dict]) -> dict[str, Any]:
@@ -105,6 +121,7 @@ class ABOutcome:
             "threshold": self.threshold,
             "fresh_state_per_block": self.fresh_state,
             "alpha": self.alpha,
+            "alpha_per_look": self.alpha_per_look,
             "baseline": side(self.baseline, raw=True),
             "candidate": side(self.candidate, raw=False),  # its rounds are the case's own
             "sides": sides,
@@ -143,11 +160,12 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         sides = {name: SideRounds() for name in names}
         rng = schedule.case_rng(case_id)
         orders: list[tuple[str, str, int]] = []
-        stage_pairs = settings.first_pairs
+        stage_sizes = settings.stage_sizes(pool_pairs)
+        alpha = settings.alpha_per_look(pool_pairs)
         stages = 0
         while True:
             stage_started = time.monotonic()
-            stage = schedule.pairs_over_pools(_per_pool_pair(stage_pairs, pool_pairs), pool_pairs, rng)
+            stage = schedule.pairs_over_pools(stage_sizes[stages] // pool_pairs, pool_pairs, rng)
             for first, second, j in stage:
                 for name in (first, second):
                     side = sides[name]
@@ -161,15 +179,13 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
             result = stats.analyse_pairs(sides[schedule.BASELINE].block_medians,
                                          sides[schedule.CANDIDATE].block_medians, settings.threshold,
-                                         settings.alpha, settings.confidence,
+                                         alpha, settings.confidence,
                                          pool_pair_of=[j for _, _, j in orders])
-            if result.verdict != "inconclusive":
+            if result.verdict != "inconclusive" or stages == len(stage_sizes):
                 break
             # Escalate while the next stage still ends inside the per-case time cap.
-            pairs_left = settings.max_pairs - len(orders)
-            stage_pairs = _per_pool_pair(settings.more_pairs, pool_pairs) * pool_pairs
             remaining = settings.max_time_s - (time.monotonic() - started)
-            if stage_pairs > pairs_left or stage_pairs * seconds_per_pair > remaining:
+            if stage_sizes[stages] * seconds_per_pair > remaining:
                 break
         metrics = []
         for j in range(pool_pairs):
@@ -189,4 +205,4 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _, _ in orders)
     return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE], metrics, rounds, order,
                      [j for _, _, j in orders], pool_pairs, stages, time.monotonic() - started,
-                     settings.threshold, settings.alpha, settings.fresh_state_per_block)
+                     settings.threshold, settings.alpha, alpha, settings.fresh_state_per_block)

@@ -13,7 +13,9 @@ with candidate pool k). Over the pairs:
 * significance is the two-sided Wilcoxon signed-rank test of "log ratios symmetric about 0"
   (exact for small samples), as Chromium's Pinpoint decides.
 
-Verdicts, for a threshold t (the smallest change that counts) and a significance level alpha:
+Verdicts, for a threshold t (the smallest change that counts) and a significance level alpha (the
+engine passes the case's alpha divided by the most analyses the case can take, since it looks
+after every stage):
 ``regression`` when p < alpha, the interval excludes no change (lies above 1), the estimate is over
 1 + t, and so is every pool pair's own estimate (with a single pool per side: the whole interval
 lies above 1 + t); ``improvement`` symmetrically; ``same`` when the

@@ -678,7 +678,12 @@ def indexed_collate(batch):
 
 
 class _MemorySampler:
-    """Samples the summed PSS and USS of this process and its children (loader workers)."""
+    """Samples the summed PSS and USS of this process and its children (loader workers), every
+    ``interval_s`` or, when a sample itself takes long (reading /proc/<pid>/smaps of processes
+    that map thousands of shared tensors), every ``BUSY_FACTOR`` x its duration, so the sampler
+    keeps at most about a fifth of a core."""
+
+    BUSY_FACTOR = 5.0
 
     def __init__(self, interval_s: float = 0.02):
         import psutil
@@ -703,8 +708,11 @@ class _MemorySampler:
         self.peak_pss, self.peak_uss = max(self.peak_pss, pss), max(self.peak_uss, uss)
 
     def _loop(self):
-        while not self._stop.wait(self.interval_s):
+        wait_s = self.interval_s
+        while not self._stop.wait(wait_s):
+            start = time.perf_counter()
             self.sample()
+            wait_s = max(self.interval_s, self.BUSY_FACTOR * (time.perf_counter() - start))
 
     def __enter__(self):
         self.sample()

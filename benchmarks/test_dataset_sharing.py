@@ -53,7 +53,7 @@ def _sharing_grid():
                                            marks=slow if heavy else ())
 
 
-@pytest.mark.parametrize("spec, strategy, loader", _sharing_grid())
+@pytest.mark.parametrize("spec, strategy, loader", list(_sharing_grid()))
 def test_dataset_sharing(dist_benchmark, spec, strategy, loader):
     with DatasetEpoch.handed_over(spec, strategy, **loader) as epoch:
         dist_benchmark(epoch, warmup=1)
@@ -85,7 +85,7 @@ def _reported_path():
         yield case(layout, "handover", SLOW_SAMPLES)
 
 
-@pytest.mark.parametrize("spec, source, loader", _reported_path())
+@pytest.mark.parametrize("spec, source, loader", list(_reported_path()))
 def test_reported_path(dist_benchmark, spec, source, loader):
     if spec.num_samples == SLOW_SAMPLES:
         dist_benchmark.timeout_s = max(dist_benchmark.timeout_s, SLOW_TIMEOUT_S)

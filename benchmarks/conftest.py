@@ -1,6 +1,9 @@
 """Benchmark-only hooks."""
 
+import pytest
+
 from ddpbench.pool import PoolSpec
+from ddpbench.workloads.datasets import DatasetShareError
 
 
 def pytest_collection_modifyitems(config, items):
@@ -16,3 +19,16 @@ def pytest_collection_modifyitems(config, items):
     ordered = sorted((items[i] for i in slots), key=world_size)
     for slot, item in zip(slots, ordered):
         items[slot] = item
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A ``slow`` dataset case whose handover this machine's open-file limit cannot hold (e.g.
+    20000 tensors under file_descriptor: a DatasetShareError before any descriptor moves) skips
+    with the error's reason and fixes; in the default selection it fails, as any error does."""
+    try:
+        return (yield)
+    except DatasetShareError as exc:
+        if pyfuncitem.get_closest_marker("slow") is None:
+            raise
+        pytest.skip(str(exc))

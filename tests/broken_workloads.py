@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddpbench.workloads.collectives import Collective
+from ddpbench.workloads.datasets import DatasetEpoch
 from ddpbench.workloads.syncbn import SyncBNCase
 from ddpbench.workloads.training import Training, _ManualLoop, reduce_gradients
 
@@ -216,3 +217,22 @@ def transposed_shapes(packed):
 def transposed_data(samples):
     """A list layout whose samples hold their elements transposed (H <-> W) under the original shape."""
     return [t.transpose(1, 2).contiguous().view(t.shape) for t in samples]
+
+
+def swapped_rows(stacked, i=0, j=1):
+    """A stacked layout with rows ``i`` and ``j`` exchanged (shape and total sum unchanged)."""
+    out = stacked.clone()
+    out[[i, j]] = out[[j, i]]
+    return out
+
+
+@dataclass(frozen=True)
+class UnshardedEpoch(DatasetEpoch):
+    """Asks for DistributedSampler shards but its loaders iterate the whole dataset on every rank."""
+
+    def _loader(self, ctx, data, collate_fn, persistent):
+        from torch.utils.data import DataLoader
+
+        return DataLoader(data, batch_size=self.batch_size, shuffle=True, collate_fn=collate_fn,
+                          num_workers=self.num_workers, persistent_workers=persistent,
+                          multiprocessing_context=self.worker_start if self.num_workers else None)

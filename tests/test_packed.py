@@ -37,10 +37,28 @@ def test_items_are_views_of_one_storage():
 def test_pickle_round_trip_and_public_name():
     assert ddpbench.PackedTensorDataset is PackedTensorDataset
     packed = ddpbench.pack_tensors([torch.arange(3.0), torch.arange(4.0).view(2, 2)])
-    _ = packed[0]  # builds the lazy index, which must not be pickled
+    assert "_views" not in packed.__getstate__()  # the per-sample views are not pickled
     again = pickle.loads(pickle.dumps(packed))
-    assert again._index is None
     assert torch.equal(again[1], torch.arange(4.0).view(2, 2))
+    assert again[1].untyped_storage().data_ptr() == again.data.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("shapes", [[(3, 4, 4)] * 5, [(3, 4), (5,), (0,), (), (2, 1, 3)]],
+                         ids=["one-shape", "mixed-shapes"])
+def test_items_are_list_like_views(shapes):
+    """ds[i] behaves like list_of_tensors[i]: any integer index (negative, numpy, 0-d tensor), the
+    same view object every time, and the element i of a list for every i."""
+    import numpy as np
+
+    tensors = [torch.arange(float(torch.Size(s).numel())).view(s) + 100 * i for i, s in enumerate(shapes)]
+    packed = pack_tensors(tensors)
+    for i in range(-len(tensors), len(tensors)):
+        assert packed[i].shape == tensors[i].shape and torch.equal(packed[i], tensors[i])
+    assert packed[np.int64(1)] is packed[1] and packed[torch.tensor(2)] is packed[2]
+    with pytest.raises(IndexError, match=f"index {len(tensors)} out of range for {len(tensors)} samples"):
+        packed[len(tensors)]
+    with pytest.raises(TypeError, match="indices must be integers, got float"):
+        packed[1.0]
 
 
 def test_bad_input_is_a_clear_error():

@@ -6,7 +6,7 @@ import builtins
 
 import pytest
 
-from benchjson import bench, run_doc, write
+from benchjson import MACHINE, bench, run_doc, write
 from ddpbench import cli, report
 from ddpbench.compare import load_run
 
@@ -14,6 +14,8 @@ MB = 1024 * 1024
 # Every case's rounds are skewed (one slow round): mean != median, so each assertion below tells
 # which statistic a table uses. Collectives: median t, mean 1.5 t.
 SKEW = (1.0, 1.0, 1.0, 3.0)
+MACHINE_WITH_CORES = dict(MACHINE, cpu={"brand_raw": "Test CPU", "count": 2})
+PROVENANCE = "_Run run.json, saved 2026-01-01T00:00:00; machine box (Test CPU, 2 cores)._"
 
 
 def _fixture_run(tmp_path, families=("collectives", "syncbn", "training", "datasets", "other")):
@@ -39,22 +41,34 @@ def _fixture_run(tmp_path, families=("collectives", "syncbn", "training", "datas
                                       "peak_memory_bytes": 3 * MB if variant == "torch" else None}))
     if "training" in families:
         for impl in ("ddp", "handwritten", "lightning"):
-            for ws in (1, 2):
-                benches.append(bench(f"test_training[{impl}-{ws}p]", [0.05, 0.06, 0.16],
-                                     {"backend": "gloo", "world_size": ws, "device": "cpu", "impl": impl,
-                                      "model": "mlp", "grad_accum": 1, "batch_size": 64,
-                                      "samples_per_second": 1000.0 * ws * (0.9 if ws > 1 else 1),
-                                      "final_loss": 0.123, "scaling_efficiency": 0.9 if ws > 1 else 1.0}))
+            for accum in (4, 1):
+                for ws in (1, 2):
+                    benches.append(bench(f"test_training[{impl}-{ws}p-accum{accum}]", [0.05, 0.06, 0.16],
+                                         {"backend": "gloo", "world_size": ws, "device": "cpu", "impl": impl,
+                                          "model": "mlp", "grad_accum": accum, "batch_size": 32,
+                                          "samples_per_second": 1000.0 * ws * accum * (0.9 if ws > 1 else 1),
+                                          "final_loss": 0.123, "scaling_efficiency": 0.9 if ws > 1 else 1.0}))
     if "datasets" in families:
-        for layout in ("list_of_tensors", "packed"):
-            benches.append(bench(f"test_dataset_sharing[{layout}-2w]", [0.5, 0.6, 1.3],
-                                 {"backend": "gloo", "world_size": 2, "device": "cpu", "layout": layout,
-                                  "num_samples": 10000, "num_workers": 2, "sharing_strategy": "file_system",
-                                  "share_seconds": 0.25, "open_fds": 1234 if layout == "list_of_tensors" else 12,
-                                  "peak_memory_bytes": 50 * MB}))
+        reported = {"backend": "gloo", "world_size": 2, "device": "cpu", "num_samples": 2048,
+                    "sample_shape": [3, 224, 224], "sample_bytes": 602112, "variable_size": False,
+                    "num_workers": 2, "sharing_strategy": "file_descriptor", "data_source": "handover",
+                    "share_seconds": 0.25, "peak_memory_bytes": 50 * MB}
+        for layout, start, persistent, source in (("list", "fork", False, "handover"),
+                                                  ("list", "spawn", False, "handover"),
+                                                  ("list", "fork", True, "handover"),
+                                                  ("list", "fork", False, "rank"),
+                                                  ("stacked", "fork", False, "handover")):
+            benches.append(bench(f"test_reported_path[{layout}-{source}-{start}-{persistent}]", [0.5, 0.6, 0.6, 1.3],
+                                 dict(reported, layout=layout, worker_start=start, persistent_workers=persistent,
+                                      data_source=source, open_fds=2063 if layout == "list" else 16)))
+        # a run saved before the sample and loader columns existed
+        benches.append(bench("test_dataset_sharing[old]", [0.5, 0.6, 1.3],
+                             {"backend": "gloo", "world_size": 2, "device": "cpu", "layout": "packed",
+                              "num_samples": 10000, "num_workers": 0, "sharing_strategy": "file_system",
+                              "share_seconds": 0.25, "open_fds": 12, "peak_memory_bytes": 50 * MB}))
     if "other" in families:
         benches.append(bench("test_something_else", [0.001, 0.002, 0.009]))
-    return write(tmp_path / "run.json", run_doc(benches))
+    return write(tmp_path / "run.json", run_doc(benches, machine=MACHINE_WITH_CORES))
 
 
 def _table_rows(text, heading):
@@ -91,17 +105,81 @@ def test_tables_have_the_seed_shapes_and_rows(tmp_path):
     assert "3.0 MB" in rows[0] and "n/a" in rows[0]  # the handwritten variant has no memory number
 
     header, rows = _table_rows(text, "### lightning")
-    assert header[0] == "Ranks" and "Max Memory Allocated" in header
-    assert [r[0] for r in rows] == ["1", "2"] and rows[1][3] == "1800.0"
-    assert rows[0][2] == "60.000"  # the median step, not the mean 90.000
-
-    header, rows = _table_rows(text, "## Dataset sharing")
-    assert header == ["layout", "workers", "sharing strategy", "share time (s)", "epoch time (s)",
-                      "open fds", "memory"]
-    assert rows[0] == ["list_of_tensors", "2", "file_system", "0.250", "0.600", "1234", "50.0 MB"]  # median epoch
+    assert header[:4] == ["Ranks", "Model", "grad_accum", "batch_size"] and "Max Memory Allocated" in header
+    # Rows that differ only in grad_accum are told apart, ordered by accumulation then ranks.
+    assert [r[:4] for r in rows] == [["1", "mlp", "1", "32"], ["2", "mlp", "1", "32"],
+                                     ["1", "mlp", "4", "32"], ["2", "mlp", "4", "32"]]
+    assert rows[1][header.index("Samples/s")] == "1800.0" and rows[3][header.index("Samples/s")] == "7200.0"
+    assert rows[0][header.index("Time per round (ms)")] == "60.000"  # the median step, not the mean 90.000
 
     _, rows = _table_rows(text, "## Other cases")
     assert rows == [["test_something_else", "2.000"]]  # median (the mean is 4.000)
+
+
+def test_dataset_table_tells_every_case_apart(tmp_path):
+    text = report.markdown_report(load_run(_fixture_run(tmp_path, families=("datasets",))))
+    header, rows = _table_rows(text, "## Dataset sharing")
+    assert header == ["layout", "num_samples", "sample size", "data", "workers", "worker start", "persistent",
+                      "sharing strategy", "share time (s)", "epoch time (s)", "epoch IQR (s)", "open fds", "memory"]
+    assert len({tuple(r) for r in rows}) == len(rows) == 6
+    cells = [dict(zip(header, r)) for r in rows]
+    spawn = next(c for c in cells if c["worker start"] == "spawn")
+    assert spawn == {"layout": "list", "num_samples": "2048", "sample size": "3x224x224 (602 KB)", "data": "handover",
+                     "workers": "2", "worker start": "spawn", "persistent": "no", "sharing strategy": "file_descriptor",
+                     "share time (s)": "0.250", "epoch time (s)": "0.600", "epoch IQR (s)": "0.200",
+                     "open fds": "2063", "memory": "50.0 MB"}  # median epoch; IQR of 0.5 0.6 0.6 1.3 (quartiles 0.575, 0.775)
+    assert [c["persistent"] for c in cells if c["layout"] == "list" and c["worker start"] == "fork"
+            and c["data"] == "handover"] == ["no", "yes"]
+    assert [c["data"] for c in cells if c["layout"] == "list"].count("rank") == 1
+    old = next(c for c in cells if c["layout"] == "packed")  # saved before these columns existed
+    assert (old["sample size"], old["worker start"], old["persistent"], old["data"]) == ("n/a", "-", "-", "handover")
+
+
+def test_every_table_says_which_run_and_machine(tmp_path):
+    text = report.markdown_report(load_run(_fixture_run(tmp_path)))
+    lines = text.splitlines()
+    ends = [i for i, line in enumerate(lines) if line.startswith("|") and not lines[i + 1].startswith("|")]
+    assert len(ends) == 8  # all_reduce, broadcast, syncbn, 3 training impls, datasets, other
+    assert all(lines[i + 1] == "" and lines[i + 2] == PROVENANCE for i in ends)
+
+
+def test_size_labels_match_the_tables_and_points_carry_their_iqr(tmp_path):
+    run = load_run(_fixture_run(tmp_path, families=("collectives",)))
+    _, rows = _table_rows(report.markdown_report(run), "### all_reduce")
+    cases = list(run.cases.values())
+    positions, labels = report.size_ticks(c.extra_info["size_bytes"] for c in cases)
+    assert positions == [MB, 10 * MB] and labels == ["1MB", "10MB"] == sorted({r[2] for r in rows}, key=len)
+    assert report.size_ticks([100 * MB, MB, 10 * MB, 1024 ** 3])[1] == ["1MB", "10MB", "100MB", "1GB"]
+    series = report.collectives_series(cases, "time")
+    t = MB / 1e9  # the median round of 1 MB at 2 ranks; rounds t, t, t, 3t: quartiles t and 1.5 t
+    size, value, low, high = series["all_reduce"][("gloo", 2)][0]
+    assert size == MB and value == pytest.approx(t * 1e3) and low == pytest.approx(t * 1e3)
+    assert high == pytest.approx(1.5 * t * 1e3)
+    _, value, low, high = report.collectives_series(cases, "bw")["all_reduce"][("gloo", 2)][0]
+    assert value == pytest.approx(1.0) and low == pytest.approx(1 / 1.5) and high == pytest.approx(1.0)
+
+
+def test_charts_label_sizes_as_the_tables_and_draw_iqr_bars(tmp_path):
+    plt = report._pyplot()
+    run = load_run(_fixture_run(tmp_path, families=("collectives", "training")))
+    groups = report.by_family(run)
+    fig = report.collectives_figure(plt, groups["collectives"], "time")
+    try:
+        ax = fig.axes[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1MB", "10MB"]
+        expected = report.collectives_series(groups["collectives"], "time")[ax.get_title()]
+        bars = {}
+        for container in ax.containers:  # one error-bar container per line: (x, low) - (x, high)
+            segments = container.lines[2][0].get_segments()
+            bars[container.get_label()] = [v for s in segments for v in (s[0][0], s[0][1], s[1][1])]
+        assert bars["gloo, 2 proc"] == pytest.approx([v for x, _, lo, hi in expected[("gloo", 2)] for v in (x, lo, hi)])
+    finally:
+        plt.close(fig)
+    fig = report.training_figure(plt, groups["training"])
+    try:
+        assert len(fig.axes[0].containers) == 3  # ddp, handwritten, lightning (mlp), each with IQR bars
+    finally:
+        plt.close(fig)
 
 
 def test_only_present_families_get_sections(tmp_path):

@@ -4,12 +4,19 @@ Handing a Python list of N tensors to another process through ``torch.multiproce
 each tensor's storage separately: N shared-memory segments and, under the default
 ``file_descriptor`` strategy, N file descriptors in the receiver (and N transfers through the
 sender's resource-sharer thread). Packing the samples into one flat tensor makes the handover
-cost constant: three storages (data, offsets, shapes) whatever the sample count. Indexing
+cost constant: four storages (data, offsets, shapes, ndims) whatever the sample count. Indexing
 returns views into the packed storage, so nothing is copied.
 
     >>> ds = pack_tensors([torch.zeros(3, 4), torch.ones(5), torch.empty(0)])
     >>> ds[1]                     # a view, shape (5,)
     >>> ds.to_list()              # copies back out as a list of tensors
+
+Item access costs what a list's does: every sample's view is made once, when the dataset is built
+or unpickled (one ``unbind`` for samples of one shape, ``split`` otherwise), and ``ds[i]`` returns
+the view from a Python list, as ``list_of_tensors[i]`` returns its tensor. Like a list, it returns
+the same tensor object each time: an in-place metadata change of it (``unsqueeze_``, ``resize_``)
+would show in later accesses, as it would for a list's tensor. The views are not pickled (they
+are rebuilt by the receiver), so a handover still moves four storages.
 
 The samples must share one dtype (pack each dtype separately); shapes and even the number of
 dimensions may differ from sample to sample, and empty samples are fine.
@@ -53,7 +60,7 @@ class PackedTensorDataset(Dataset):
         self.offsets = offsets
         self.shapes = shapes
         self.ndims = ndims
-        self._index = None  # (offsets, shapes) as Python lists, built on first __getitem__
+        self._views = self._make_views()
 
     @classmethod
     def from_tensors(cls, tensors: Iterable[torch.Tensor]) -> "PackedTensorDataset":
@@ -88,26 +95,31 @@ class PackedTensorDataset(Dataset):
                 data[int(offsets[i]): int(offsets[i + 1])].copy_(t.reshape(-1))
         return cls(data, offsets, shapes, ndims)
 
-    def _lists(self):
-        if self._index is None:
-            offsets = self.offsets.tolist()
-            shapes = [tuple(row[:nd]) for row, nd in zip(self.shapes.tolist(), self.ndims.tolist())]
-            self._index = (offsets, shapes)
-        return self._index
+    def _make_views(self) -> list[torch.Tensor]:
+        """Every sample as a view of ``data``, in order (made once; ``__getitem__`` only indexes)."""
+        n = len(self)
+        if n == 0:
+            return []
+        ndims = self.ndims.tolist()
+        shapes = [tuple(row[:nd]) for row, nd in zip(self.shapes.tolist(), ndims)]
+        first = shapes[0]
+        if all(shape == first for shape in shapes):  # one shape: a single reshape and unbind
+            return list(self.data.view((n,) + first).unbind(0))
+        sizes = (self.offsets[1:] - self.offsets[:-1]).tolist()
+        return [part.view(shape) for part, shape in zip(self.data.split(sizes), shapes)]
 
     def __len__(self) -> int:
         return self.offsets.numel() - 1
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        offsets, shapes = self._lists()
-        n = len(shapes)
-        if not isinstance(index, int):
-            index = int(index)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"PackedTensorDataset index {index} out of range for {n} samples")
-        return self.data[offsets[index]: offsets[index + 1]].view(shapes[index])
+        try:
+            return self._views[index]
+        except IndexError:
+            raise IndexError(f"PackedTensorDataset index {index} out of range for "
+                             f"{len(self._views)} samples") from None
+        except TypeError:
+            raise TypeError(f"PackedTensorDataset indices must be integers, got "
+                            f"{type(index).__name__}") from None
 
     def to_list(self) -> list[torch.Tensor]:
         """Every sample as its own (copied) tensor: the inverse of :meth:`from_tensors`."""
@@ -125,8 +137,12 @@ class PackedTensorDataset(Dataset):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_index"] = None  # rebuilt lazily by the receiver; keeps the pickle small
+        del state["_views"]  # rebuilt by the receiver: the pickle carries the four tensors only
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._views = self._make_views()
 
     def __repr__(self) -> str:
         return (f"PackedTensorDataset({len(self)} samples, dtype={self.data.dtype}, "

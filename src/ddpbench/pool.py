@@ -123,6 +123,12 @@ class PoolStartError(PoolError):
     """The rank processes could not be started or could not form the process group."""
 
 
+class SendRefused(RuntimeError):
+    """Raised while a task is being pickled by an object that refuses to be sent, with its own
+    reason and fix (e.g. a dataset whose handover would exceed the open-file limit).
+    :meth:`PoolBase.run` lets it through unchanged instead of reporting an unpicklable part."""
+
+
 class TaskFailed(PoolError):
     """A task raised, a rank died, or ranks were stuck past the timeout."""
 
@@ -207,21 +213,29 @@ def serve_tasks(conn, ctx: RankContext) -> None:
         if message[0] == "stop":
             return
         _, task_id, sys_path, payload = message
+        del message
         for entry in sys_path:
             if entry not in sys.path:
                 sys.path.append(entry)
-        try:
-            fn, args, kwargs = TaskUnpickler(io.BytesIO(payload)).load()
-            reply = ("ok", task_id, fn(ctx, *args, **kwargs))
-        except LoadFailure as failure:  # a class or function the task names cannot be imported here
-            reply = ("error", task_id, load_failure_message(failure))
-        except BaseException:  # noqa: BLE001 - everything goes back to the controller
-            reply = ("error", task_id, traceback.format_exc())
+        reply = _run_task(ctx, task_id, payload)
+        del payload
         try:
             conn.send(reply)
         except Exception:  # the result could not be pickled
             conn.send(("error", task_id, "the task's return value could not be sent back:\n"
                        + traceback.format_exc()))
+
+
+def _run_task(ctx: RankContext, task_id: int, payload: bytes) -> tuple:
+    """Load and run one task; its arguments are freed when this returns, not when the next task
+    replaces them (a dataset a task received lets go of its memory and descriptors at once)."""
+    try:
+        fn, args, kwargs = TaskUnpickler(io.BytesIO(payload)).load()
+        return ("ok", task_id, fn(ctx, *args, **kwargs))
+    except LoadFailure as failure:  # a class or function the task names cannot be imported here
+        return ("error", task_id, load_failure_message(failure))
+    except BaseException:  # noqa: BLE001 - everything goes back to the controller
+        return ("error", task_id, traceback.format_exc())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,6 +329,8 @@ class PoolBase:
             # the way torch.multiprocessing hands them to spawned processes (a shared file
             # descriptor can be received only once, so each rank gets its own pickle).
             payloads = [bytes(ForkingPickler.dumps((fn, args, kwargs))) for _ in range(self.spec.world_size)]
+        except SendRefused:
+            raise
         except Exception as exc:
             raise PoolError(_unsendable_message(fn, args, kwargs, exc)) from None
         task_id = next(self._task_ids)

@@ -6,14 +6,18 @@ Families are recognised by their extra_info keys, so a run holding any subset of
   Effective Bandwidth (GB/s) | Bus Bandwidth (GB/s), bandwidths from the average time;
 * SyncBN (``variant``, ``hidden_dim``): batch_size | hidden_dim | num_workers, then median time
   and max memory allocated per variant;
-* training (``impl``): per impl, Ranks | Model | Time per step | samples/s | scaling efficiency |
-  Max Memory Allocated;
-* dataset sharing (``layout``): layout | workers | sharing | share time | epoch time | open fds |
-  memory;
+* training (``impl``): per impl, Ranks | Model | grad_accum | batch_size | Time per step |
+  samples/s | scaling efficiency | final loss | Max Memory Allocated;
+* dataset sharing (``layout``): layout | num_samples | sample size | data | workers | worker start |
+  persistent | sharing strategy | share time | epoch time (median and IQR) | open fds | memory;
 * anything else: Case | Median time.
 
+Every table is followed by the line saying which run (file, saved datetime) and machine
+(pytest-benchmark's machine_info: node, CPU, cores) it came from.
+
 Charts (matplotlib, the ``plot`` extra): collectives time and bus bandwidth vs size, one line per
-backend and process count, one panel per op; training throughput vs world size per impl; and
+backend and process count, one panel per op, sizes labelled as in the tables; training throughput
+vs world size per impl; every point is the median with its interquartile range as error bars; and
 :func:`compare_chart` for the ratios of a comparison with their intervals.
 """
 
@@ -72,6 +76,54 @@ def _num(value, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
 
 def _mem(value) -> str:
     return _num(value, "{:.1f} MB", 1 / 2**20)
+
+
+def decimal_size(nbytes) -> str:
+    """Bytes in decimal units, 3 significant digits: 602112 -> '602 KB', 12288 -> '12.3 KB'."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)):
+        return "n/a"
+    for unit, factor in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def sample_size(info: dict) -> str:
+    """A dataset case's sample: '3x224x224 (602 KB)', 'variable', or 'n/a' (not recorded)."""
+    shape, nbytes = info.get("sample_shape"), info.get("sample_bytes")
+    if isinstance(shape, list) and shape:
+        label = "x".join(str(d) for d in shape)
+        return f"{label} ({decimal_size(nbytes)})" if nbytes is not None else label
+    if info.get("variable_size"):
+        return "variable"
+    return "n/a"
+
+
+def _yes_no(value) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def spread(case: Case) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of a case's rounds, in seconds (from the raw rounds
+    when saved, else from pytest-benchmark's stats)."""
+    if case.data:
+        import numpy as np
+
+        q1, q3 = np.percentile(case.data, [25, 75])
+        return float(q1), case.median, float(q3)
+    stats = case.stats
+    return float(stats.get("q1", case.median)), case.median, float(stats.get("q3", case.median))
+
+
+def provenance(run: Run) -> str:
+    """Which run and machine a table came from (a line to print under it)."""
+    info = run.machine_info or {}
+    cpu = info.get("cpu") if isinstance(info.get("cpu"), dict) else {}
+    brand = cpu.get("brand_raw") or info.get("processor") or "unknown CPU"
+    cores = cpu.get("count")
+    machine = f"{info.get('node', 'unknown node')} ({brand}" + (f", {cores} cores)" if cores else ")")
+    saved = f", saved {run.datetime}" if run.datetime else ""
+    return f"_Run {run.label}{saved}; machine {machine}._"
 
 
 def _sort_key(*values) -> tuple:
@@ -149,31 +201,43 @@ def training_tables(cases: list[Case]) -> str:
     parts = []
     for impl in sorted(per_impl):
         rows = []
-        for case in sorted(per_impl[impl], key=lambda c: (str(c.extra_info.get("model")),
-                                                           c.extra_info.get("world_size") or 0)):
+        for case in sorted(per_impl[impl], key=lambda c: _sort_key(
+                str(c.extra_info.get("model")), c.extra_info.get("grad_accum"), c.extra_info.get("batch_size"),
+                c.extra_info.get("world_size") or 0)):
             info = case.extra_info
             rows.append([str(info.get("world_size", "?")), str(info.get("model", "-")),
+                         str(info.get("grad_accum", "-")), str(info.get("batch_size", "-")),
                          f"{case.median * 1e3:.3f}", _num(info.get("samples_per_second"), "{:.1f}"),
                          _num(info.get("scaling_efficiency"), "{:.2f}"),
                          _num(info.get("final_loss"), "{:.4f}"), _mem(info.get("peak_memory_bytes"))])
         parts.append(f"### {impl}\n\n" + _table(
-            ["Ranks", "Model", "Time per round (ms)", "Samples/s", "Scaling efficiency", "Final loss",
-             "Max Memory Allocated"], rows))
+            ["Ranks", "Model", "grad_accum", "batch_size", "Time per round (ms)", "Samples/s",
+             "Scaling efficiency", "Final loss", "Max Memory Allocated"], rows))
     return "\n\n".join(parts)
 
 
 def datasets_table(cases: list[Case]) -> str:
     rows = []
-    for case in sorted(cases, key=lambda c: (str(c.extra_info.get("layout")),
-                                             c.extra_info.get("num_workers") or 0,
-                                             str(c.extra_info.get("sharing_strategy")))):
+
+    def key(case):
         info = case.extra_info
-        rows.append([str(info.get("layout")), str(info.get("num_workers", "-")),
+        return _sort_key(str(info.get("layout")), info.get("num_samples"), info.get("sample_bytes") or 0,
+                         str(info.get("data_source", "handover")), info.get("num_workers") or 0,
+                         str(info.get("worker_start")), str(info.get("persistent_workers")),
+                         str(info.get("sharing_strategy")))
+
+    for case in sorted(cases, key=key):
+        info = case.extra_info
+        q1, median, q3 = spread(case)
+        rows.append([str(info.get("layout")), str(info.get("num_samples", "-")), sample_size(info),
+                     str(info.get("data_source", "handover")), str(info.get("num_workers", "-")),
+                     str(info.get("worker_start") or "-"), _yes_no(info.get("persistent_workers")),
                      str(info.get("sharing_strategy", "-")), _num(info.get("share_seconds"), "{:.3f}"),
-                     f"{case.median:.3f}", _num(info.get("open_fds"), "{:.0f}"),
+                     f"{median:.3f}", f"{q3 - q1:.3f}", _num(info.get("open_fds"), "{:.0f}"),
                      _mem(info.get("peak_memory_bytes"))])
-    return _table(["layout", "workers", "sharing strategy", "share time (s)", "epoch time (s)",
-                   "open fds", "memory"], rows)
+    return _table(["layout", "num_samples", "sample size", "data", "workers", "worker start", "persistent",
+                   "sharing strategy", "share time (s)", "epoch time (s)", "epoch IQR (s)", "open fds",
+                   "memory"], rows)
 
 
 def other_table(cases: list[Case]) -> str:
@@ -190,14 +254,21 @@ SECTIONS = (
 )
 
 
+def _with_provenance(text: str, line: str) -> str:
+    """``line`` after every table in ``text`` (tables are separated by blank lines)."""
+    blocks = text.split("\n\n")
+    return "\n\n".join(block + ("\n\n" + line if block.startswith("|") else "") for block in blocks)
+
+
 def markdown_report(run: Run) -> str:
     groups = by_family(run)
     parts = [f"# ddpbench report: {run.label}"]
     if run.datetime:
         parts.append(f"Saved {run.datetime}.")
+    line = provenance(run)
     for key, title, render in SECTIONS:
         if groups.get(key):
-            parts.append(f"## {title}\n\n{render(groups[key])}")
+            parts.append(f"## {title}\n\n{_with_provenance(render(groups[key]), line)}")
     return "\n\n".join(parts) + "\n"
 
 
@@ -206,62 +277,100 @@ def markdown_report(run: Run) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _collectives_chart(plt, cases: list[Case], path: Path, metric: str) -> Path:
-    per_op: dict[str, list[Case]] = defaultdict(list)
+def size_ticks(sizes) -> tuple[list[int], list[str]]:
+    """Tick positions and labels of a size axis: each distinct size, labelled as the tables label
+    it (1048576 -> '1MB', the --dist-sizes spelling), not as powers of two."""
+    positions = sorted({int(size) for size in sizes})
+    return positions, [format_size(size) for size in positions]
+
+
+def collectives_series(cases: list[Case], metric: str) -> dict[str, dict[tuple, list[tuple[float, ...]]]]:
+    """Per op, per (backend, world size): points ``(size, value, low, high)`` sorted by size, where
+    value is the median (``metric`` "time": ms; "bw": bus bandwidth in GB/s) and low / high the
+    value at the quartiles of the rounds (for bandwidth, the third quartile gives the low end)."""
+    series: dict[str, dict[tuple, list]] = defaultdict(lambda: defaultdict(list))
     for case in cases:
-        per_op[case.extra_info["op"]].append(case)
-    ops = sorted(per_op)
-    fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 4), squeeze=False)
-    for ax, op in zip(axes[0], ops):
-        lines: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
-        for case in per_op[op]:
-            info = case.extra_info
-            size = int(info["size_bytes"])
-            if metric == "time":
-                value = case.median * 1e3
-            else:
-                bus = info.get("busbw_GBps")
-                value = bus if isinstance(bus, (int, float)) else size / case.median / 1e9
-            lines[(info.get("backend"), info.get("world_size"))].append((size, value))
-        for (backend, ws), points in sorted(lines.items(), key=lambda kv: str(kv[0])):
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{backend}, {ws} proc")
-        ax.set_xscale("log", base=2)
+        info = case.extra_info
+        size = int(info["size_bytes"])
+        q1, median, q3 = spread(case)
         if metric == "time":
-            ax.set_yscale("log")
+            value, low, high = median * 1e3, q1 * 1e3, q3 * 1e3
         else:
-            ax.set_ylim(bottom=0)
-        ax.set_title(op)
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("median time (ms)" if metric == "time" else "bus bandwidth (GB/s)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+            bus = info.get("busbw_GBps")  # from the median, with the op's bus factor
+            at_median = bus if isinstance(bus, (int, float)) and not isinstance(bus, bool) else size / median / 1e9
+            value, low, high = at_median, at_median * median / q3, at_median * median / q1
+        series[info["op"]][(info.get("backend"), info.get("world_size"))].append((size, value, low, high))
+    for lines in series.values():
+        for points in lines.values():
+            points.sort()
+    return series
 
 
-def _training_chart(plt, cases: list[Case], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    lines: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+def training_series(cases: list[Case]) -> dict[tuple[str, str], list[tuple[int, float, float, float]]]:
+    """Per (impl, model): points ``(world size, samples/s, low, high)``; low / high are the
+    throughput at the third / first quartile of the step times."""
+    lines: dict[tuple, list] = defaultdict(list)
     for case in cases:
         info = case.extra_info
         sps = info.get("samples_per_second")
         if not isinstance(sps, (int, float)) or isinstance(sps, bool):
             continue
-        lines[(str(info["impl"]), str(info.get("model", "")))].append((int(info.get("world_size") or 1), sps))
-    for (impl, model), points in sorted(lines.items()):
+        q1, median, q3 = spread(case)
+        lines[(str(info["impl"]), str(info.get("model", "")))].append(
+            (int(info.get("world_size") or 1), sps, sps * median / q3, sps * median / q1))
+    for points in lines.values():
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                label=f"{impl} ({model})" if model else impl)
+    return dict(lines)
+
+
+def _errorbar(ax, points, **kwargs):
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    # max(0, ...): a quartile equal to the median can land a rounding error on the wrong side
+    yerr = [[max(0.0, p[1] - p[2]) for p in points], [max(0.0, p[3] - p[1]) for p in points]]
+    return ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, **kwargs)
+
+
+def collectives_figure(plt, cases: list[Case], metric: str):
+    series = collectives_series(cases, metric)
+    ops = sorted(series)
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        for (backend, ws), points in sorted(series[op].items(), key=lambda kv: str(kv[0])):
+            _errorbar(ax, points, label=f"{backend}, {ws} proc")
+        ax.set_xscale("log")
+        positions, labels = size_ticks(size for points in series[op].values() for size, *_ in points)
+        ax.set_xticks(positions, labels)
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        if metric == "time":
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_title(op)
+        ax.set_xlabel("message size")
+        ax.set_ylabel("median time (ms), IQR bars" if metric == "time" else "bus bandwidth (GB/s), IQR bars")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def training_figure(plt, cases: list[Case]):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lines = training_series(cases)
+    for (impl, model), points in sorted(lines.items()):
+        _errorbar(ax, points, label=f"{impl} ({model})" if model else impl)
     ax.set_xlabel("world size (processes)")
-    ax.set_ylabel("throughput (samples/s)")
+    ax.set_ylabel("throughput (samples/s), IQR bars")
     ax.set_title("training scaling")
     ax.grid(True, alpha=0.3)
     if lines:
         ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def _save(plt, fig, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -275,10 +384,11 @@ def write_charts(run: Run, out_dir: str | Path) -> list[Path]:
     groups = by_family(run)
     written = []
     if groups.get("collectives"):
-        written.append(_collectives_chart(plt, groups["collectives"], out / "collectives_time.png", "time"))
-        written.append(_collectives_chart(plt, groups["collectives"], out / "collectives_bandwidth.png", "bw"))
+        written.append(_save(plt, collectives_figure(plt, groups["collectives"], "time"), out / "collectives_time.png"))
+        written.append(_save(plt, collectives_figure(plt, groups["collectives"], "bw"),
+                             out / "collectives_bandwidth.png"))
     if groups.get("training"):
-        written.append(_training_chart(plt, groups["training"], out / "training_scaling.png"))
+        written.append(_save(plt, training_figure(plt, groups["training"]), out / "training_scaling.png"))
     return written
 
 

@@ -25,7 +25,7 @@ reports behind this family (Lightning #1925, pytorch#39443): 3x224x224 float32 s
 list vs stacked, handed over under torch's default ``file_descriptor`` strategy, each rank iterating
 its ``DistributedSampler`` shard in batches of 128 with torch's default collate, and DataLoader
 workers started anew every epoch (``w2fork-fresh``: 2 forked workers, not persistent). Default run:
-that configuration with 512 samples. Under ``-m slow``, 2048 samples (1.2 GB): workers {2, 4} x
+that configuration with 256 samples. Under ``-m slow``, 2048 samples (1.2 GB): workers {2, 4} x
 {fork, spawn} started anew each epoch, and the controls: ``persistent`` workers, ``w0`` (no
 workers), and ``rank`` (every rank builds its own data: no handover); these cases get a
 --dist-timeout of at least 600 s (minutes per case with spawned workers on 2 cores).

@@ -20,6 +20,7 @@ A/B mode (median, IQR); writes each run's JSON to --out (default /tmp/ddpbench-a
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,9 +37,12 @@ CASE_SETS = {
     "all_reduce": ("benchmarks/test_collectives.py", "test_all_reduce"),
 }
 
+# The load ends with its parent, however the parent ends (a load left behind once ran on through
+# every later measurement of a session unnoticed).
 LOAD_SCRIPT = """
-import time
-while True:
+import os, time
+parent = os.getppid()
+while os.getppid() == parent:
     end = time.perf_counter() + 3.0
     while time.perf_counter() < end:
         pass
@@ -93,6 +97,7 @@ def main(argv=None):
                              "interrupted measurement); run walls and exit statuses are then unknown")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below on a kill
     os.makedirs(args.out, exist_ok=True)
     if args.summarize:
         paths = sorted(p for p in os.listdir(args.out) if p.startswith("run") and p.endswith(".json"))

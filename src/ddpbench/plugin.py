@@ -523,9 +523,9 @@ class DistBenchmark:
                     [m.round_cpus for m in measurements], [list(m.round_times) for m in measurements])
         from .ab.engine import run_case
 
-        copies = range(1, self.ab.settings.pools_per_side)
-        pools = {"baseline": [self._pools.get(self.spec, self.ab.baseline.launch, j) for j in range(len(copies) + 1)],
-                 "candidate": [self.pool] + [self._pools.get(self.spec, self.ab.candidate.launch, j) for j in copies]}
+        # The candidate's pool 0 is the case's own (self.pool): the registry hands back the same one.
+        pools = {name: [self._pools.get(self.spec, side.launch, j) for j in range(self.ab.settings.pools_per_side)]
+                 for name, side in (("baseline", self.ab.baseline), ("candidate", self.ab.candidate))}
         outcome = run_case(pools, workload, plan, self.ab.settings, self.timeout_s, self.case_id)
         summary = outcome.summary(self.ab.sides())
         self.benchmark.extra_info["ab"] = summary

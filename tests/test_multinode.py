@@ -137,7 +137,7 @@ def _launch(tmp_path, hang):
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
          f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv_port}",
-         "-m", "ddpbench.worker", f"--controller=127.0.0.1:{controller_port}"],
+         "-m", "ddpbench.worker", "--backend=gloo", f"--controller=127.0.0.1:{controller_port}"],
         cwd=tmp_path, env=env, stdout=open(tmp_path / f"node{node}.log", "w"), stderr=subprocess.STDOUT,
         start_new_session=True) for node in (0, 1)]
     return controller, nodes
@@ -380,7 +380,7 @@ def _torchrun_nodes(tmp_path, a, b, local_addr: bool):
             host.command(sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                          "--nproc-per-node=1", "--rdzv-backend=c10d",
                          f"--rdzv-endpoint={a.address}:{RDZV_PORT}", *options,
-                         "-m", "ddpbench.worker", f"--controller={a.address}:{CONTROLLER_PORT}"),
+                         "-m", "ddpbench.worker", "--backend=gloo", f"--controller={a.address}:{CONTROLLER_PORT}"),
             cwd=tmp_path, env=_clean_env(), stdout=open(tmp_path / f"host_{host.address}.log", "w"),
             stderr=subprocess.STDOUT))
     return nodes

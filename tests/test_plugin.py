@@ -72,7 +72,8 @@ def test_bad_options_are_usage_errors_without_a_traceback(pytester, option, mess
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
 
 
-def test_gpu_cases_skip_with_a_reason_without_cuda(pytester):
+def test_gpu_cases_skip_with_a_reason_without_cuda(pytester, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no CUDA device, also on a GPU machine
     pytester.makepyfile(test_bench=TINY_BENCHMARK)
     result = _run(pytester, "--dist-sizes=4KB", "--dist-world-sizes=2", "-m", "gpu", "-rs")
     result.assert_outcomes(skipped=2)  # nccl-1p (gpu) and nccl-2p (gpu + multi_gpu)
@@ -81,6 +82,44 @@ def test_gpu_cases_skip_with_a_reason_without_cuda(pytester):
     nccl = _run(pytester, "--dist-sizes=4KB", "--dist-backend=nccl", "-rs")
     nccl.assert_outcomes(skipped=2)
     assert nccl.ret == pytest.ExitCode.OK
+
+
+SHARED_GPU_BENCHMARK = '''
+import pytest
+from ddpbench.pool import PoolSpec
+from ddpbench.workloads.collectives import Collective
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dist_spec", [PoolSpec("gloo", 2, "cuda")], ids=["gloo-cuda-2p"])
+def test_shared(dist_benchmark, dist_spec):
+    dist_benchmark(Collective("all_reduce", 4096), rounds=3, warmup=1)
+'''
+
+
+def test_a_test_may_pin_its_own_dist_spec_and_gloo_ranks_on_cuda_need_one_gpu(pytester, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile(test_bench=SHARED_GPU_BENCHMARK)
+    result = _run(pytester, "--dist-world-sizes=2,3", "-rs", "-v")
+    # Only the test's own spec: the plugin adds none of --dist-world-sizes' specs to it.
+    result.stdout.fnmatch_lines(["*test_shared?gloo-cuda-2p? SKIPPED*",
+                                 "*needs 1 CUDA device(s); no CUDA device here*"])
+    result.assert_outcomes(skipped=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_on_one_gpu_nccl_1p_and_two_gloo_ranks_sharing_it_run_and_nccl_2p_skips(pytester):
+    import torch
+
+    pytester.makepyfile(test_bench=TINY_BENCHMARK, test_shared=SHARED_GPU_BENCHMARK)
+    result = _run(pytester, "--dist-sizes=4KB", "--dist-world-sizes=2", "--dist-backend=nccl", "-rs", "-v")
+    outcomes = result.parseoutcomes()
+    if torch.cuda.device_count() == 1:
+        result.stdout.fnmatch_lines(["*test_all_reduce?nccl-1p-4KB? PASSED*",
+                                     "*needs 2 CUDA device(s) (NCCL runs one rank per GPU); only 1 CUDA device(s) here*"])
+        assert outcomes.get("skipped") == 1
+    assert outcomes.get("passed") == (2 if torch.cuda.device_count() == 1 else 3)
+    assert "failed" not in outcomes and "errors" not in outcomes
 
 
 def test_oversubscription_is_announced(pytester):
@@ -160,3 +199,11 @@ def test_ctrl_c_stops_the_ranks_and_saves_nothing_over_the_baselines(pytester, t
     while any(psutil.pid_exists(p) for p in rank_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(psutil.pid_exists(p) for p in rank_pids), "rank processes outlived Ctrl-C"
+
+
+def test_case_ids_name_a_backend_off_its_usual_device():
+    from ddpbench.plugin import spec_id
+    from ddpbench.pool import PoolSpec
+
+    assert [spec_id(PoolSpec(*args)) for args in (("gloo", 2, "cpu"), ("nccl", 1, "cuda"), ("gloo", 2, "cuda"))] \
+        == ["gloo-2p", "nccl-1p", "gloo-cuda-2p"]

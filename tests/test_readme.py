@@ -39,7 +39,7 @@ SECTIONS = ["Set-up", "Running the families", "Writing your own benchmark", "Opt
 EXPECTED_IDS = {
     "--dist-world-sizes=2,4 --dist-sizes=1MB,1GB": (["test_all_reduce[gloo-4p-1GB]"], []),
     "-m slow": (["test_all_reduce[gloo-2p-1GB]"], ["test_all_reduce[gloo-2p-1MB]"]),
-    "-m gpu": (["test_all_reduce[nccl-1p-1MB]"], ["[gloo-"]),
+    "-m gpu": (["test_all_reduce[nccl-1p-1MB]", "test_syncbn_shared_gpu[gloo-cuda-2p-"], ["[gloo-2p-"]),
     '-k "fused or naive"': (["-fused-", "-naive-"], ["-torch_bn-", "test_all_reduce"]),
     "--dist-controller=": (["test_all_reduce[gloo-8p-1MB]"], []),
 }

@@ -248,3 +248,20 @@ def test_missing_matplotlib_is_a_clear_message(tmp_path, capsys, monkeypatch):
     assert "charts need matplotlib" in err and "ddpbench[plot]" in err and "--no-charts" in err
     assert "Traceback" not in err
     assert cli.main(["report", str(path), "--no-charts"]) == 0
+
+
+def test_gpu_runs_name_their_gpus_and_ranks_sharing_a_gpu_get_their_own_rows(tmp_path):
+    benches = []
+    for backend, ws, device in (("nccl", 1, "cuda"), ("gloo", 2, "cuda"), ("gloo", 2, "cpu")):
+        benches.append(bench(f"test_syncbn[{backend}-{device}-{ws}p-fused]", [0.002, 0.003, 0.004],
+                             {"backend": backend, "world_size": ws, "device": device, "variant": "fused",
+                              "batch_size": 32, "hidden_dim": 128, "peak_memory_bytes": MB}))
+    gpus = {"devices": ["NVIDIA H100 80GB HBM3"], "torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.28.9"}
+    path = write(tmp_path / "gpu.json", run_doc(benches, machine=dict(MACHINE_WITH_CORES, ddpbench_gpus=gpus)))
+    text = report.markdown_report(load_run(path))
+    header, rows = _table_rows(text, "## SyncBatchNorm")
+    assert header[3] == "backend"
+    # The gloo ranks on CPU and on one GPU are separate rows, each saying where it ran.
+    assert sorted((r[2], r[3]) for r in rows) == [("1", "nccl"), ("2", "gloo"), ("2", "gloo (cuda)")]
+    assert ("machine box (Test CPU, 2 cores), 1 x NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, CUDA 13.0, "
+            "NCCL 2.28.9)._") in text

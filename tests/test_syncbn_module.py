@@ -397,30 +397,44 @@ def test_benchmark_check_catches_a_broken_syncbn(pool, broken, message):
         pool.run(measure_workload, broken("fused", 32, 128), RoundPlan(warmup=0, rounds=1), timeout_s=120)
 
 
+# NCCL: one rank per GPU (1 rank on a single-GPU machine); gloo with CUDA tensors: 2 ranks that may
+# share one GPU, so the statistics really cross ranks on a single-GPU machine too.
+CUDA_SPECS = [pytest.param("nccl", id="nccl"), pytest.param("gloo", id="gloo-cuda-2p")]
+
+
+def _cuda_spec(backend: str) -> PoolSpec:
+    return PoolSpec("nccl", min(2, torch.cuda.device_count()), "cuda") if backend == "nccl" \
+        else PoolSpec("gloo", 2, "cuda")
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL runs one rank per GPU)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", CUDA_SPECS)
 @pytest.mark.parametrize("variant", ["fused", "naive"])
-def test_parity_on_cuda_with_nccl(variant):
-    world_size = min(2, torch.cuda.device_count())
+def test_parity_on_cuda(variant, backend):
+    spec = _cuda_spec(backend)
+    world_size = spec.world_size
     registry = PoolRegistry()
     try:
-        pool = registry.get(PoolSpec("nccl", world_size, "cuda"))
+        pool = registry.get(spec)
         for name, (counts2, _, kwargs) in PARITY_CASES.items():
             counts = counts2[:world_size] if world_size == 2 else [sum(counts2)]
             results = pool.run(parity_task, world_size, variant, counts, timeout_s=120, **kwargs)
             _assert_within(results, TOLERANCE[kwargs["dtype_name"]] * 10,
-                           f"{variant} on CUDA, {world_size} ranks, case {name}")
+                           f"{variant} on CUDA ({spec.backend}), {world_size} ranks, case {name}")
     finally:
         registry.close()
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL runs one rank per GPU)")
-def test_benchmark_check_on_cuda_with_nccl():
-    world_size = min(2, torch.cuda.device_count())
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", CUDA_SPECS)
+def test_benchmark_check_on_cuda(backend):
+    spec = _cuda_spec(backend)
+    world_size = spec.world_size
     registry = PoolRegistry()
     try:
-        pool = registry.get(PoolSpec("nccl", world_size, "cuda"))
+        pool = registry.get(spec)
         for variant in ("torch_bn", "torch_syncbn", "fused", "naive"):
             pool.run(measure_workload, SyncBNCase(variant, 32, 128), RoundPlan(warmup=0, rounds=1), timeout_s=120)
         if world_size > 1:

@@ -15,6 +15,7 @@ Prints per size and side the median of the per-run medians with min-max, and the
 
     .venv/bin/python benchmarks/raw/fidelity.py --repeats 7
     .venv/bin/python benchmarks/raw/fidelity.py --repeats 7 --sides plain,suite
+    python3 benchmarks/raw/fidelity.py --backend nccl --world-size 1 --sizes 1MB,10MB,100MB,1GB --sides plain,suite
 """
 
 import argparse
@@ -29,9 +30,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+BACKEND = "gloo"  # --backend; nccl: the plain script and the suite on CUDA with NCCL
+
+
 def run_standalone(sizes, world_size, *extra):
     out = subprocess.run([sys.executable, os.path.join(HERE, "standalone_allreduce.py"),
-                          "--sizes", sizes, "--world-size", str(world_size), *extra],
+                          "--sizes", sizes, "--world-size", str(world_size), "--backend", BACKEND, *extra],
                          check=True, capture_output=True, text=True)
     return {int(size): r["median_s"] for size, r in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
@@ -40,8 +44,8 @@ def run_suite(sizes, world_size, *extra):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "suite.json")
         subprocess.run([sys.executable, "-m", "pytest", "benchmarks/test_collectives.py", "-q",
-                        "-p", "no:cacheprovider", "-k", "test_all_reduce and gloo",
-                        f"--dist-sizes={sizes}", f"--dist-world-sizes={world_size}",
+                        "-p", "no:cacheprovider", "-k", f"test_all_reduce and {BACKEND}",
+                        f"--dist-backend={BACKEND}", f"--dist-sizes={sizes}", f"--dist-world-sizes={world_size}",
                         f"--benchmark-json={path}", *extra],
                        check=True, cwd=ROOT, capture_output=True, text=True)
         with open(path) as fh:
@@ -69,7 +73,11 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--sides", default="plain,plain+loopback,suite,suite-pinned",
                         help=f"comma list from {', '.join(SIDES)}; the first is the reference")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                        help="nccl: both sides on CUDA with NCCL and CUDA-event timing (one rank per GPU)")
     args = parser.parse_args(argv)
+    global BACKEND
+    BACKEND = args.backend
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     unknown = [s for s in sides if s not in SIDES]
     if unknown:

@@ -47,7 +47,7 @@ BOOTSTRAP_RESAMPLES = 2000
 VERDICTS = ("regression", "improvement", "unchanged", "new", "missing")
 # machine_info fields whose difference makes timings hard to compare
 MACHINE_FIELDS = ("node", "processor", "machine", "system", "release", "python_implementation",
-                  "python_version")
+                  "python_version", "ddpbench_gpus")
 RUN_NAME = re.compile(r"^(\d{4})_.*\.json$")
 
 

@@ -186,6 +186,24 @@ def cuda_device_count() -> int:
         return 0
 
 
+GPU_INFO_KEY = "ddpbench_gpus"
+
+
+def gpu_description() -> dict | None:
+    """The visible GPUs and the CUDA / NCCL versions torch was built with (None without CUDA),
+    stored in each saved run's machine_info under :data:`GPU_INFO_KEY`."""
+    if not cuda_device_count():
+        return None
+    import torch
+
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # a build without NCCL
+        nccl = None
+    return {"devices": [torch.cuda.get_device_name(i) for i in range(cuda_device_count())],
+            "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}
+
+
 def cpu_count() -> int:
     return len(cores_available()) or os.cpu_count() or 1
 
@@ -193,8 +211,11 @@ def cpu_count() -> int:
 def pytest_report_header(config):
     world_sizes = config.getoption("dist_world_sizes")
     cores, gpus = cpu_count(), cuda_device_count()
+    described = gpu_description() if gpus else None
+    names = f" ({', '.join(sorted(set(described['devices'])))}; CUDA {described['cuda']}, NCCL {described['nccl']})" \
+        if described else ""
     lines = [f"ddpbench: backend {config.getoption('dist_backend')}, world sizes "
-             f"{','.join(map(str, world_sizes))}, {cores} CPU cores, {gpus} CUDA devices"]
+             f"{','.join(map(str, world_sizes))}, {cores} CPU cores, {gpus} CUDA devices{names}"]
     if config.getoption("dist_controller", None):
         lines.append(f"ddpbench: controller on {config.getoption('dist_controller')} (only that "
                      f"address) waits for torchrun workers; they join through the interface that "
@@ -245,12 +266,28 @@ def dist_specs(backend_option: str, world_sizes: list[int], gpus: int) -> list[t
 
 
 def spec_id(spec: PoolSpec) -> str:
-    return f"{spec.backend}-{spec.world_size}p"
+    """``gloo-2p``, ``nccl-1p``; a backend off its usual device says so: ``gloo-cuda-2p`` (gloo
+    with CUDA tensors, e.g. several ranks sharing one GPU)."""
+    usual_device = "cuda" if spec.backend == "nccl" else "cpu"
+    device = "" if spec.device == usual_device else f"{spec.device}-"
+    return f"{spec.backend}-{device}{spec.world_size}p"
+
+
+def _parametrizes_itself(metafunc, name: str) -> bool:
+    """Whether the test has its own ``@pytest.mark.parametrize`` over ``name``."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if name in names:
+            return True
+    return False
 
 
 def pytest_generate_tests(metafunc):
     config = metafunc.config
-    if "dist_spec" in metafunc.fixturenames:
+    # A test that parametrizes dist_spec itself (e.g. ranks sharing one GPU through gloo) keeps its own.
+    if "dist_spec" in metafunc.fixturenames and not _parametrizes_itself(metafunc, "dist_spec"):
         world_sizes = list(config.getoption("dist_world_sizes"))
         extra = metafunc.definition.get_closest_marker("dist_extra_world_sizes")
         if extra is not None:  # e.g. training's world-size-1 scaling reference
@@ -281,11 +318,12 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("multi_gpu"):
             needed = 2
         if isinstance(spec, PoolSpec) and spec.device == "cuda":
-            needed = max(needed, spec.world_size)
+            # NCCL runs one rank per GPU; gloo ranks with CUDA tensors may share one.
+            needed = max(needed, spec.world_size if spec.backend == "nccl" else 1)
         if needed and gpus < needed:
             found = "no CUDA device" if gpus == 0 else f"only {gpus} CUDA device(s)"
-            item.add_marker(pytest.mark.skip(
-                reason=f"needs {needed} CUDA device(s) (NCCL runs one rank per GPU); {found} here"))
+            why = " (NCCL runs one rank per GPU)" if isinstance(spec, PoolSpec) and spec.backend == "nccl" else ""
+            item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA device(s){why}; {found} here"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -624,3 +662,9 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         machine_info[MACHINE_INFO_KEY] = run_probe()
     except Exception as exc:  # never lose a run's results over the probe
         machine_info[MACHINE_INFO_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        gpus = gpu_description()
+    except Exception as exc:  # never lose a run's results over the description either
+        gpus = {"error": f"{type(exc).__name__}: {exc}"}
+    if gpus is not None:
+        machine_info[GPU_INFO_KEY] = gpus

@@ -4,7 +4,7 @@ Families are recognised by their extra_info keys, so a run holding any subset of
 
 * collectives (``op``, ``size_bytes``): per op, Backend | Processes | Size | Avg Time (ms) |
   Effective Bandwidth (GB/s) | Bus Bandwidth (GB/s), bandwidths from the average time;
-* SyncBN (``variant``, ``hidden_dim``): batch_size | hidden_dim | num_workers, then median time
+* SyncBN (``variant``, ``hidden_dim``): batch_size | hidden_dim | num_workers | backend, then median time
   and max memory allocated per variant;
 * training (``impl``): per impl, Ranks | Model | grad_accum | batch_size | Time per step |
   samples/s | scaling efficiency | final loss | Max Memory Allocated;
@@ -122,6 +122,10 @@ def provenance(run: Run) -> str:
     brand = cpu.get("brand_raw") or info.get("processor") or "unknown CPU"
     cores = cpu.get("count")
     machine = f"{info.get('node', 'unknown node')} ({brand}" + (f", {cores} cores)" if cores else ")")
+    gpus = info.get("ddpbench_gpus") if isinstance(info.get("ddpbench_gpus"), dict) else {}
+    if gpus.get("devices"):
+        machine += (f", {len(gpus['devices'])} x {', '.join(sorted(set(gpus['devices'])))} (torch "
+                    f"{gpus.get('torch')}, CUDA {gpus.get('cuda')}, NCCL {gpus.get('nccl')})")
     saved = f", saved {run.datetime}" if run.datetime else ""
     return f"_Run {run.label}{saved}; machine {machine}._"
 
@@ -144,6 +148,13 @@ def _mean(case: Case) -> float:
     return float(case.stats.get("mean", case.stats["median"]))
 
 
+def backend_label(info: dict) -> str:
+    """``gloo``, ``nccl``; a backend off its usual device says so: ``gloo (cuda)``."""
+    backend, device = str(info.get("backend", "?")), info.get("device")
+    usual = "cuda" if backend == "nccl" else "cpu"
+    return backend if device in (None, usual) else f"{backend} ({device})"
+
+
 def collectives_tables(cases: list[Case]) -> str:
     per_op: dict[str, list[Case]] = defaultdict(list)
     for case in cases:
@@ -163,7 +174,7 @@ def collectives_tables(cases: list[Case]) -> str:
                 bus_cell = f"{busbw:.3f}"
             else:
                 algbw, bus_cell = info["size_bytes"] / mean_s / 1e9, "n/a"
-            rows.append([str(info.get("backend", "?")), str(world_size or "?"),
+            rows.append([backend_label(info), str(world_size or "?"),
                          format_size(int(info["size_bytes"])), f"{mean_s * 1e3:.3f}", f"{algbw:.3f}",
                          bus_cell])
         parts.append(f"### {op}\n\n" + _table(
@@ -177,15 +188,15 @@ def syncbn_table(cases: list[Case]) -> str:
     cells: dict[tuple, dict[str, Case]] = defaultdict(dict)
     for case in cases:
         info = case.extra_info
-        key = (info.get("batch_size"), info.get("hidden_dim"), info.get("world_size"), info.get("backend"))
+        key = (info.get("batch_size"), info.get("hidden_dim"), info.get("world_size"), backend_label(info))
         cells[key][str(info["variant"])] = case
-    headers = ["batch_size", "hidden_dim", "num_workers"]
+    headers = ["batch_size", "hidden_dim", "num_workers", "backend"]
     for v in variants:
         headers += [f"{v} median time (ms)", f"{v} max memory allocated"]
     rows = []
     for key in sorted(cells, key=lambda k: _sort_key(*k)):
-        batch, hidden, workers, _ = key
-        row = [str(batch), str(hidden), str(workers)]
+        batch, hidden, workers, backend = key
+        row = [str(batch), str(hidden), str(workers), backend]
         for v in variants:
             case = cells[key].get(v)
             row += ["-", "-"] if case is None else [f"{case.median * 1e3:.3f}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddpbench.pool import PoolSpec, RankPool, TaskFailed
+from ddpbench.pool import PoolRegistry, PoolSpec, RankPool, TaskFailed
 from ddpbench.timing import RoundPlan, measure_workload
 from ddpbench.workloads import training
 from ddpbench.workloads.training import Training, lightning_unavailable_reason, make_buckets, make_data, train_steps
@@ -295,8 +295,6 @@ def test_loops_agree_and_pass_their_checks_on_cuda_with_two_ranks_sharing_a_gpu(
     """On CUDA with real cross-rank reduction on a single GPU (gloo with CUDA tensors): manual ==
     ddp (== lightning when installed) over 3 steps, every loop's benchmark check passes, and the
     broken-reduction control still fails the check."""
-    from ddpbench.pool import PoolRegistry
-
     registry = PoolRegistry()
     try:
         gpu_pool = registry.get(PoolSpec("gloo", 2, "cuda"))

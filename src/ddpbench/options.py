@@ -60,6 +60,13 @@ def parse_world_sizes(text: str) -> list[int]:
     return list(dict.fromkeys(sizes))
 
 
+def usual_device(backend: str) -> str:
+    """The device a backend's tensors live on unless a case says otherwise: NCCL's on a GPU,
+    gloo's on the CPU (gloo with CUDA tensors, e.g. ranks sharing one GPU, is the exception
+    that case ids and report rows spell out)."""
+    return "cuda" if backend == "nccl" else "cpu"
+
+
 def parse_backend(text: str) -> str:
     value = text.strip().lower()
     if value not in BACKENDS:

@@ -189,6 +189,7 @@ def cuda_device_count() -> int:
 GPU_INFO_KEY = "ddpbench_gpus"
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_description() -> dict | None:
     """The visible GPUs and the CUDA / NCCL versions torch was built with (None without CUDA),
     stored in each saved run's machine_info under :data:`GPU_INFO_KEY`."""
@@ -211,9 +212,13 @@ def cpu_count() -> int:
 def pytest_report_header(config):
     world_sizes = config.getoption("dist_world_sizes")
     cores, gpus = cpu_count(), cuda_device_count()
-    described = gpu_description() if gpus else None
-    names = f" ({', '.join(sorted(set(described['devices'])))}; CUDA {described['cuda']}, NCCL {described['nccl']})" \
-        if described else ""
+    described = gpu_description()
+    if described:
+        from .report import gpus_label
+
+        names = f": {gpus_label(described)}"
+    else:
+        names = ""
     lines = [f"ddpbench: backend {config.getoption('dist_backend')}, world sizes "
              f"{','.join(map(str, world_sizes))}, {cores} CPU cores, {gpus} CUDA devices{names}"]
     if config.getoption("dist_controller", None):
@@ -268,8 +273,7 @@ def dist_specs(backend_option: str, world_sizes: list[int], gpus: int) -> list[t
 def spec_id(spec: PoolSpec) -> str:
     """``gloo-2p``, ``nccl-1p``; a backend off its usual device says so: ``gloo-cuda-2p`` (gloo
     with CUDA tensors, e.g. several ranks sharing one GPU)."""
-    usual_device = "cuda" if spec.backend == "nccl" else "cpu"
-    device = "" if spec.device == usual_device else f"{spec.device}-"
+    device = "" if spec.device == opts.usual_device(spec.backend) else f"{spec.device}-"
     return f"{spec.backend}-{device}{spec.world_size}p"
 
 
@@ -317,12 +321,13 @@ def pytest_collection_modifyitems(config, items):
             needed = 1
         if item.get_closest_marker("multi_gpu"):
             needed = 2
+        nccl = isinstance(spec, PoolSpec) and spec.backend == "nccl"
         if isinstance(spec, PoolSpec) and spec.device == "cuda":
             # NCCL runs one rank per GPU; gloo ranks with CUDA tensors may share one.
-            needed = max(needed, spec.world_size if spec.backend == "nccl" else 1)
+            needed = max(needed, spec.world_size if nccl else 1)
         if needed and gpus < needed:
             found = "no CUDA device" if gpus == 0 else f"only {gpus} CUDA device(s)"
-            why = " (NCCL runs one rank per GPU)" if isinstance(spec, PoolSpec) and spec.backend == "nccl" else ""
+            why = " (NCCL runs one rank per GPU)" if nccl else ""
             item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA device(s){why}; {found} here"))
 
 

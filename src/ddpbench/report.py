@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .compare import Case, Comparison, Run
-from .options import format_size
+from .options import format_size, usual_device
 from .workloads.collectives import OPS, bandwidths_gbps
 
 
@@ -68,8 +68,12 @@ def by_family(run: Run) -> dict[str, list[Case]]:
     return groups
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _num(value, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_number(value):
         return "n/a"
     return fmt.format(value * scale)
 
@@ -80,7 +84,7 @@ def _mem(value) -> str:
 
 def decimal_size(nbytes) -> str:
     """Bytes in decimal units, 3 significant digits: 602112 -> '602 KB', 12288 -> '12.3 KB'."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)):
+    if not _is_number(nbytes):
         return "n/a"
     for unit, factor in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if nbytes >= factor:
@@ -115,6 +119,14 @@ def spread(case: Case) -> tuple[float, float, float]:
     return float(stats.get("q1", case.median)), case.median, float(stats.get("q3", case.median))
 
 
+def gpus_label(gpus: dict) -> str:
+    """A run's ``ddpbench_gpus`` machine_info in words: '1 x NVIDIA H100 80GB HBM3 (torch
+    2.11.0+cu130, CUDA 13.0, NCCL 2.28.9)'."""
+    devices = gpus.get("devices") or []
+    return (f"{len(devices)} x {', '.join(sorted(set(devices)))} (torch {gpus.get('torch')}, "
+            f"CUDA {gpus.get('cuda')}, NCCL {gpus.get('nccl')})")
+
+
 def provenance(run: Run) -> str:
     """Which run and machine a table came from (a line to print under it)."""
     info = run.machine_info or {}
@@ -124,15 +136,14 @@ def provenance(run: Run) -> str:
     machine = f"{info.get('node', 'unknown node')} ({brand}" + (f", {cores} cores)" if cores else ")")
     gpus = info.get("ddpbench_gpus") if isinstance(info.get("ddpbench_gpus"), dict) else {}
     if gpus.get("devices"):
-        machine += (f", {len(gpus['devices'])} x {', '.join(sorted(set(gpus['devices'])))} (torch "
-                    f"{gpus.get('torch')}, CUDA {gpus.get('cuda')}, NCCL {gpus.get('nccl')})")
+        machine += f", {gpus_label(gpus)}"
     saved = f", saved {run.datetime}" if run.datetime else ""
     return f"_Run {run.label}{saved}; machine {machine}._"
 
 
 def _sort_key(*values) -> tuple:
     """Numbers before text, numbers numerically (so 64 sorts before 256)."""
-    return tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+    return tuple((0, v, "") if _is_number(v) else (1, 0, str(v))
                  for v in values)
 
 
@@ -151,8 +162,7 @@ def _mean(case: Case) -> float:
 def backend_label(info: dict) -> str:
     """``gloo``, ``nccl``; a backend off its usual device says so: ``gloo (cuda)``."""
     backend, device = str(info.get("backend", "?")), info.get("device")
-    usual = "cuda" if backend == "nccl" else "cpu"
-    return backend if device in (None, usual) else f"{backend} ({device})"
+    return backend if device in (None, usual_device(backend)) else f"{backend} ({device})"
 
 
 def collectives_tables(cases: list[Case]) -> str:
@@ -308,9 +318,9 @@ def collectives_series(cases: list[Case], metric: str) -> dict[str, dict[tuple, 
             value, low, high = median * 1e3, q1 * 1e3, q3 * 1e3
         else:
             bus = info.get("busbw_GBps")  # from the median, with the op's bus factor
-            at_median = bus if isinstance(bus, (int, float)) and not isinstance(bus, bool) else size / median / 1e9
+            at_median = bus if _is_number(bus) else size / median / 1e9
             value, low, high = at_median, at_median * median / q3, at_median * median / q1
-        series[info["op"]][(info.get("backend"), info.get("world_size"))].append((size, value, low, high))
+        series[info["op"]][(backend_label(info), info.get("world_size"))].append((size, value, low, high))
     for lines in series.values():
         for points in lines.values():
             points.sort()
@@ -324,7 +334,7 @@ def training_series(cases: list[Case]) -> dict[tuple[str, str], list[tuple[int, 
     for case in cases:
         info = case.extra_info
         sps = info.get("samples_per_second")
-        if not isinstance(sps, (int, float)) or isinstance(sps, bool):
+        if not _is_number(sps):
             continue
         q1, median, q3 = spread(case)
         lines[(str(info["impl"]), str(info.get("model", "")))].append(

@@ -114,7 +114,8 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
                                  "*ddpbench A/B: regression(s) found: exit status 1*"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]
     ab = case["extra_info"]["ab"]
-    assert ab["verdict"] == "regression" and ab["p_value"] < ab["alpha_per_look"] == pytest.approx(0.01 / 8)
+    assert ab["verdict"] == "regression" and ab["p_value"] < ab["alpha_at_last_look"] == ab["alpha_per_look"][ab["stages"] - 1]
+    assert len(ab["alpha_per_look"]) == 8 and ab["alpha_per_look"][-1] < ab["alpha"] == 0.01
     assert 1.3 < ab["ratio"] < 1.8  # 6 ms vs 4 ms sleeps
     assert ab["ratio_ci"][0] > 1.05
     assert ab["pairs"] >= 12 and ab["blocks"] == 2 * ab["pairs"] and ab["order"].count("AB") == ab["order"].count("BA")

@@ -3,6 +3,7 @@
 import math
 import random
 
+import numpy as np
 import pytest
 
 from ddpbench.ab import schedule, stats
@@ -153,15 +154,34 @@ def test_pool_pairs_take_turns_each_with_a_balanced_order():
         schedule.pairs_over_pools(2, 0, rng)
 
 
-def test_every_look_at_the_pairs_tests_at_a_share_of_alpha():
-    # 12 pairs, then 12 more per stage up to 96: 8 looks, each at alpha / 8 (Bonferroni), so that
-    # escalating while inconclusive does not raise the case's false-alarm rate above alpha.
+def test_the_looks_at_the_pairs_share_alpha_early_looks_need_more_evidence():
+    # 12 pairs, then 12 more per stage up to 96: 8 looks. Their levels rise from look to look
+    # (O'Brien-Fleming shape), each below alpha, the last near it.
     settings = ABSettings()
     assert settings.stage_sizes(2) == [12] * 8 and settings.stage_sizes(1) == [12] * 8
-    assert settings.alpha_per_look(2) == pytest.approx(0.01 / 8)
+    levels = settings.alpha_per_look(2)
+    assert len(levels) == 8 and list(levels) == sorted(levels)
+    assert levels[0] < 1e-10 and 0.006 < levels[-1] < 0.01
     assert ABSettings(first_pairs=8, more_pairs=8, max_pairs=32).stage_sizes(2) == [8, 8, 8, 8]
     assert ABSettings(first_pairs=10, more_pairs=10, max_pairs=40).stage_sizes(2) == [12, 12, 12]  # 5 -> 6 per pool pair
     assert ABSettings(first_pairs=10, more_pairs=10, max_pairs=40).stage_sizes(4) == [16, 16]  # 2 per pool pair at least, even
-    # 12 pairs all one way is still significant at the first look (exact p = 2 / 2**12).
-    p = stats.signed_rank_p([0.1 + 0.01 * i for i in range(12)])
-    assert p == pytest.approx(2 / 4096) and p < settings.alpha_per_look(2)
+    assert stats.sequential_levels(0.01, 1) == (0.01,)
+    # 12 pairs all one way (exact p = 2 / 2**12) are not enough at the first look; 36 are at the third.
+    assert stats.signed_rank_p([0.1 + 0.01 * i for i in range(12)]) > levels[0]
+    assert stats.signed_rank_p([0.1 + 0.01 * i for i in range(36)]) < levels[2]
+
+
+def test_the_looks_together_keep_the_false_alarm_rate_at_alpha():
+    # Under no change, z-statistics of nested looks (a random walk seen at 12, 24, ... pairs): the
+    # chance that any look passes its level is alpha, where testing every look at alpha is not.
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(3)
+    looks, trials, alpha = 8, 100_000, 0.01
+    walks = rng.standard_normal((trials, looks)).cumsum(axis=1) / np.sqrt(np.arange(1, looks + 1))
+    p_values = 2 * norm.sf(np.abs(walks))
+    sequential = (p_values < np.array(stats.sequential_levels(alpha, looks))).any(axis=1).mean()
+    naive = (p_values < alpha).any(axis=1).mean()
+    assert 0.008 < sequential < 0.012 and naive > 0.03
+    with pytest.raises(ValueError, match="at least one look"):
+        stats.sequential_levels(alpha, 0)

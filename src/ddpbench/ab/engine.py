@@ -36,8 +36,9 @@ class ABSettings:
     # side for the whole case, which identical sides showed on the dev machine (docs/results.md).
     fresh_state_per_block: bool = True
     # The case's overall significance level. The pairs are analysed after every stage, and each
-    # look is another chance for noise to pass, so each look tests at alpha / (the most looks the
-    # case can take) (Bonferroni): the case as a whole keeps alpha.
+    # look is another chance for noise to pass, so look k tests at the k-th of
+    # stats.sequential_levels(alpha, the most looks the case can take): the case as a whole keeps
+    # alpha, early looks on few pairs need overwhelming evidence, the last tests near alpha.
     alpha: float = stats.DEFAULT_ALPHA
     confidence: float = stats.DEFAULT_CONFIDENCE
 
@@ -50,8 +51,9 @@ class ABSettings:
             sizes.append(more)
         return sizes
 
-    def alpha_per_look(self, pool_pairs: int) -> float:
-        return self.alpha / len(self.stage_sizes(pool_pairs))
+    def alpha_per_look(self, pool_pairs: int) -> tuple[float, ...]:
+        """The significance level of each look (after each stage), first to last."""
+        return stats.sequential_levels(self.alpha, len(self.stage_sizes(pool_pairs)))
 
 
 @dataclass
@@ -92,7 +94,7 @@ class ABOutcome:
     wall_s: float
     threshold: float
     alpha: float
-    alpha_per_look: float
+    alpha_per_look: tuple[float, ...]
     fresh_state: bool
 
     def summary(self, sides: dict[str, dict]) -> dict[str, Any]:
@@ -121,7 +123,8 @@ class ABOutcome:
             "threshold": self.threshold,
             "fresh_state_per_block": self.fresh_state,
             "alpha": self.alpha,
-            "alpha_per_look": self.alpha_per_look,
+            "alpha_per_look": list(self.alpha_per_look),
+            "alpha_at_last_look": self.alpha_per_look[self.stages - 1],
             "baseline": side(self.baseline, raw=True),
             "candidate": side(self.candidate, raw=False),  # its rounds are the case's own
             "sides": sides,
@@ -161,7 +164,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         rng = schedule.case_rng(case_id)
         orders: list[tuple[str, str, int]] = []
         stage_sizes = settings.stage_sizes(pool_pairs)
-        alpha = settings.alpha_per_look(pool_pairs)
+        levels = settings.alpha_per_look(pool_pairs)
         stages = 0
         while True:
             stage_started = time.monotonic()
@@ -179,7 +182,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
             result = stats.analyse_pairs(sides[schedule.BASELINE].block_medians,
                                          sides[schedule.CANDIDATE].block_medians, settings.threshold,
-                                         alpha, settings.confidence,
+                                         levels[stages - 1], settings.confidence,
                                          pool_pair_of=[j for _, _, j in orders])
             if result.verdict != "inconclusive" or stages == len(stage_sizes):
                 break
@@ -205,4 +208,4 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _, _ in orders)
     return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE], metrics, rounds, order,
                      [j for _, _, j in orders], pool_pairs, stages, time.monotonic() - started,
-                     settings.threshold, settings.alpha, alpha, settings.fresh_state_per_block)
+                     settings.threshold, settings.alpha, levels, settings.fresh_state_per_block)

@@ -14,8 +14,8 @@ with candidate pool k). Over the pairs:
   (exact for small samples), as Chromium's Pinpoint decides.
 
 Verdicts, for a threshold t (the smallest change that counts) and a significance level alpha (the
-engine passes the case's alpha divided by the most analyses the case can take, since it looks
-after every stage):
+engine looks after every stage and passes that look's level from :func:`sequential_levels`, so
+that the case as a whole keeps its alpha however many looks it takes):
 ``regression`` when p < alpha, the interval excludes no change (lies above 1), the estimate is over
 1 + t, and so is every pool pair's own estimate (with a single pool per side: the whole interval
 lies above 1 + t); ``improvement`` symmetrically; ``same`` when the
@@ -32,6 +32,7 @@ Tests come from scipy.stats rather than being written by hand.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -58,6 +59,36 @@ class PairedResult:
         return {"pairs": self.pairs, "ratio": self.ratio, "ratio_ci": [self.ci_low, self.ci_high],
                 "p_value": self.p_value, "verdict": self.verdict,
                 "ratio_per_pool_pair": list(self.pool_pair_ratios)}
+
+
+@functools.lru_cache(maxsize=None)
+def sequential_levels(alpha: float, looks: int) -> tuple[float, ...]:
+    """Two-sided significance levels for looks 1..K at the pairs (group-sequential, O'Brien-Fleming
+    shape): look k rejects when |z| > c * sqrt(K / k), with c chosen so that under no change the
+    chance of rejecting at *any* look is ``alpha``. Early looks, on few pairs, need overwhelming
+    evidence; the last look tests at nearly ``alpha`` itself. On the dev machine's A/A data this
+    removed the false alarms that Bonferroni (alpha / K at every look) let through at the first look, where a
+    mode lasting a few seconds covered a whole 12-pair stage, and raised the power at the later looks
+    (docs/design.md). The z-statistics of nested looks are correlated as sqrt(k / l); c comes from
+    their joint normal distribution (scipy's multivariate normal, seeded: the same levels every time).
+    """
+    from scipy import optimize
+    from scipy import stats
+
+    if looks < 1 or not 0 < alpha < 1:
+        raise ValueError("sequential_levels needs at least one look and 0 < alpha < 1")
+    k = np.arange(1, looks + 1)
+    weights = np.sqrt(looks / k)
+    if looks == 1:
+        return (alpha,)
+    joint = stats.multivariate_normal(mean=np.zeros(looks), cov=np.sqrt(np.minimum.outer(k, k) / np.maximum.outer(k, k)))
+
+    def overall(c: float) -> float:
+        bound = c * weights
+        return 1.0 - float(joint.cdf(bound, lower_limit=-bound, rng=np.random.default_rng(BOOTSTRAP_SEED))) - alpha
+
+    c = optimize.brentq(overall, stats.norm.isf(alpha / 2), stats.norm.isf(alpha / (2 * looks)) + 1.0, xtol=1e-5)
+    return tuple(float(2 * stats.norm.sf(c * w)) for w in weights)
 
 
 def hodges_lehmann(values, axis: int = -1):

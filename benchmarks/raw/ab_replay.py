@@ -1,0 +1,95 @@
+"""Replay recorded A/B cases under two rules for the looks: Bonferroni (alpha / K at every look, the
+rule before 2026-11-22) and the group-sequential levels ddpbench uses now (ddpbench.ab.stats.
+sequential_levels). Each case's block medians are rebuilt from its saved rounds (the candidate's
+pytest-benchmark data, the baseline's raw rounds in extra_info["ab"]) and analysed again look by
+look, exactly as the engine would have, up to the pairs the recorded run took: a case that stopped
+early ("same" or "regression") cannot be continued, so a rule that would have looked further is
+judged on fewer pairs than it would have had.
+
+    .venv/bin/python benchmarks/raw/ab_replay.py /tmp/ddpbench-ab-reliability   # ab_reliability.py's --out
+    .venv/bin/python benchmarks/raw/ab_replay.py DIR --scale 1.10   # candidate blocks 10% slower
+
+--scale multiplies the candidate's block medians (a slowdown with the recorded noise, not a real
+one; ab_reliability.py --inject measures the real thing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+from ddpbench.ab import stats
+from ddpbench.ab.engine import ABSettings
+
+
+def recorded_cases(folder: str):
+    """(case name, baseline block medians, candidate block medians, pool pair per pair, threshold)."""
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("run") and name.endswith(".json")):
+            continue
+        with open(os.path.join(folder, name)) as fh:
+            data = json.load(fh)
+        for case in data["benchmarks"]:
+            ab = case.get("extra_info", {}).get("ab")
+            if not ab:
+                continue
+            pairs, per_block = ab["pairs"], ab["rounds_per_block"]
+            baseline, candidate = ab["baseline"]["round_times"], case["stats"].get("data") or []
+            if len(baseline) != pairs * per_block or len(candidate) != pairs * per_block:
+                continue  # saved without every round: nothing to rebuild the blocks from
+
+            def medians(times):
+                return [statistics.median(times[i * per_block:(i + 1) * per_block]) for i in range(pairs)]
+
+            yield (case["name"], medians(baseline), medians(candidate),
+                   ab.get("pool_pair_of_pair") or [0] * pairs, ab["threshold"])
+
+
+def replay(baseline, candidate, pools, threshold, levels, stage_size) -> tuple[str, int]:
+    """The verdict and the pairs it took, looking after every stage as the engine does."""
+    verdict, seen = "inconclusive", 0
+    for look, level in enumerate(levels, start=1):
+        seen = look * stage_size
+        if seen > len(baseline):
+            seen -= stage_size
+            break
+        verdict = stats.analyse_pairs(baseline[:seen], candidate[:seen], threshold, level,
+                                      pool_pair_of=pools[:seen]).verdict
+        if verdict != "inconclusive":
+            break
+    return verdict, seen
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", help="a folder of run*.json files from ab_reliability.py")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the candidate's blocks (e.g. 1.10)")
+    args = parser.parse_args(argv)
+    cases = list(recorded_cases(args.folder))
+    if not cases:
+        raise SystemExit(f"no A/B cases with all their rounds in {args.folder}")
+    settings = ABSettings()
+    for rule in ("bonferroni", "sequential"):
+        counts = {verdict: 0 for verdict in stats.VERDICTS}
+        flagged = []
+        for name, baseline, candidate, pools, threshold in cases:
+            pool_pairs = len(set(pools))
+            sizes = settings.stage_sizes(pool_pairs)
+            looks = len(sizes)
+            levels = ((settings.alpha / looks,) * looks if rule == "bonferroni"
+                      else stats.sequential_levels(settings.alpha, looks))
+            verdict, seen = replay(baseline, [c * args.scale for c in candidate], pools, threshold,
+                                   levels, sizes[0])
+            counts[verdict] += 1
+            if verdict in ("regression", "improvement") and args.scale == 1.0:
+                flagged.append(f"{name} {verdict} after {seen} pairs")
+        summary = ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
+        print(f"{rule:10s} {len(cases)} cases: {summary}")
+        for line in flagged:
+            print(f"           {line}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""benchmarks/raw/ab_replay.py: recorded A/B cases analysed again, look by look, under both rules."""
+
+import importlib.util
+import json
+import pathlib
+import random
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "raw" / "ab_replay.py"
+
+
+@pytest.fixture(scope="module")
+def replay_script():
+    spec = importlib.util.spec_from_file_location("ab_replay", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _recorded_case(name, slower, pairs=48, per_block=5, seed=1):
+    """A case as ab_reliability.py saves it: the candidate's rounds in stats.data, the baseline's in
+    extra_info["ab"], two pool pairs taking turns; candidate rounds ``slower`` x the baseline's."""
+    rng = random.Random(seed)
+    baseline = [0.010 * rng.uniform(0.95, 1.05) for _ in range(pairs * per_block)]
+    candidate = [0.010 * slower * rng.uniform(0.95, 1.05) for _ in range(pairs * per_block)]
+    ab = {"pairs": pairs, "rounds_per_block": per_block, "threshold": 0.05,
+          "pool_pair_of_pair": [i % 2 for i in range(pairs)], "baseline": {"round_times": baseline}}
+    return {"name": name, "stats": {"data": candidate}, "extra_info": {"ab": ab}}
+
+
+def test_replay_flags_a_real_slowdown_and_not_identical_sides(tmp_path, replay_script, capsys):
+    cases = [_recorded_case("test_slow", 1.3), _recorded_case("test_same", 1.0, seed=2)]
+    (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": cases}))
+    rebuilt = list(replay_script.recorded_cases(str(tmp_path)))
+    assert [name for name, *_ in rebuilt] == ["test_slow", "test_same"]
+    replay_script.main([str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    # Bonferroni flags the 30% slowdown at the first look; the sequential levels need more pairs.
+    assert out[0].startswith("bonferroni 2 cases: 1 regression, 0 improvement, 1 same")
+    assert "test_slow regression after 12 pairs" in out[1]
+    sequential = out.index(next(line for line in out if line.startswith("sequential")))
+    assert out[sequential].startswith("sequential 2 cases: 1 regression, 0 improvement, 1 same")
+    assert "test_slow regression after 24 pairs" in out[sequential + 1] or \
+        "test_slow regression after 36 pairs" in out[sequential + 1]
+    # --scale slows the candidate's recorded blocks: the identical case becomes a regression too.
+    replay_script.main([str(tmp_path), "--scale", "1.3"])
+    assert capsys.readouterr().out.splitlines()[0].startswith("bonferroni 2 cases: 2 regression")
+
+
+def test_replay_of_a_folder_without_ab_cases_says_so(tmp_path, replay_script):
+    (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": [{"name": "x", "extra_info": {}}]}))
+    with pytest.raises(SystemExit, match="no A/B cases"):
+        replay_script.main([str(tmp_path)])

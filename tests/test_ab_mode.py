@@ -105,8 +105,11 @@ def test_bad_sides_stop_the_run_with_a_usage_error(pytester, args, message):
 
 def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     pytester.makepyfile(test_bench=SLEEPY)
+    # The first looks need overwhelming evidence (sequential levels): even a 1.5x slowdown needs ~36
+    # pairs, so the case gets more than FAST's 8 s (on 2 cores beside other tests a pair may take 0.3 s).
     result = pytester.runpytest_subprocess("--dist-candidate-env", "SLEEP_FACTOR=1.5",
-                                           "--benchmark-json=ab.json", *FAST, timeout=300)
+                                           "--benchmark-json=ab.json", *FAST, "--dist-ab-max-time=40",
+                                           timeout=300)
     assert result.ret == 1, result.stdout.str()
     result.stdout.fnmatch_lines(["*ddpbench A/B verdicts (1 regression*",
                                  "*test_sleep*regression*",

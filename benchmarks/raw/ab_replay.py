@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 from ddpbench.ab import stats
-from ddpbench.ab.engine import ABSettings
+from ddpbench.ab.engine import ABSettings, SideRounds
 
 
 def recorded_cases(folder: str):
@@ -40,8 +39,8 @@ def recorded_cases(folder: str):
             if len(baseline) != pairs * per_block or len(candidate) != pairs * per_block:
                 continue  # saved without every round: nothing to rebuild the blocks from
 
-            def medians(times):
-                return [statistics.median(times[i * per_block:(i + 1) * per_block]) for i in range(pairs)]
+            def medians(times):  # the engine's own block summary
+                return SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)]).block_medians
 
             yield (case["name"], medians(baseline), medians(candidate),
                    ab.get("pool_pair_of_pair") or [0] * pairs, ab["threshold"])
@@ -50,11 +49,8 @@ def recorded_cases(folder: str):
 def replay(baseline, candidate, pools, threshold, levels, stage_size) -> tuple[str, int]:
     """The verdict and the pairs it took, looking after every stage as the engine does."""
     verdict, seen = "inconclusive", 0
-    for look, level in enumerate(levels, start=1):
-        seen = look * stage_size
-        if seen > len(baseline):
-            seen -= stage_size
-            break
+    for level in levels[:len(baseline) // stage_size]:  # the looks the recorded pairs reach
+        seen += stage_size
         verdict = stats.analyse_pairs(baseline[:seen], candidate[:seen], threshold, level,
                                       pool_pair_of=pools[:seen]).verdict
         if verdict != "inconclusive":

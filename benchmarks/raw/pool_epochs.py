@@ -6,63 +6,96 @@ side of 1; noise alone scatters them as wide as 16 pairs' noise allows (docs/res
 
     .venv/bin/python benchmarks/raw/pool_epochs.py all_reduce 10 keep     # op, MB, keep|reinit
 """
-import os, sys, time, statistics, math, tempfile
-import torch, torch.distributed as dist, torch.multiprocessing as mp
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
 
-OP = sys.argv[1] if len(sys.argv) > 1 else "broadcast"
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+OP = sys.argv[1] if len(sys.argv) > 1 else "broadcast"  # broadcast | all_reduce
 MB = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-MODE = sys.argv[3] if len(sys.argv) > 3 else "reinit"   # reinit | keep
-EPOCHS, BLOCKS, ROUNDS = 8, 16, 15
+MODE = sys.argv[3] if len(sys.argv) > 3 else "reinit"  # reinit | keep
+EPOCHS, PAIRS, ROUNDS, WARMUP = 8, 16, 15, 3
+POOLS, WORLD_SIZE = 2, 2
 
-def init(pool, rank, d, epoch):
-    store = dist.FileStore(os.path.join(d, f"s{pool}-{epoch}"), 2)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
 
-def worker(idx, d, turn, q):
-    pool, rank = divmod(idx, 2)
+def join_group(pool, rank, store_dir, epoch):
+    store = dist.FileStore(os.path.join(store_dir, f"s{pool}-{epoch}"), WORLD_SIZE)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE)
+
+
+def run_op(tensor):
+    if OP == "broadcast":
+        dist.broadcast(tensor, 0)
+    else:
+        dist.all_reduce(tensor)
+
+
+def pool_of_block(block):
+    """Blocks run X Y, Y X, X Y, ...: pool 0 first in even pairs, second in odd ones."""
+    pair, position = divmod(block, 2)
+    return position if pair % 2 == 0 else 1 - position
+
+
+def worker(index, store_dir, turn, results):
+    pool, rank = divmod(index, WORLD_SIZE)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    init(pool, rank, d, 0)
-    t = torch.ones(MB * 2**20 // 4)
+    join_group(pool, rank, store_dir, 0)
+    tensor = torch.ones(MB * 2**20 // 4)
     for epoch in range(EPOCHS):
         if epoch and MODE == "reinit":
-            dist.destroy_process_group(); init(pool, rank, d, epoch)
-        for i in range(3):
-            getattr(dist, OP)(t, 0) if OP == "broadcast" else dist.all_reduce(t)
-        for b in range(BLOCKS * 2):
-            who = b % 2 if (b // 2) % 2 == 0 else 1 - b % 2   # XY YX XY ...
-            turn.wait()  # all 4 meet
-            if who == pool:
+            dist.destroy_process_group()
+            join_group(pool, rank, store_dir, epoch)
+        for _ in range(WARMUP):
+            run_op(tensor)
+        for block in range(PAIRS * 2):
+            turn.wait()  # all pools' ranks meet; only the block's pool runs
+            if pool_of_block(block) == pool:
                 times = []
-                for r in range(ROUNDS):
-                    dist.barrier(); s = time.perf_counter()
-                    dist.broadcast(t, 0) if OP == "broadcast" else dist.all_reduce(t)
-                    times.append(time.perf_counter() - s)
-                q.put((epoch, b, pool, rank, times))
+                for _ in range(ROUNDS):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    run_op(tensor)
+                    times.append(time.perf_counter() - start)
+                results.put((epoch, block, pool, times))
             turn.wait()
     dist.destroy_process_group()
 
-if __name__ == "__main__":
+
+def main():
     ctx = mp.get_context("spawn")
-    d = tempfile.mkdtemp(); turn = ctx.Barrier(4); q = ctx.Queue()
-    ps = [ctx.Process(target=worker, args=(i, d, turn, q)) for i in range(4)]
-    [p.start() for p in ps]
-    rows = {}
-    n = EPOCHS * BLOCKS * 2 * 2
-    for _ in range(n):
-        e, b, pool, rank, times = q.get()
-        rows.setdefault((e, b, pool), []).append(times)
-    [p.join() for p in ps]
-    out = []
-    for e in range(EPOCHS):
-        meds = {0: [], 1: []}
-        for b in range(BLOCKS * 2):
-            for pool in (0, 1):
-                if (e, b, pool) in rows:
-                    mx = [max(v) for v in zip(*rows[(e, b, pool)])]
-                    meds[pool].append(statistics.median(mx))
-        lr = [math.log(x / y) for x, y in zip(meds[0], meds[1])]
-        m = statistics.median(lr)
-        out.append(m)
-        print(f"{MODE} {OP} {MB}MB epoch {e}: X/Y {math.exp(m):.3f}  pair IQR {math.exp(statistics.quantiles(lr, n=4)[0]):.3f}-{math.exp(statistics.quantiles(lr, n=4)[2]):.3f}  X {statistics.median(meds[0])*1e3:.2f} ms", flush=True)
-    print("epoch ratios", [round(math.exp(v), 3) for v in out])
+    ranks = POOLS * WORLD_SIZE
+    turn, results = ctx.Barrier(ranks), ctx.Queue()
+    store_dir = tempfile.mkdtemp()
+    workers = [ctx.Process(target=worker, args=(i, store_dir, turn, results)) for i in range(ranks)]
+    for process in workers:
+        process.start()
+    per_rank = {}
+    for _ in range(EPOCHS * PAIRS * WORLD_SIZE * 2):  # every block: one report per rank of its pool
+        epoch, block, pool, times = results.get()
+        per_rank.setdefault((epoch, block), []).append(times)
+    for process in workers:
+        process.join()
+    epoch_logs = []
+    for epoch in range(EPOCHS):
+        medians = {0: [], 1: []}
+        for block in range(PAIRS * 2):
+            rounds = [max(values) for values in zip(*per_rank[(epoch, block)])]  # max over ranks
+            medians[pool_of_block(block)].append(statistics.median(rounds))
+        logs = [math.log(x / y) for x, y in zip(medians[0], medians[1])]
+        q1, _, q3 = statistics.quantiles(logs, n=4)
+        epoch_logs.append(statistics.median(logs))
+        print(f"{MODE} {OP} {MB}MB epoch {epoch}: X/Y {math.exp(epoch_logs[-1]):.3f}  "
+              f"pair IQR {math.exp(q1):.3f}-{math.exp(q3):.3f}  X {statistics.median(medians[0]) * 1e3:.2f} ms",
+              flush=True)
+    print("epoch ratios", [round(math.exp(v), 3) for v in epoch_logs])
+
+
+if __name__ == "__main__":
+    main()

@@ -77,10 +77,10 @@ def sequential_levels(alpha: float, looks: int) -> tuple[float, ...]:
 
     if looks < 1 or not 0 < alpha < 1:
         raise ValueError("sequential_levels needs at least one look and 0 < alpha < 1")
-    k = np.arange(1, looks + 1)
-    weights = np.sqrt(looks / k)
     if looks == 1:
         return (alpha,)
+    k = np.arange(1, looks + 1)
+    weights = np.sqrt(looks / k)
     joint = stats.multivariate_normal(mean=np.zeros(looks), cov=np.sqrt(np.minimum.outer(k, k) / np.maximum.outer(k, k)))
 
     def overall(c: float) -> float:

@@ -18,7 +18,7 @@ def replay_script():
     return module
 
 
-def _recorded_case(name, slower, pairs=48, per_block=5, seed=1):
+def _recorded_case(name, slower, pairs=48, per_block=5, seed=1, verdict=None):
     """A case as ab_reliability.py saves it: the candidate's rounds in stats.data, the baseline's in
     extra_info["ab"], two pool pairs taking turns; candidate rounds ``slower`` x the baseline's."""
     rng = random.Random(seed)
@@ -26,6 +26,8 @@ def _recorded_case(name, slower, pairs=48, per_block=5, seed=1):
     candidate = [0.010 * slower * rng.uniform(0.95, 1.05) for _ in range(pairs * per_block)]
     ab = {"pairs": pairs, "rounds_per_block": per_block, "threshold": 0.05,
           "pool_pair_of_pair": [i % 2 for i in range(pairs)], "baseline": {"round_times": baseline}}
+    if verdict:
+        ab["verdict"] = verdict
     return {"name": name, "stats": {"data": candidate}, "extra_info": {"ab": ab}}
 
 
@@ -46,6 +48,22 @@ def test_replay_flags_a_real_slowdown_and_not_identical_sides(tmp_path, replay_s
     # --scale slows the candidate's recorded blocks: the identical case becomes a regression too.
     replay_script.main([str(tmp_path), "--scale", "1.3"])
     assert capsys.readouterr().out.splitlines()[0].startswith("bonferroni 2 cases: 2 regression")
+
+
+def test_a_case_the_time_cap_ended_is_replayed_with_the_rest_of_alpha_at_its_last_look(tmp_path, replay_script,
+                                                                                      capsys):
+    # Recorded inconclusive after 12 pairs (the cap ended it at look 1): the sequential rule tests
+    # that look at alpha itself, and 12 pairs of a 30% slowdown (p = 2 / 2**12) pass it; Bonferroni's
+    # alpha / 8 passes it too. Recorded as "same" after 12 pairs (not cut by the cap), the look
+    # keeps its planned near-zero level.
+    cases = [_recorded_case("test_capped", 1.3, pairs=12, verdict="inconclusive"),
+             _recorded_case("test_stopped", 1.3, pairs=12, verdict="same")]
+    (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": cases}))
+    replay_script.main([str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    sequential = out.index(next(line for line in out if line.startswith("sequential")))
+    assert out[sequential].startswith("sequential 2 cases: 1 regression, 0 improvement, 0 same, 1 inconclusive")
+    assert "test_capped regression after 12 pairs" in out[sequential + 1]
 
 
 def test_replay_of_a_folder_without_ab_cases_says_so(tmp_path, replay_script):

@@ -185,3 +185,26 @@ def test_the_looks_together_keep_the_false_alarm_rate_at_alpha():
     assert 0.008 < sequential < 0.012 and naive > 0.03
     with pytest.raises(ValueError, match="at least one look"):
         stats.sequential_levels(alpha, 0)
+
+
+def test_a_case_the_time_cap_ends_early_spends_the_rest_of_alpha_at_its_last_look():
+    # Planned: 8 looks. The cap ends the case at look m: looks before m keep their planned levels,
+    # look m tests at what they left of alpha, so the case's false-alarm rate is still alpha
+    # (simulated null walks), and a short cap does not leave only near-zero levels.
+    from scipy.stats import norm
+
+    alpha, planned = 0.01, 8
+    levels = stats.sequential_levels(alpha, planned)
+    assert stats.level_for_last_look(alpha, planned, 1) == alpha
+    assert stats.level_for_last_look(alpha, planned, planned) == levels[-1]
+    rng = np.random.default_rng(5)
+    walks = rng.standard_normal((100_000, planned)).cumsum(axis=1) / np.sqrt(np.arange(1, planned + 1))
+    p_values = 2 * norm.sf(np.abs(walks))
+    for last in (2, 3, 5):
+        final = stats.level_for_last_look(alpha, planned, last)
+        assert levels[last - 1] < final <= alpha and final > 0.9 * alpha  # the early looks spent little
+        used = np.array([*levels[:last - 1], final])
+        rate = (p_values[:, :last] < used).any(axis=1).mean()
+        assert 0.008 < rate < 0.012, (last, rate)
+    with pytest.raises(ValueError, match="planned looks"):
+        stats.level_for_last_look(alpha, planned, planned + 1)

@@ -1,6 +1,8 @@
 """Replay recorded A/B cases under two rules for the looks: Bonferroni (alpha / K at every look, the
 rule before 2026-11-22) and the group-sequential levels ddpbench uses now (ddpbench.ab.stats.
-sequential_levels). Each case's block medians are rebuilt from its saved rounds (the candidate's
+sequential_levels; a case the time cap ended early tests its last look at stats.level_for_last_look,
+which the replay applies where the recorded case ended inconclusive before the last planned look).
+Each case's block medians are rebuilt from its saved rounds (the candidate's
 pytest-benchmark data, the baseline's raw rounds in extra_info["ab"]) and analysed again look by
 look, exactly as the engine would have, up to the pairs the recorded run took: a case that stopped
 early ("same" or "regression") cannot be continued, so a rule that would have looked further is
@@ -24,7 +26,8 @@ from ddpbench.ab.engine import ABSettings, SideRounds
 
 
 def recorded_cases(folder: str):
-    """(case name, baseline block medians, candidate block medians, pool pair per pair, threshold)."""
+    """(case name, baseline block medians, candidate block medians, pool pair per pair, threshold,
+    whether the time cap ended the recorded case: inconclusive before its last planned look)."""
     for name in sorted(os.listdir(folder)):
         if not (name.startswith("run") and name.endswith(".json")):
             continue
@@ -42,14 +45,16 @@ def recorded_cases(folder: str):
             def medians(times):  # the engine's own block summary
                 return SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)]).block_medians
 
-            yield (case["name"], medians(baseline), medians(candidate),
-                   ab.get("pool_pair_of_pair") or [0] * pairs, ab["threshold"])
+            pools = ab.get("pool_pair_of_pair") or [0] * pairs
+            capped = ab.get("verdict") == "inconclusive" and pairs < ABSettings().max_pairs
+            yield case["name"], medians(baseline), medians(candidate), pools, ab["threshold"], capped
 
 
 def replay(baseline, candidate, pools, threshold, levels, stage_size) -> tuple[str, int]:
-    """The verdict and the pairs it took, looking after every stage as the engine does."""
+    """The verdict and the pairs it took, looking after every stage as the engine does (``levels``:
+    one per look the recorded pairs reach)."""
     verdict, seen = "inconclusive", 0
-    for level in levels[:len(baseline) // stage_size]:  # the looks the recorded pairs reach
+    for level in levels:
         seen += stage_size
         verdict = stats.analyse_pairs(baseline[:seen], candidate[:seen], threshold, level,
                                       pool_pair_of=pools[:seen]).verdict
@@ -70,12 +75,15 @@ def main(argv=None):
     for rule in ("bonferroni", "sequential"):
         counts = {verdict: 0 for verdict in stats.VERDICTS}
         flagged = []
-        for name, baseline, candidate, pools, threshold in cases:
-            pool_pairs = len(set(pools))
-            sizes = settings.stage_sizes(pool_pairs)
-            looks = len(sizes)
-            levels = ((settings.alpha / looks,) * looks if rule == "bonferroni"
-                      else stats.sequential_levels(settings.alpha, looks))
+        for name, baseline, candidate, pools, threshold, capped in cases:
+            sizes = settings.stage_sizes(len(set(pools)))
+            looks, reached = len(sizes), min(len(sizes), len(baseline) // sizes[0])
+            if rule == "bonferroni":
+                levels = [settings.alpha / looks] * reached
+            else:
+                levels = list(stats.sequential_levels(settings.alpha, looks)[:reached])
+                if capped and reached:
+                    levels[-1] = stats.level_for_last_look(settings.alpha, looks, reached)
             verdict, seen = replay(baseline, [c * args.scale for c in candidate], pools, threshold,
                                    levels, sizes[0])
             counts[verdict] += 1

@@ -38,7 +38,8 @@ class ABSettings:
     # The case's overall significance level. The pairs are analysed after every stage, and each
     # look is another chance for noise to pass, so look k tests at the k-th of
     # stats.sequential_levels(alpha, the most looks the case can take): the case as a whole keeps
-    # alpha, early looks on few pairs need overwhelming evidence, the last tests near alpha.
+    # alpha, early looks on few pairs need overwhelming evidence, the last tests near alpha. A case
+    # the time cap ends early tests its last look at stats.level_for_last_look: what is left of alpha.
     alpha: float = stats.DEFAULT_ALPHA
     confidence: float = stats.DEFAULT_CONFIDENCE
 
@@ -94,7 +95,7 @@ class ABOutcome:
     wall_s: float
     threshold: float
     alpha: float
-    alpha_per_look: tuple[float, ...]
+    alpha_per_look: tuple[float, ...]  # the level each look taken was tested at, first to last
     fresh_state: bool
 
     def summary(self, sides: dict[str, dict]) -> dict[str, Any]:
@@ -124,7 +125,7 @@ class ABOutcome:
             "fresh_state_per_block": self.fresh_state,
             "alpha": self.alpha,
             "alpha_per_look": list(self.alpha_per_look),
-            "alpha_at_last_look": self.alpha_per_look[self.stages - 1],
+            "alpha_at_last_look": self.alpha_per_look[-1],
             "baseline": side(self.baseline, raw=True),
             "candidate": side(self.candidate, raw=False),  # its rounds are the case's own
             "sides": sides,
@@ -165,6 +166,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         orders: list[tuple[str, str, int]] = []
         stage_sizes = settings.stage_sizes(pool_pairs)
         levels = settings.alpha_per_look(pool_pairs)
+        applied: list[float] = []  # the level each look taken was tested at
         stages = 0
         while True:
             stage_started = time.monotonic()
@@ -180,15 +182,17 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             orders += stage
             stages += 1
             seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
+            # Escalate while the next stage still ends inside the per-case time cap. A look with no
+            # stage after it is the last and spends what is left of alpha.
+            remaining = settings.max_time_s - (time.monotonic() - started)
+            last_look = stages == len(stage_sizes) or stage_sizes[stages] * seconds_per_pair > remaining
+            level = stats.level_for_last_look(settings.alpha, len(stage_sizes), stages) if last_look \
+                else levels[stages - 1]
+            applied.append(level)
             result = stats.analyse_pairs(sides[schedule.BASELINE].block_medians,
                                          sides[schedule.CANDIDATE].block_medians, settings.threshold,
-                                         levels[stages - 1], settings.confidence,
-                                         pool_pair_of=[j for _, _, j in orders])
-            if result.verdict != "inconclusive" or stages == len(stage_sizes):
-                break
-            # Escalate while the next stage still ends inside the per-case time cap.
-            remaining = settings.max_time_s - (time.monotonic() - started)
-            if stage_sizes[stages] * seconds_per_pair > remaining:
+                                         level, settings.confidence, pool_pair_of=[j for _, _, j in orders])
+            if result.verdict != "inconclusive" or last_look:
                 break
         metrics = []
         for j in range(pool_pairs):
@@ -208,4 +212,4 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _, _ in orders)
     return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE], metrics, rounds, order,
                      [j for _, _, j in orders], pool_pairs, stages, time.monotonic() - started,
-                     settings.threshold, settings.alpha, levels, settings.fresh_state_per_block)
+                     settings.threshold, settings.alpha, tuple(applied), settings.fresh_state_per_block)

@@ -14,8 +14,9 @@ with candidate pool k). Over the pairs:
   (exact for small samples), as Chromium's Pinpoint decides.
 
 Verdicts, for a threshold t (the smallest change that counts) and a significance level alpha (the
-engine looks after every stage and passes that look's level from :func:`sequential_levels`, so
-that the case as a whole keeps its alpha however many looks it takes):
+engine looks after every stage and passes that look's level from :func:`sequential_levels`, or
+from :func:`level_for_last_look` when the time cap ends the case early, so that the case as a
+whole keeps its alpha however many looks it takes):
 ``regression`` when p < alpha, the interval excludes no change (lies above 1), the estimate is over
 1 + t, and so is every pool pair's own estimate (with a single pool per side: the whole interval
 lies above 1 + t); ``improvement`` symmetrically; ``same`` when the
@@ -79,9 +80,8 @@ def sequential_levels(alpha: float, looks: int) -> tuple[float, ...]:
         raise ValueError("sequential_levels needs at least one look and 0 < alpha < 1")
     if looks == 1:
         return (alpha,)
-    k = np.arange(1, looks + 1)
-    weights = np.sqrt(looks / k)
-    joint = stats.multivariate_normal(mean=np.zeros(looks), cov=np.sqrt(np.minimum.outer(k, k) / np.maximum.outer(k, k)))
+    weights = np.sqrt(looks / np.arange(1, looks + 1))
+    joint = _nested_looks(looks)
 
     def overall(c: float) -> float:
         bound = c * weights
@@ -89,6 +89,48 @@ def sequential_levels(alpha: float, looks: int) -> tuple[float, ...]:
 
     c = optimize.brentq(overall, stats.norm.isf(alpha / 2), stats.norm.isf(alpha / (2 * looks)) + 1.0, xtol=1e-5)
     return tuple(float(2 * stats.norm.sf(c * w)) for w in weights)
+
+
+def _nested_looks(looks: int):
+    """The joint normal distribution of the z-statistics of looks 1..``looks`` at equal increments
+    of pairs (correlated as sqrt(k / l))."""
+    from scipy import stats
+
+    k = np.arange(1, looks + 1)
+    return stats.multivariate_normal(mean=np.zeros(looks), cov=np.sqrt(np.minimum.outer(k, k) / np.maximum.outer(k, k)))
+
+
+@functools.lru_cache(maxsize=None)
+def level_for_last_look(alpha: float, planned: int, last: int) -> float:
+    """The level of look ``last`` when the case ends there although ``planned`` looks were planned
+    (the per-case time cap left no time for the next stage): the level that spends all of
+    ``alpha`` the earlier looks (at their :func:`sequential_levels`) did not, so a case cut short
+    by time keeps its whole alpha instead of ending on an early look's near-zero level (error
+    spending, as Lan and DeMets allow for looks whose timing does not depend on the data). With
+    the O'Brien-Fleming shape the earlier looks spend almost nothing: the level is just under alpha.
+    """
+    from scipy import optimize
+    from scipy import stats
+
+    if not 1 <= last <= planned:
+        raise ValueError(f"look {last} is not one of the {planned} planned looks")
+    levels = sequential_levels(alpha, planned)
+    if last == planned:
+        return levels[-1]
+    if last == 1:
+        return alpha
+    earlier = stats.norm.isf(np.array(levels[:last - 1]) / 2)  # the earlier looks' |z| bounds
+    joint = _nested_looks(last)
+
+    def overall(z: float) -> float:
+        bound = np.append(earlier, z)
+        return 1.0 - float(joint.cdf(bound, lower_limit=-bound, rng=np.random.default_rng(BOOTSTRAP_SEED))) - alpha
+
+    # The bracket: below alpha's own bound the looks together reject more than alpha, above it
+    # plus one less (the cdf is integrated numerically, to about 1e-5).
+    start = stats.norm.isf(alpha / 2)
+    z = optimize.brentq(overall, start - 0.5, start + 1.0, xtol=1e-5)
+    return min(alpha, float(2 * stats.norm.sf(z)))
 
 
 def hodges_lehmann(values, axis: int = -1):

@@ -107,6 +107,36 @@ def test_a_rank_stuck_past_the_timeout_is_named_with_its_stack(registry):
     assert [r["rank"] for r in registry.get(SPEC).run(rank_tasks.rank_and_sum, 0)] == [0, 1]
 
 
+def _wake_ups(pid: int) -> dict[str, int]:
+    """Context switches so far (each a wake-up or a preemption) of every thread of ``pid``, by
+    thread id and name."""
+    counts = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+            name = fh.read().strip()
+        with open(f"/proc/{pid}/task/{tid}/status") as fh:
+            counts[f"{tid} {name}"] = sum(int(line.split()[1]) for line in fh
+                                          if line.split(":")[0].endswith("ctxt_switches"))
+    return counts
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open") or not os.path.isdir("/proc/self/task"),
+                    reason="needs Linux pidfds and /proc")
+def test_an_idle_rank_adds_no_wake_ups_of_its_own(registry):
+    """Between tasks no thread ddpbench runs in a rank wakes up on a timer (a parent watch that
+    polled twice a second did). gloo's own TCP event loop (thread "gloo_tcp_loop") wakes every
+    10 ms in every gloo process, a plain script's included: it is not ddpbench's to remove."""
+    pool = registry.get(SPEC)
+    pool.run(rank_tasks.rank_and_sum, 0)
+    time.sleep(0.5)  # the task's own hand-offs settle
+    before = [_wake_ups(pid) for pid in pool.pids]
+    time.sleep(3.0)
+    for pid, earlier in zip(pool.pids, before):
+        woke = {thread: n - earlier[thread] for thread, n in _wake_ups(pid).items()
+                if thread in earlier and "gloo" not in thread.split(" ", 1)[1]}
+        assert all(n <= 1 for n in woke.values()), f"idle rank threads woke up in 3 s: {woke}"
+
+
 def test_tasks_that_do_not_pickle_fail_clearly(registry):
     pool = registry.get(SPEC)
     with pytest.raises(PoolError, match="does not pickle"):

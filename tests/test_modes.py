@@ -3,7 +3,7 @@
 import math
 import random
 
-from ddpbench.modes import modes_are_settled, placement_info, round_modes, rounds_info
+from ddpbench.modes import placement_info, round_modes, rounds_info
 
 
 def _lognormal(rng, n, centre, sigma):
@@ -36,18 +36,3 @@ def test_placement_splits_rounds_by_whether_the_ranks_shared_a_cpu():
     assert placement_info(times, [None, None]) == {}  # platform could not tell
     assert placement_info(times, [[0, 0, 0, 0]]) == {}  # one rank: nothing to share
     assert "ranks_shared_cpu_share" not in rounds_info(times, cpus, nodes=2)  # other hosts' CPUs
-
-
-def test_two_modes_are_settled_once_their_medians_and_shares_are_known():
-    rng = random.Random(2)
-
-    def mixed(n):  # half the rounds near 1.3 ms, half near 3.7 ms (the 1 MB picture on 2 cores)
-        return [t for _ in range(n // 2) for t in (1.3e-3 * math.exp(rng.gauss(0, 0.03)),
-                                                 3.7e-3 * math.exp(rng.gauss(0, 0.03)))]
-
-    assert modes_are_settled(mixed(500), 0.01)
-    assert not modes_are_settled(mixed(60), 0.01)  # shares known only to about +-13 points
-    assert not modes_are_settled(mixed(500), 0.0)  # 0 turns the early stop off
-    assert not modes_are_settled(_lognormal(rng, 500, 1e-3, 0.5), 0.01)  # one wide mode
-    wide = [t * math.exp(rng.gauss(0, 0.3)) for t in mixed(500)]  # two modes, each too wide for 1%
-    assert round_modes(wide) is None or not modes_are_settled(wide, 0.01)

@@ -24,8 +24,6 @@ MIN_MODE_SHARE = 0.10
 VALLEY_HALF_WIDTH = math.log(1.1)
 MAX_VALLEY_DENSITY = 1 / 3
 MIN_ROUNDS_FOR_MODES = 20
-# The stopping rule ends two-mode rounds once the modes' shares are known to +- this (95%).
-MODE_SHARE_MARGIN = 0.05
 
 
 def _best_split(logs: list[float]) -> int:
@@ -45,9 +43,10 @@ def _best_split(logs: list[float]) -> int:
     return min(range(1, n), key=lambda i: sse(0, i) + sse(i, n))
 
 
-def _mode_split(values: list[float]) -> int | None:
-    """For sorted positive ``values``: the index splitting them into two clearly separated modes
-    ([:i] and [i:]), or None when they look unimodal."""
+def round_modes(times: list[float]) -> list[dict[str, float]] | None:
+    """The rounds' two modes (``median_s`` and ``share`` each, fastest first) when the rounds fall
+    into two clearly separated groups; None when they look unimodal."""
+    values = sorted(t for t in times if t > 0)
     if len(values) < MIN_ROUNDS_FOR_MODES:
         return None
     logs = [math.log(v) for v in values]
@@ -69,39 +68,8 @@ def _mode_split(values: list[float]) -> int | None:
     peak = min(near(statistics.median(low)), near(statistics.median(high)))
     if near(split) > MAX_VALLEY_DENSITY * peak:
         return None
-    return i
-
-
-def round_modes(times: list[float]) -> list[dict[str, float]] | None:
-    """The rounds' two modes (``median_s`` and ``share`` each, fastest first) when the rounds fall
-    into two clearly separated groups; None when they look unimodal."""
-    values = sorted(t for t in times if t > 0)
-    i = _mode_split(values)
-    if i is None:
-        return None
-    n = len(values)
-    return [{"median_s": statistics.median(values[:i]), "share": round(i / n, 4)},
-            {"median_s": statistics.median(values[i:]), "share": round((n - i) / n, 4)}]
-
-
-def modes_are_settled(times: list[float], precision: float) -> bool:
-    """Whether two-mode rounds have told what more rounds would: each mode's median known to
-    +-``precision`` (its 95% order-statistic interval) and the modes' shares to +-MODE_SHARE_MARGIN
-    (95% normal interval). The stopping rule's second way out: the median of such rounds sits
-    between the modes or follows their mix, so it may never be known to 1%, while what the case
-    reports about them (extra_info ``round_modes``) already is."""
-    from .timing import _Z95, median_is_precise  # timing imports this module
-
-    if precision <= 0:
-        return False
-    values = sorted(t for t in times if t > 0)
-    i = _mode_split(values)
-    if i is None:
-        return False
-    share = i / len(values)
-    if _Z95 * math.sqrt(share * (1 - share) / len(values)) > MODE_SHARE_MARGIN:
-        return False
-    return median_is_precise(values[:i], precision) and median_is_precise(values[i:], precision)
+    return [{"median_s": statistics.median(values[:i]), "share": round(len(low) / n, 4)},
+            {"median_s": statistics.median(values[i:]), "share": round(len(high) / n, 4)}]
 
 
 def placement_info(round_times: list[float], per_rank_cpus: list[list[int] | None]) -> dict[str, Any]:

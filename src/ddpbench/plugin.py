@@ -93,10 +93,8 @@ def pytest_addoption(parser):
                       "verdict (1: the whole interval must clear the threshold instead). Default: 2")
     group.addoption("--dist-precision", type=opts.parse_precision, default=0.01,
                     help="with --dist-rounds=0: stop recording once the median's 95%% interval is "
-                         "within +-this fraction of it, or, for rounds in two separated modes, once "
-                         "each mode's median is and their shares are known to +-5 points (e.g. 1%%; "
-                         "checked after 20 rounds, then every 1.5x); 0 records until --dist-min-time "
-                         "is filled. Default: 1%%")
+                         "within +-this fraction of it (e.g. 1%%; checked after 20 rounds, then every "
+                         "1.5x); 0 records until --dist-min-time is filled. Default: 1%%")
 
 
 def pytest_configure(config):

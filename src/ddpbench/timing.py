@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .modes import modes_are_settled
-
 
 # The stopping rule's first look at the rounds, and how much the count grows between looks.
 PRECISION_FIRST_LOOK = 20
@@ -35,9 +33,7 @@ class RoundPlan:
     ``rounds > 0``: exactly that many. ``rounds == 0``: as many as fill ``min_time_s`` (within
     [min_rounds, max_rounds]), stopping earlier once the median is known to ``precision``: the 95%
     interval of the median (order statistics, no distribution assumed) lies within +-precision of
-    it; or, for rounds in two separated modes (whose median can sit between them and never
-    settle), once each mode's median is known to ``precision`` and their shares to +-5 points
-    (modes.modes_are_settled). ``precision == 0`` turns the early stop off.
+    it. ``precision == 0`` turns the early stop off.
     """
 
     warmup: int = 2
@@ -249,8 +245,7 @@ class RankSession:
                         cpus.append(cpu.read())
                     if len(times) >= rounds:
                         break
-                    agreed = self._agree(self.ctx, times)
-                    if median_is_precise(agreed, self.plan.precision) or modes_are_settled(agreed, self.plan.precision):
+                    if median_is_precise(self._agree(self.ctx, times), self.plan.precision):
                         break
                     look = math.ceil(len(times) * PRECISION_GROWTH)
                 # The untimed part of the recorded phase: barriers, CUDA syncs, the stopping rule.

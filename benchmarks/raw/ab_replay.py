@@ -25,9 +25,10 @@ from ddpbench.ab import stats
 from ddpbench.ab.engine import ABSettings, SideRounds
 
 
-def recorded_cases(folder: str):
+def recorded_cases(folder: str, with_order: bool = False):
     """(case name, baseline block medians, candidate block medians, pool pair per pair, threshold,
-    whether the time cap ended the recorded case: inconclusive before its last planned look)."""
+    whether the time cap ended the recorded case: inconclusive before its last planned look), and
+    with ``with_order`` each pair's order ("AB": baseline first, or "BA") last."""
     for name in sorted(os.listdir(folder)):
         if not (name.startswith("run") and name.endswith(".json")):
             continue
@@ -47,7 +48,8 @@ def recorded_cases(folder: str):
 
             pools = ab.get("pool_pair_of_pair") or [0] * pairs
             capped = ab.get("verdict") == "inconclusive" and pairs < ABSettings().max_pairs
-            yield case["name"], medians(baseline), medians(candidate), pools, ab["threshold"], capped
+            found = (case["name"], medians(baseline), medians(candidate), pools, ab["threshold"], capped)
+            yield (*found, ab["order"].split()) if with_order else found
 
 
 def replay(baseline, candidate, pools, threshold, levels, stage_size) -> tuple[str, int]:

@@ -1,0 +1,76 @@
+"""Checks on the pairs of recorded A/A cases: is there an order effect, a side bias, or correlation
+between consecutive pairs? (What the signed-rank test assumes: pairs independent and, for identical
+sides, symmetric about no change.)
+
+Each case's block medians are rebuilt from its saved rounds, as ab_replay.py does. Per folder of
+ab_reliability.py runs it prints:
+
+* the median log(candidate / baseline) of AB pairs and of BA pairs (an order effect would make
+  them differ with opposite signs);
+* how many cases have a positive median log ratio, and the pooled median per pool pair (a side
+  bias of identical sides would make these lean one way on every pool pair);
+* the lag-1 autocorrelation of the log ratios of consecutive pairs of one pool pair, by size
+  (a lasting state of a pool would make it positive), for cases of at least 40 pairs.
+
+    .venv/bin/python benchmarks/raw/ab_pair_checks.py DIR [DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+from ab_replay import recorded_cases  # the same folder of runs, read the same way
+
+
+def lag1_autocorrelation(values: list[float]) -> float:
+    mean = statistics.fmean(values)
+    centred = [v - mean for v in values]
+    denominator = sum(v * v for v in centred)
+    return sum(a * b for a, b in zip(centred, centred[1:])) / denominator if denominator else 0.0
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:+.3f}" if values else "-"
+    q = statistics.quantiles(values, n=4)
+    return f"median {statistics.median(values):+.3f} (IQR {q[0]:+.3f} to {q[2]:+.3f}, n={len(values)})"
+
+
+def check(folder: str) -> None:
+    by_order: dict[str, list[float]] = {"AB": [], "BA": []}
+    by_pool_pair: dict[int, list[float]] = {}
+    case_medians: list[float] = []
+    autocorrelations: dict[str, list[float]] = {}
+    for name, baseline, candidate, pools, _threshold, _capped, order in recorded_cases(folder, with_order=True):
+        logs = [math.log(c / b) for b, c in zip(baseline, candidate)]
+        case_medians.append(statistics.median(logs))
+        for value, first_second, pool in zip(logs, order, pools):
+            by_order[first_second].append(value)
+            by_pool_pair.setdefault(pool, []).append(value)
+        if len(logs) >= 40:
+            size = name.rsplit("-", 1)[-1].rstrip("]")
+            for pool in sorted(set(pools)):
+                sequence = [v for v, p in zip(logs, pools) if p == pool]
+                if len(sequence) >= 20:
+                    autocorrelations.setdefault(size, []).append(lag1_autocorrelation(sequence))
+    print(f"{folder}: {len(case_medians)} cases")
+    print(f"  median log(candidate / baseline): AB pairs {statistics.median(by_order['AB']):+.4f} "
+          f"(n={len(by_order['AB'])}), BA pairs {statistics.median(by_order['BA']):+.4f} (n={len(by_order['BA'])})")
+    print(f"  cases with a positive median log ratio: {sum(m > 0 for m in case_medians)} of {len(case_medians)}; "
+          "pooled median per pool pair: " + ", ".join(f"{p}: {statistics.median(v):+.4f}"
+                                                    for p, v in sorted(by_pool_pair.items())))
+    for size, values in sorted(autocorrelations.items()):
+        print(f"  lag-1 autocorrelation within a pool pair, {size}: {_spread(values)}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", help="folders of run*.json files from ab_reliability.py")
+    for folder in parser.parse_args(argv).folders:
+        check(folder)
+
+
+if __name__ == "__main__":
+    main()

@@ -27,9 +27,32 @@ import torch.multiprocessing as mp
 PLACEMENTS = ("os", "split", "shared")
 
 
-def _current_cpu() -> int:
+def current_cpu() -> int:
+    """The CPU this thread last ran on (/proc/thread-self/stat, field 39)."""
     with open("/proc/thread-self/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[36])
+
+
+def timed_rounds(tensor, rounds):
+    """``rounds`` rounds of barrier -> perf_counter -> all_reduce -> perf_counter; after each,
+    outside the timed part, the CPU this rank's main thread is on. Returns (times, cpus)."""
+    times, cpus = [], []
+    for _ in range(rounds):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - start)
+        cpus.append(current_cpu())
+    return times, cpus
+
+
+def write_from_rank0(rank, world_size, result, out_path):
+    """Gather every rank's ``result`` and have rank 0 write the list (rank order) to ``out_path``."""
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, result)
+    if rank == 0:
+        with open(out_path, "w") as fh:
+            json.dump(gathered, fh)
 
 
 def worker(rank, world_size, store_path, placement, size, rounds, out_path):
@@ -41,20 +64,8 @@ def worker(rank, world_size, store_path, placement, size, rounds, out_path):
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
                             world_size=world_size)
     tensor = torch.ones(size // 4)
-    times, cpus = [], []
-    for i in range(rounds + 5):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(tensor)
-        elapsed = time.perf_counter() - start
-        if i >= 5:  # warm-up
-            times.append(elapsed)
-            cpus.append(_current_cpu())
-    gathered = [None] * world_size
-    dist.all_gather_object(gathered, (times, cpus))
-    if rank == 0:
-        with open(out_path, "w") as fh:
-            json.dump(gathered, fh)
+    timed_rounds(tensor, 5)  # warm-up
+    write_from_rank0(rank, world_size, timed_rounds(tensor, rounds), out_path)
     dist.destroy_process_group()
 
 

@@ -34,13 +34,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from placement_1mb import timed_rounds, write_from_rank0  # the same timed loop, from its folder
+
 VARIANTS = ("plain", "rank-thread", "parent-poll", "loopback", "suite")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _current_cpu() -> int:
-    with open("/proc/thread-self/stat") as fh:
-        return int(fh.read().rsplit(")", 1)[1].split()[36])
 
 
 def _wake_every(seconds: float) -> None:
@@ -61,26 +58,12 @@ def worker(rank, world_size, store_path, variant, size, min_time, out_path):
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
                             world_size=world_size)
     tensor = torch.ones(size // 4)
-    for _ in range(2):  # warm-up; the last one estimates a round, as the plain reference script does
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(tensor)
-        last = time.perf_counter() - start
-    estimate = torch.tensor([last], dtype=torch.float64)
+    # Warm-up; the last round estimates a round, as the plain reference script does.
+    warmup, _ = timed_rounds(tensor, 2)
+    estimate = torch.tensor([warmup[-1]], dtype=torch.float64)
     dist.all_reduce(estimate, op=dist.ReduceOp.MAX)  # every rank runs the same number of rounds
     rounds = max(5, min(1000, int(min_time / max(estimate.item(), 1e-9)) + 1))
-    times, cpus = [], []
-    for _ in range(rounds):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(tensor)
-        times.append(time.perf_counter() - start)
-        cpus.append(_current_cpu())
-    gathered = [None] * world_size
-    dist.all_gather_object(gathered, (times, cpus))
-    if rank == 0:
-        with open(out_path, "w") as fh:
-            json.dump(gathered, fh)
+    write_from_rank0(rank, world_size, timed_rounds(tensor, rounds), out_path)
     dist.destroy_process_group()
 
 

@@ -153,10 +153,10 @@ def _exit_when_parent_dies(parent_pid: int) -> None:
 
     Where the OS has pidfds (Linux >= 5.3) the watching thread sleeps in select() on a pidfd of the
     parent, which becomes readable when the parent exits: the thread never wakes up before that.
-    Elsewhere it polls ``os.getppid()`` every PARENT_POLL_S. A periodic wake-up is not free: on a
-    VM with idle (halted) virtual CPUs, each one can move a rank, and small collectives move
-    between their two timing modes with the ranks' placement (docs/results.md, "Where the 1 MB
-    modes come from")."""
+    Elsewhere it polls ``os.getppid()`` every PARENT_POLL_S. An idle rank then adds no wake-ups of
+    its own beside the ones its backend makes (gloo's TCP loop thread wakes every 10 ms); the
+    former twice-a-second poll was measured not to move the 1 MB modes (docs/results.md, "Where
+    the 1 MB modes come from"), but a rank has no reason to wake a CPU for nothing."""
     try:
         parent_fd: int | None = os.pidfd_open(parent_pid)
     except (AttributeError, OSError):  # no pidfds here (macOS, old kernels), or the parent is gone

@@ -84,8 +84,7 @@ def sequential_levels(alpha: float, looks: int) -> tuple[float, ...]:
     joint = _nested_looks(looks)
 
     def overall(c: float) -> float:
-        bound = c * weights
-        return 1.0 - float(joint.cdf(bound, lower_limit=-bound, rng=np.random.default_rng(BOOTSTRAP_SEED))) - alpha
+        return _chance_any_look_rejects(joint, c * weights) - alpha
 
     c = optimize.brentq(overall, stats.norm.isf(alpha / 2), stats.norm.isf(alpha / (2 * looks)) + 1.0, xtol=1e-5)
     return tuple(float(2 * stats.norm.sf(c * w)) for w in weights)
@@ -98,6 +97,12 @@ def _nested_looks(looks: int):
 
     k = np.arange(1, looks + 1)
     return stats.multivariate_normal(mean=np.zeros(looks), cov=np.sqrt(np.minimum.outer(k, k) / np.maximum.outer(k, k)))
+
+
+def _chance_any_look_rejects(joint, bounds) -> float:
+    """Under no change, the chance that some look's |z| passes its bound (``joint``: from
+    :func:`_nested_looks`; integrated numerically, seeded: the same answer every time)."""
+    return 1.0 - float(joint.cdf(bounds, lower_limit=-bounds, rng=np.random.default_rng(BOOTSTRAP_SEED)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,8 +128,7 @@ def level_for_last_look(alpha: float, planned: int, last: int) -> float:
     joint = _nested_looks(last)
 
     def overall(z: float) -> float:
-        bound = np.append(earlier, z)
-        return 1.0 - float(joint.cdf(bound, lower_limit=-bound, rng=np.random.default_rng(BOOTSTRAP_SEED))) - alpha
+        return _chance_any_look_rejects(joint, np.append(earlier, z)) - alpha
 
     # The bracket: below alpha's own bound the looks together reject more than alpha, above it
     # plus one less (the cdf is integrated numerically, to about 1e-5).

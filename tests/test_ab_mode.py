@@ -131,6 +131,7 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert case["extra_info"]["pinned_cores"] is (len(os.sched_getaffinity(0)) >= 2)
     # The case's own rounds are the candidate's (slower); the baseline's are kept raw in extra_info.
     assert case["stats"]["rounds"] == ab["pairs"] * ab["rounds_per_block"]
+    assert ab["block_summary"] == "mean"  # what each block of a pair is compared by
     assert len(ab["baseline"]["round_times"]) == ab["baseline"]["rounds"]
     assert case["stats"]["median"] > ab["baseline"]["median_s"] * 1.2
 

@@ -7,6 +7,8 @@ import random
 
 import pytest
 
+from ddpbench.ab.engine import ABSettings
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "raw" / "ab_replay.py"
 
 
@@ -18,7 +20,7 @@ def replay_script():
     return module
 
 
-def _recorded_case(name, slower, pairs=48, per_block=5, seed=1, verdict=None):
+def _recorded_case(name, slower, pairs=48, per_block=5, seed=1, verdict=None, alpha_per_look=None):
     """A case as ab_reliability.py saves it: the candidate's rounds in stats.data, the baseline's in
     extra_info["ab"], two pool pairs taking turns; candidate rounds ``slower`` x the baseline's."""
     rng = random.Random(seed)
@@ -28,6 +30,8 @@ def _recorded_case(name, slower, pairs=48, per_block=5, seed=1, verdict=None):
           "pool_pair_of_pair": [i % 2 for i in range(pairs)], "baseline": {"round_times": baseline}}
     if verdict:
         ab["verdict"] = verdict
+    if alpha_per_look:
+        ab["alpha_per_look"] = alpha_per_look
     return {"name": name, "stats": {"data": candidate}, "extra_info": {"ab": ab}}
 
 
@@ -64,6 +68,38 @@ def test_a_case_the_time_cap_ended_is_replayed_with_the_rest_of_alpha_at_its_las
     sequential = out.index(next(line for line in out if line.startswith("sequential")))
     assert out[sequential].startswith("sequential 2 cases: 1 regression, 0 improvement, 0 same, 1 inconclusive")
     assert "test_capped regression after 12 pairs" in out[sequential + 1]
+
+
+def test_a_case_decided_at_a_level_the_cap_raised_counts_as_cap_ended(replay_script):
+    planned = ABSettings().alpha_per_look(2)
+    raised = {"verdict": "regression", "pool_pair_of_pair": [0, 1], "alpha_per_look": [planned[0], 0.0099]}
+    assert replay_script._cap_ended(raised, pairs=24)
+    kept = dict(raised, alpha_per_look=list(planned[:2]))
+    assert not replay_script._cap_ended(kept, pairs=24)
+    assert replay_script._cap_ended({"verdict": "inconclusive"}, pairs=24)
+    assert not replay_script._cap_ended({"verdict": "inconclusive"}, pairs=ABSettings().max_pairs)
+    assert not replay_script._cap_ended({"verdict": "same", "alpha_per_look": 0.01}, pairs=24)  # older files
+
+
+def _two_mode_case(name, slow_rounds_candidate, pairs=24, per_block=25):
+    """Rounds in two modes (1 and 3 ms): the baseline's blocks have 12 slow rounds of 25, the
+    candidate's ``slow_rounds_candidate``."""
+    rng = random.Random(len(name))
+
+    def rounds(slow):
+        return [(3e-3 if i < slow else 1e-3) * rng.uniform(0.995, 1.005) for _ in range(pairs) for i in range(per_block)]
+
+    ab = {"pairs": pairs, "rounds_per_block": per_block, "threshold": 0.05, "verdict": "same",
+          "pool_pair_of_pair": [i % 2 for i in range(pairs)], "baseline": {"round_times": rounds(12)}}
+    return {"name": name, "stats": {"data": rounds(slow_rounds_candidate)}, "extra_info": {"ab": ab}}
+
+
+def test_replay_summarises_blocks_by_their_mean_as_the_engine_does_or_by_the_median(tmp_path, replay_script, capsys):
+    (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": [_two_mode_case("test_one_round_moved", 13)]}))
+    replay_script.main([str(tmp_path)])
+    assert "1 same" in capsys.readouterr().out.splitlines()[0]
+    replay_script.main([str(tmp_path), "--block-summary", "median"])
+    assert capsys.readouterr().out.splitlines()[0].startswith("bonferroni 1 cases: 1 regression")
 
 
 def test_replay_of_a_folder_without_ab_cases_says_so(tmp_path, replay_script):

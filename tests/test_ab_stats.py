@@ -2,12 +2,13 @@
 
 import math
 import random
+import statistics
 
 import numpy as np
 import pytest
 
 from ddpbench.ab import schedule, stats
-from ddpbench.ab.engine import ABSettings
+from ddpbench.ab.engine import ABSettings, SideRounds
 
 
 def _pairs(rng, n, shift=0.0, noise=0.05):
@@ -208,3 +209,23 @@ def test_a_case_the_time_cap_ends_early_spends_the_rest_of_alpha_at_its_last_loo
         assert 0.008 < rate < 0.012, (last, rate)
     with pytest.raises(ValueError, match="planned looks"):
         stats.level_for_last_look(alpha, planned, planned + 1)
+
+
+def _two_mode_blocks(slow_rounds: int, blocks: int, seed: int) -> SideRounds:
+    """Blocks of 25 rounds in two modes (1 ms and 3 ms, as 1 MB all_reduce on the dev machine),
+    ``slow_rounds`` of them in the slow mode, with a little jitter."""
+    rng = random.Random(seed)
+    return SideRounds(blocks=[[(3e-3 if i < slow_rounds else 1e-3) * rng.uniform(0.995, 1.005) for i in range(25)]
+                              for _ in range(blocks)])
+
+
+def test_blocks_are_compared_by_their_mean_round_so_a_mode_share_near_half_cannot_flip_a_side():
+    # One round of 25 moved from the fast mode to the slow one: 4% more time per block. The block
+    # median jumps from the fast mode to the slow one (a 3x "regression"); the mean moves 4%.
+    baseline, candidate = _two_mode_blocks(12, 24, seed=1), _two_mode_blocks(13, 24, seed=2)
+    assert baseline.block_means == [statistics.fmean(block) for block in baseline.blocks]
+    medians = stats.analyse_pairs([statistics.median(b) for b in baseline.blocks],
+                                  [statistics.median(b) for b in candidate.blocks], 0.05)
+    means = stats.analyse_pairs(baseline.block_means, candidate.block_means, 0.05)
+    assert medians.verdict == "regression" and medians.ratio > 2.9
+    assert means.verdict == "same" and 1.03 < means.ratio < 1.05

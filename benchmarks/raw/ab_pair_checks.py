@@ -2,7 +2,7 @@
 between consecutive pairs? (What the signed-rank test assumes: pairs independent and, for identical
 sides, symmetric about no change.)
 
-Each case's block medians are rebuilt from its saved rounds, as ab_replay.py does. Per folder of
+Each case's blocks are rebuilt from its saved rounds and summarised as ab_replay.py does. Per folder of
 ab_reliability.py runs it prints:
 
 * the median log(candidate / baseline) of AB pairs and of BA pairs (an order effect would make

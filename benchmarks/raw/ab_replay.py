@@ -1,17 +1,20 @@
 """Replay recorded A/B cases under two rules for the looks: Bonferroni (alpha / K at every look, the
 rule before 2026-11-22) and the group-sequential levels ddpbench uses now (ddpbench.ab.stats.
 sequential_levels; a case the time cap ended early tests its last look at stats.level_for_last_look,
-which the replay applies where the recorded case ended inconclusive before the last planned look).
-Each case's block medians are rebuilt from its saved rounds (the candidate's
-pytest-benchmark data, the baseline's raw rounds in extra_info["ab"]) and analysed again look by
+which the replay applies where the recorded case ended before its last planned look without the
+planned level: inconclusive, or decided at a level the cap raised).
+Each case's blocks are rebuilt from its saved rounds (the candidate's pytest-benchmark data, the
+baseline's raw rounds in extra_info["ab"]), summarised as the engine does (each block's mean round;
+--block-summary median: the rule before 2026-11-22's last change) and analysed again look by
 look, exactly as the engine would have, up to the pairs the recorded run took: a case that stopped
 early ("same" or "regression") cannot be continued, so a rule that would have looked further is
 judged on fewer pairs than it would have had.
 
     .venv/bin/python benchmarks/raw/ab_replay.py /tmp/ddpbench-ab-reliability   # ab_reliability.py's --out
     .venv/bin/python benchmarks/raw/ab_replay.py DIR --scale 1.10   # candidate blocks 10% slower
+    .venv/bin/python benchmarks/raw/ab_replay.py DIR --block-summary median
 
---scale multiplies the candidate's block medians (a slowdown with the recorded noise, not a real
+--scale multiplies the candidate's block summaries (a slowdown with the recorded noise, not a real
 one; ab_reliability.py --inject measures the real thing).
 """
 
@@ -21,14 +24,37 @@ import argparse
 import json
 import os
 
+import statistics
+
 from ddpbench.ab import stats
-from ddpbench.ab.engine import ABSettings, SideRounds
+from ddpbench.ab.engine import BLOCK_SUMMARY, ABSettings, SideRounds
+
+BLOCK_SUMMARIES = {
+    "mean": lambda rounds: rounds.block_means,  # the engine's
+    "median": lambda rounds: [statistics.median(block) for block in rounds.blocks],
+}
 
 
-def recorded_cases(folder: str, with_order: bool = False):
-    """(case name, baseline block medians, candidate block medians, pool pair per pair, threshold,
-    whether the time cap ended the recorded case: inconclusive before its last planned look), and
-    with ``with_order`` each pair's order ("AB": baseline first, or "BA") last."""
+def _cap_ended(ab: dict, pairs: int) -> bool:
+    """Whether the time cap ended the recorded case: before its last planned look, either
+    inconclusive or decided at a last look tested above its planned level."""
+    settings = ABSettings()
+    if pairs >= settings.max_pairs:
+        return False
+    if ab.get("verdict") == "inconclusive":
+        return True
+    applied = ab.get("alpha_per_look")
+    if not isinstance(applied, list) or not applied:  # saved before the levels were recorded per look
+        return False
+    planned = settings.alpha_per_look(len(set(ab.get("pool_pair_of_pair") or [0])))
+    return len(applied) <= len(planned) and applied[-1] > planned[len(applied) - 1] * (1 + 1e-6)
+
+
+def recorded_cases(folder: str, with_order: bool = False, block_summary: str = BLOCK_SUMMARY):
+    """(case name, baseline block summaries, candidate block summaries, pool pair per pair,
+    threshold, whether the time cap ended the recorded case), and with ``with_order`` each pair's
+    order ("AB": baseline first, or "BA") last."""
+    summarise = BLOCK_SUMMARIES[block_summary]
     for name in sorted(os.listdir(folder)):
         if not (name.startswith("run") and name.endswith(".json")):
             continue
@@ -43,12 +69,11 @@ def recorded_cases(folder: str, with_order: bool = False):
             if len(baseline) != pairs * per_block or len(candidate) != pairs * per_block:
                 continue  # saved without every round: nothing to rebuild the blocks from
 
-            def medians(times):  # the engine's own block summary
-                return SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)]).block_medians
+            def blocks(times):
+                return summarise(SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)]))
 
             pools = ab.get("pool_pair_of_pair") or [0] * pairs
-            capped = ab.get("verdict") == "inconclusive" and pairs < ABSettings().max_pairs
-            found = (case["name"], medians(baseline), medians(candidate), pools, ab["threshold"], capped)
+            found = (case["name"], blocks(baseline), blocks(candidate), pools, ab["threshold"], _cap_ended(ab, pairs))
             yield (*found, ab["order"].split()) if with_order else found
 
 
@@ -69,8 +94,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", help="a folder of run*.json files from ab_reliability.py")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the candidate's blocks (e.g. 1.10)")
+    parser.add_argument("--block-summary", choices=sorted(BLOCK_SUMMARIES), default=BLOCK_SUMMARY,
+                        help=f"how a block of rounds becomes one number (default: the engine's, {BLOCK_SUMMARY})")
     args = parser.parse_args(argv)
-    cases = list(recorded_cases(args.folder))
+    cases = list(recorded_cases(args.folder, block_summary=args.block_summary))
     if not cases:
         raise SystemExit(f"no A/B cases with all their rounds in {args.folder}")
     settings = ABSettings()

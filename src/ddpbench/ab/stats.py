@@ -201,7 +201,7 @@ def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshol
 def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], threshold: float,
                   alpha: float = DEFAULT_ALPHA, confidence: float = DEFAULT_CONFIDENCE,
                   pool_pair_of: list[int] | None = None) -> PairedResult:
-    """The verdict over paired block medians (baseline_blocks[i] and candidate_blocks[i] ran next
+    """The verdict over paired block summaries (baseline_blocks[i] and candidate_blocks[i] ran next
     to each other, on pool pair ``pool_pair_of[i]``; all on one pool pair when not given)."""
     if len(baseline_blocks) != len(candidate_blocks) or not baseline_blocks:
         raise ValueError("analyse_pairs needs the same, non-zero number of baseline and candidate blocks")

@@ -12,7 +12,7 @@ from ddpbench.ab.engine import ABSettings, SideRounds
 
 
 def _pairs(rng, n, shift=0.0, noise=0.05):
-    """n pairs of block medians: lognormal noise on both sides, the candidate slower by ``shift``."""
+    """n pairs of block summaries: lognormal noise on both sides, the candidate slower by ``shift``."""
     base = [math.exp(rng.gauss(0, noise)) * 1e-3 for _ in range(n)]
     cand = [math.exp(rng.gauss(0, noise)) * 1e-3 * (1 + shift) for _ in range(n)]
     return base, cand

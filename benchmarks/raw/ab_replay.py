@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-
 import statistics
 
 from ddpbench.ab import stats

@@ -79,8 +79,9 @@ class SideRounds:
         rounds fall into two modes (~1 and ~3 ms) in shares that move from block to block; the
         median jumps from one mode to the other as a share crosses one half (block medians up to 6x
         apart on identical sides), the mean follows the shares smoothly and is what a job's total
-        time is made of. Replayed on the recorded A/A and power runs, means gave fewer false
-        regressions and no less power than medians (docs/results.md)."""
+        time is made of. Measured against medians on the dev machine (docs/results.md): fewer false
+        verdicts under load and more power at 1 MB; at 10 and 100 MB, where a block holds 3-10
+        rounds, the mean takes a preempted round in full (quiet 10% power at 10 MB: 8 of 10)."""
         return [statistics.fmean(b) for b in self.blocks]
 
     @property

@@ -132,6 +132,7 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     # The case's own rounds are the candidate's (slower); the baseline's are kept raw in extra_info.
     assert case["stats"]["rounds"] == ab["pairs"] * ab["rounds_per_block"]
     assert ab["block_summary"] == "mean"  # what each block of a pair is compared by
+    assert ab["pool_pair_threshold"] == pytest.approx(ab["threshold"])  # what each pool pair must show
     assert len(ab["baseline"]["round_times"]) == ab["baseline"]["rounds"]
     assert case["stats"]["median"] > ab["baseline"]["median_s"] * 1.2
 

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import pathlib
 import random
 import sys
@@ -48,3 +49,37 @@ def test_lag1_autocorrelation_tells_alternation_from_drift(checks):
     assert checks.lag1_autocorrelation([1.0, -1.0] * 20) < -0.9
     assert checks.lag1_autocorrelation([float(i) for i in range(40)]) > 0.9
     assert checks.lag1_autocorrelation([1.0] * 10) == 0.0
+
+
+def _estimate_case(name, log_ratio, se, seed):
+    """A recorded case whose recorded estimate is exp(log_ratio) with a 95% interval of +-1.96 se."""
+    case = _case(name, 1.0, seed=seed)
+    case["extra_info"]["ab"].update(ratio=math.exp(log_ratio), ratio_ci=[
+        math.exp(log_ratio - 1.959964 * se), math.exp(log_ratio + 1.959964 * se)])
+    return case
+
+
+def test_a_whole_case_offset_shows_as_estimates_spread_beyond_their_own_error(tmp_path, checks, capsys):
+    # Case "drifting": its six runs land at +-0.03 with a standard error of 0.01 each (z = +-3);
+    # case "steady": +-0.005 with the same error (z = +-0.5), what pairs alone would give.
+    for run in range(6):
+        sign = 1 if run % 2 else -1
+        cases = [_estimate_case("test_x[drifting]", 0.03 * sign, 0.01, seed=run),
+                 _estimate_case("test_x[steady]", 0.005 * sign, 0.01, seed=run)]
+        (tmp_path / f"run{run:02d}.json").write_text(json.dumps({"benchmarks": cases}))
+    zs, per_case = checks.between_run_dispersion(checks.recorded_estimates(str(tmp_path)))
+    assert sorted(round(abs(z), 6) for z in zs) == [0.5] * 6 + [3.0] * 6
+    runs, spread, se, offset = per_case["test_x[drifting]"]
+    assert runs == 6 and se == pytest.approx(0.01) and spread == pytest.approx(math.sqrt(6 * 0.03 ** 2 / 5))
+    assert offset == pytest.approx(math.sqrt(spread ** 2 - 0.01 ** 2))
+    assert per_case["test_x[steady]"][3] == 0.0  # spread within its own error: no offset implied
+    checks.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "|z| > 2.58 in 6 of 12 (expected 0.1)" in out
+    assert "test_x[drifting]: 6 runs" in out
+
+
+def test_cases_seen_in_fewer_than_three_runs_are_left_out_of_the_spread(checks):
+    zs, per_case = checks.between_run_dispersion({"a": [(0.1, 0.01), (-0.1, 0.01)],
+                                                  "b": [(0.0, 0.01)] * 3})
+    assert list(per_case) == ["b"] and zs == [0.0, 0.0, 0.0]

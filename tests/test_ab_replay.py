@@ -106,3 +106,26 @@ def test_replay_of_a_folder_without_ab_cases_says_so(tmp_path, replay_script):
     (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": [{"name": "x", "extra_info": {}}]}))
     with pytest.raises(SystemExit, match="no A/B cases"):
         replay_script.main([str(tmp_path)])
+
+
+def test_replay_asks_each_pool_pair_for_the_threshold_as_the_engine_does_or_for_a_share(tmp_path, replay_script,
+                                                                                        capsys):
+    # The candidate is 8% slower on pool pair 0 and 3.5% on pool pair 1 (about 5.7% overall): the
+    # engine's rule (each pool pair over the whole threshold) waits; half the threshold per pool
+    # pair makes it a regression.
+    rng = random.Random(9)
+    pairs, per_block = 48, 5
+    pools = [i % 2 for i in range(pairs)]
+    baseline = [0.010 * rng.uniform(0.95, 1.05) for _ in range(pairs * per_block)]
+    candidate = [0.010 * (1.08 if pools[i // per_block] == 0 else 1.035) * rng.uniform(0.95, 1.05)
+                 for i in range(pairs * per_block)]
+    ab = {"pairs": pairs, "rounds_per_block": per_block, "threshold": 0.05, "pool_pair_of_pair": pools,
+          "baseline": {"round_times": baseline}, "verdict": "regression"}
+    case = {"name": "test_uneven", "stats": {"data": candidate}, "extra_info": {"ab": ab}}
+    (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": [case]}))
+    replay_script.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "sequential 1 cases: 0 regression, 0 improvement, 0 same, 1 inconclusive" in out
+    replay_script.main([str(tmp_path), "--pool-pair-share", "0.5"])
+    out = capsys.readouterr().out
+    assert "sequential 1 cases: 1 regression" in out

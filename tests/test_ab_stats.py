@@ -79,6 +79,19 @@ def test_decide_with_several_pool_pairs_needs_every_pool_pair_over_the_threshold
     assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05, pool_pair_ratios=(1.02, 0.98)) == "same"
 
 
+def test_every_pool_pair_must_show_the_whole_threshold_by_default_or_the_share_asked_for():
+    # A change just over the threshold: one pool pair's own estimate (half the pairs) lands under
+    # 1.05 but over 1.025. By default it waits for more pairs; asking each pool pair for half the
+    # threshold lets it through.
+    assert stats.POOL_PAIR_SHARE == 1.0
+    assert stats.decide(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.035)) == "inconclusive"
+    half = {"pool_pair_share": 0.5}
+    assert stats.decide(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.035), **half) == "regression"
+    assert stats.decide(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.02), **half) == "inconclusive"
+    assert stats.decide(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.97), **half) == "improvement"
+    assert stats.decide(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.98), **half) == "inconclusive"
+
+
 def _pairs_over_pools(rng, per_pool, offsets, shift=0.0, noise=0.03):
     """Pairs on len(offsets) pool pairs; pool pair k's candidate pool runs ``offsets[k]`` slower
     on its own (a lasting offset of one pool), every candidate pool ``shift`` slower (a change)."""

@@ -10,7 +10,13 @@ ab_reliability.py runs it prints:
 * how many cases have a positive median log ratio, and the pooled median per pool pair (a side
   bias of identical sides would make these lean one way on every pool pair);
 * the lag-1 autocorrelation of the log ratios of consecutive pairs of one pool pair, by size
-  (a lasting state of a pool would make it positive), for cases of at least 40 pairs.
+  (a lasting state of a pool would make it positive), for cases of at least 40 pairs;
+* the spread of each case's recorded estimate over the runs against its own standard error (from
+  its recorded 95% interval): z = log(ratio) / se. Were the pairs of a case its only noise, z
+  would spread as a standard normal (sd 1, |z| > 2.58 in 1% of cases); a larger spread is an
+  offset that lasts a whole case, which no within-case statistic can see, and the implied
+  case-to-case offset sd(log ratio) beyond the within-case error is printed per case (cases seen
+  in at least 3 runs).
 
     .venv/bin/python benchmarks/raw/ab_pair_checks.py DIR [DIR ...]
 """
@@ -18,10 +24,15 @@ ab_reliability.py runs it prints:
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import statistics
 
 from ab_replay import recorded_cases  # the same folder of runs, read the same way
+
+Z_99 = 2.5758  # two-sided 1% point of the standard normal
+Z_95 = 1.959964  # the recorded interval is a 95% one
 
 
 def lag1_autocorrelation(values: list[float]) -> float:
@@ -36,6 +47,43 @@ def _spread(values: list[float]) -> str:
         return f"{values[0]:+.3f}" if values else "-"
     q = statistics.quantiles(values, n=4)
     return f"median {statistics.median(values):+.3f} (IQR {q[0]:+.3f} to {q[2]:+.3f}, n={len(values)})"
+
+
+def recorded_estimates(folder: str) -> dict[str, list[tuple[float, float]]]:
+    """Per case name, over the runs in ``folder``: (log of the recorded ratio, its standard error
+    taken from the width of the recorded 95% interval)."""
+    found: dict[str, list[tuple[float, float]]] = {}
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("run") and name.endswith(".json")):
+            continue
+        with open(os.path.join(folder, name)) as fh:
+            data = json.load(fh)
+        for case in data["benchmarks"]:
+            ab = case.get("extra_info", {}).get("ab")
+            if not ab or "ratio_ci" not in ab:
+                continue
+            low, high = ab["ratio_ci"]
+            se = (math.log(high) - math.log(low)) / (2 * Z_95)
+            if se > 0:
+                found.setdefault(case["name"], []).append((math.log(ab["ratio"]), se))
+    return found
+
+
+def between_run_dispersion(estimates: dict[str, list[tuple[float, float]]], min_runs: int = 3):
+    """(every z = log ratio / se of cases seen in ``min_runs`` runs or more, and per such case: its
+    runs, the sd of its log ratios over the runs, its median se, and the implied case-to-case
+    offset sd, sqrt(max(0, sd^2 - se^2)))."""
+    zs: list[float] = []
+    per_case = {}
+    for name, values in sorted(estimates.items()):
+        if len(values) < min_runs:
+            continue
+        logs = [v for v, _ in values]
+        spread = statistics.stdev(logs)
+        se = statistics.median(s for _, s in values)
+        zs += [v / s for v, s in values]
+        per_case[name] = (len(values), spread, se, math.sqrt(max(0.0, spread ** 2 - se ** 2)))
+    return zs, per_case
 
 
 def check(folder: str) -> None:
@@ -63,6 +111,14 @@ def check(folder: str) -> None:
                                                     for p, v in sorted(by_pool_pair.items())))
     for size, values in sorted(autocorrelations.items()):
         print(f"  lag-1 autocorrelation within a pool pair, {size}: {_spread(values)}")
+    zs, per_case = between_run_dispersion(recorded_estimates(folder))
+    if len(zs) >= 2:
+        beyond = sum(abs(z) > Z_99 for z in zs)
+        print(f"  estimate / own standard error over runs: sd(z) {statistics.stdev(zs):.2f} (1 if the pairs "
+              f"were a case's only noise); |z| > {Z_99:.2f} in {beyond} of {len(zs)} (expected {0.01 * len(zs):.1f})")
+        for name, (runs, spread, se, offset) in per_case.items():
+            print(f"    {name}: {runs} runs, sd(log ratio) {spread:.4f}, median se {se:.4f}, "
+                  f"case-to-case offset sd {offset:.4f}")
 
 
 def main(argv=None):

@@ -77,13 +77,16 @@ def _spread(values, fmt="{:.3f}"):
 
 
 def _held_back(ab) -> bool:
-    """Significant and beyond the threshold over all pairs, but not on every pool pair: the cases
-    the pool-pair rule kept from being a regression or an improvement (at the level of the case's last
-    look; older runs, which kept no per-look level, at the case's alpha)."""
+    """Significant, with the interval clear of 1 and the estimate beyond the threshold over all
+    pairs, but some pool pair short of what each must show: the cases the pool-pair rule kept from
+    being a regression or an improvement (at the level of the case's last look; older runs, which
+    kept no per-look level, at the case's alpha)."""
     up = 1 + ab["threshold"]
     each = ab.get("ratio_per_pool_pair") or []
-    beyond = ab["ratio"] > up or ab["ratio"] < 1 / up
-    return (ab["verdict"] == "inconclusive" and ab["p_value"] < ab.get("alpha_at_last_look", ab["alpha"]) and beyond and len(each) > 1)
+    low, high = ab["ratio_ci"]
+    slower, faster = ab["ratio"] > up and low > 1, ab["ratio"] < 1 / up and high < 1
+    return (ab["verdict"] == "inconclusive" and ab["p_value"] < ab.get("alpha_at_last_look", ab["alpha"])
+            and (slower or faster) and len(each) > 1)
 
 
 def main(argv=None):

@@ -13,6 +13,7 @@ judged on fewer pairs than it would have had.
     .venv/bin/python benchmarks/raw/ab_replay.py /tmp/ddpbench-ab-reliability   # ab_reliability.py's --out
     .venv/bin/python benchmarks/raw/ab_replay.py DIR --scale 1.10   # candidate blocks 10% slower
     .venv/bin/python benchmarks/raw/ab_replay.py DIR --block-summary median
+    .venv/bin/python benchmarks/raw/ab_replay.py DIR --pool-pair-share 0.5   # each pool pair over half the threshold
 
 --scale multiplies the candidate's block summaries (a slowdown with the recorded noise, not a real
 one; ab_reliability.py --inject measures the real thing).
@@ -76,14 +77,15 @@ def recorded_cases(folder: str, with_order: bool = False, block_summary: str = B
             yield (*found, ab["order"].split()) if with_order else found
 
 
-def replay(baseline, candidate, pools, threshold, levels, stage_size) -> tuple[str, int]:
+def replay(baseline, candidate, pools, threshold, levels, stage_size,
+           pool_pair_share: float = stats.POOL_PAIR_SHARE) -> tuple[str, int]:
     """The verdict and the pairs it took, looking after every stage as the engine does (``levels``:
     one per look the recorded pairs reach)."""
     verdict, seen = "inconclusive", 0
     for level in levels:
         seen += stage_size
         verdict = stats.analyse_pairs(baseline[:seen], candidate[:seen], threshold, level,
-                                      pool_pair_of=pools[:seen]).verdict
+                                      pool_pair_of=pools[:seen], pool_pair_share=pool_pair_share).verdict
         if verdict != "inconclusive":
             break
     return verdict, seen
@@ -95,6 +97,9 @@ def main(argv=None):
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the candidate's blocks (e.g. 1.10)")
     parser.add_argument("--block-summary", choices=sorted(BLOCK_SUMMARIES), default=BLOCK_SUMMARY,
                         help=f"how a block of rounds becomes one number (default: the engine's, {BLOCK_SUMMARY})")
+    parser.add_argument("--pool-pair-share", type=float, default=stats.POOL_PAIR_SHARE,
+                        help="share of the threshold every pool pair's own ratio must show for a regression "
+                             f"(default: the engine's, {stats.POOL_PAIR_SHARE:g})")
     args = parser.parse_args(argv)
     cases = list(recorded_cases(args.folder, block_summary=args.block_summary))
     if not cases:
@@ -113,7 +118,7 @@ def main(argv=None):
                 if capped and reached:
                     levels[-1] = stats.level_for_last_look(settings.alpha, looks, reached)
             verdict, seen = replay(baseline, [c * args.scale for c in candidate], pools, threshold,
-                                   levels, sizes[0])
+                                   levels, sizes[0], args.pool_pair_share)
             counts[verdict] += 1
             if verdict in ("regression", "improvement") and args.scale == 1.0:
                 flagged.append(f"{name} {verdict} after {seen} pairs")

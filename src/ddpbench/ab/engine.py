@@ -42,6 +42,9 @@ class ABSettings:
     # the time cap ends early tests its last look at stats.level_for_last_look: what is left of alpha.
     alpha: float = stats.DEFAULT_ALPHA
     confidence: float = stats.DEFAULT_CONFIDENCE
+    # With two or more pool pairs, every pool pair's own ratio must be over 1 + this share of the
+    # threshold for a regression (stats.decide; the measured trade-off: stats' module docstring).
+    pool_pair_share: float = stats.POOL_PAIR_SHARE
 
     def stage_sizes(self, pool_pairs: int) -> list[int]:
         """The pairs each stage adds, first to last, if every stage is run."""
@@ -105,6 +108,7 @@ class ABOutcome:
     stages: int
     wall_s: float
     threshold: float
+    pool_pair_threshold: float  # what every pool pair's own ratio must be over (with 2+ pool pairs)
     alpha: float
     alpha_per_look: tuple[float, ...]  # the level each look taken was tested at, first to last
     fresh_state: bool
@@ -134,6 +138,7 @@ class ABOutcome:
             "pool_pair_of_pair": self.pool_pairs,
             "wall_s": round(self.wall_s, 3),
             "threshold": self.threshold,
+            "pool_pair_threshold": self.pool_pair_threshold,
             "fresh_state_per_block": self.fresh_state,
             "alpha": self.alpha,
             "alpha_per_look": list(self.alpha_per_look),
@@ -203,7 +208,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             applied.append(level)
             result = stats.analyse_pairs(sides[schedule.BASELINE].block_means,
                                          sides[schedule.CANDIDATE].block_means, settings.threshold,
-                                         level, settings.confidence, pool_pair_of=[j for _, _, j in orders])
+                                         level, settings.confidence, pool_pair_of=[j for _, _, j in orders],
+                                         pool_pair_share=settings.pool_pair_share)
             if result.verdict != "inconclusive" or last_look:
                 break
         metrics = []
@@ -224,4 +230,5 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _, _ in orders)
     return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE], metrics, rounds, order,
                      [j for _, _, j in orders], pool_pairs, stages, time.monotonic() - started,
-                     settings.threshold, settings.alpha, tuple(applied), settings.fresh_state_per_block)
+                     settings.threshold, settings.pool_pair_share * settings.threshold, settings.alpha,
+                     tuple(applied), settings.fresh_state_per_block)

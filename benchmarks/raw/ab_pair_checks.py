@@ -24,12 +24,10 @@ ab_reliability.py runs it prints:
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
 
-from ab_replay import recorded_cases  # the same folder of runs, read the same way
+from ab_replay import recorded_ab_cases, recorded_cases  # the same folder of runs, read the same way
 
 Z_99 = 2.5758  # two-sided 1% point of the standard normal
 Z_95 = 1.959964  # the recorded interval is a 95% one
@@ -53,19 +51,13 @@ def recorded_estimates(folder: str) -> dict[str, list[tuple[float, float]]]:
     """Per case name, over the runs in ``folder``: (log of the recorded ratio, its standard error
     taken from the width of the recorded 95% interval)."""
     found: dict[str, list[tuple[float, float]]] = {}
-    for name in sorted(os.listdir(folder)):
-        if not (name.startswith("run") and name.endswith(".json")):
+    for case, ab in recorded_ab_cases(folder):
+        if "ratio_ci" not in ab:
             continue
-        with open(os.path.join(folder, name)) as fh:
-            data = json.load(fh)
-        for case in data["benchmarks"]:
-            ab = case.get("extra_info", {}).get("ab")
-            if not ab or "ratio_ci" not in ab:
-                continue
-            low, high = ab["ratio_ci"]
-            se = (math.log(high) - math.log(low)) / (2 * Z_95)
-            if se > 0:
-                found.setdefault(case["name"], []).append((math.log(ab["ratio"]), se))
+        low, high = ab["ratio_ci"]
+        se = (math.log(high) - math.log(low)) / (2 * Z_95)
+        if se > 0:
+            found.setdefault(case["name"], []).append((math.log(ab["ratio"]), se))
     return found
 
 

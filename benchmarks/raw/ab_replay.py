@@ -50,11 +50,8 @@ def _cap_ended(ab: dict, pairs: int) -> bool:
     return len(applied) <= len(planned) and applied[-1] > planned[len(applied) - 1] * (1 + 1e-6)
 
 
-def recorded_cases(folder: str, with_order: bool = False, block_summary: str = BLOCK_SUMMARY):
-    """(case name, baseline block summaries, candidate block summaries, pool pair per pair,
-    threshold, whether the time cap ended the recorded case), and with ``with_order`` each pair's
-    order ("AB": baseline first, or "BA") last."""
-    summarise = BLOCK_SUMMARIES[block_summary]
+def recorded_ab_cases(folder: str):
+    """(case, its extra_info["ab"]) for every A/B case of the run*.json files in ``folder``, run by run."""
     for name in sorted(os.listdir(folder)):
         if not (name.startswith("run") and name.endswith(".json")):
             continue
@@ -62,19 +59,27 @@ def recorded_cases(folder: str, with_order: bool = False, block_summary: str = B
             data = json.load(fh)
         for case in data["benchmarks"]:
             ab = case.get("extra_info", {}).get("ab")
-            if not ab:
-                continue
-            pairs, per_block = ab["pairs"], ab["rounds_per_block"]
-            baseline, candidate = ab["baseline"]["round_times"], case["stats"].get("data") or []
-            if len(baseline) != pairs * per_block or len(candidate) != pairs * per_block:
-                continue  # saved without every round: nothing to rebuild the blocks from
+            if ab:
+                yield case, ab
 
-            def blocks(times):
-                return summarise(SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)]))
 
-            pools = ab.get("pool_pair_of_pair") or [0] * pairs
-            found = (case["name"], blocks(baseline), blocks(candidate), pools, ab["threshold"], _cap_ended(ab, pairs))
-            yield (*found, ab["order"].split()) if with_order else found
+def recorded_cases(folder: str, with_order: bool = False, block_summary: str = BLOCK_SUMMARY):
+    """(case name, baseline block summaries, candidate block summaries, pool pair per pair,
+    threshold, whether the time cap ended the recorded case), and with ``with_order`` each pair's
+    order ("AB": baseline first, or "BA") last."""
+    summarise = BLOCK_SUMMARIES[block_summary]
+    for case, ab in recorded_ab_cases(folder):
+        pairs, per_block = ab["pairs"], ab["rounds_per_block"]
+        baseline, candidate = ab["baseline"]["round_times"], case["stats"].get("data") or []
+        if len(baseline) != pairs * per_block or len(candidate) != pairs * per_block:
+            continue  # saved without every round: nothing to rebuild the blocks from
+
+        def blocks(times):
+            return summarise(SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)]))
+
+        pools = ab.get("pool_pair_of_pair") or [0] * pairs
+        found = (case["name"], blocks(baseline), blocks(candidate), pools, ab["threshold"], _cap_ended(ab, pairs))
+        yield (*found, ab["order"].split()) if with_order else found
 
 
 def replay(baseline, candidate, pools, threshold, levels, stage_size,

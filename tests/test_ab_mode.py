@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from ddpbench.ab.heap import STEADY_HEAP_ENV, heap_env
 from ddpbench.ab.sides import SideError, make_side, parse_env_assignments, probe
 from ddpbench.pool import PoolSpec, RankLaunch, RankPool
 
@@ -58,6 +59,27 @@ def test_each_side_ranks_run_with_its_interpreter_path_and_environment(tmp_path)
         assert report["started_by"] == str(python)
         assert report["marker"] == "baseline"
         assert report["path0"] == str(extra)  # sys.path[0] is the script dir of -m; the side's path follows
+
+
+def _heap_report(ctx):
+    return {key: os.environ.get(key) for key, _ in STEADY_HEAP_ENV}
+
+
+def test_both_sides_ranks_get_the_steady_heap_and_a_sides_own_setting_wins():
+    assert heap_env("adaptive") == ()
+    with pytest.raises(ValueError, match="expected one of steady, adaptive"):
+        heap_env("fixed")
+    side = make_side("baseline", None, None, {"MALLOC_TOP_PAD_": "4096"}, heap_env("steady"))
+    pool = RankPool(PoolSpec("gloo", 2, "cpu"), launch=side.launch)
+    try:
+        reports = pool.run(_heap_report)
+    finally:
+        pool.close()
+    for report in reports:
+        assert report == {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TOP_PAD_": "4096",
+                          "MALLOC_TRIM_THRESHOLD_": str(2**36)}
+    assert side.describe()["env"] == {"MALLOC_TOP_PAD_": "4096"}
+    assert side.describe()["common_env"] == dict(STEADY_HEAP_ENV)
 
 
 def test_malformed_env_and_missing_interpreters_are_named():
@@ -127,8 +149,10 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert len(ab["ratio_per_pool_pair"]) == 2 and all(r > 1.3 for r in ab["ratio_per_pool_pair"])
     assert ab["sides"]["candidate"]["env"] == {"SLEEP_FACTOR": "1.5"} and ab["sides"]["baseline"]["env"] == {}
     assert ab["sides"]["baseline"]["torch_version"]
-    # A/B pins by default (same placement on both sides) where every rank can have a core.
-    assert case["extra_info"]["pinned_cores"] is (len(os.sched_getaffinity(0)) >= 2)
+    # The OS places A/B ranks by default, as in every other mode; both sides get the steady heap.
+    assert case["extra_info"]["pinned_cores"] is False
+    assert ab["heap"] == "steady" and ab["sides"]["candidate"]["common_env"] == dict(STEADY_HEAP_ENV)
+    assert ab["sides"]["baseline"]["common_env"] == dict(STEADY_HEAP_ENV)
     # The case's own rounds are the candidate's (slower); the baseline's are kept raw in extra_info.
     assert case["stats"]["rounds"] == ab["pairs"] * ab["rounds_per_block"]
     assert ab["block_summary"] == "mean"  # what each block of a pair is compared by
@@ -152,11 +176,13 @@ def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
     # One pool per side here: the single-pool path (the whole interval must clear the threshold).
     result = pytester.runpytest_subprocess(f"--dist-baseline-python={sys.executable}",
                                            "--dist-ab-threshold=25%", "--dist-ab-pools-per-side=1",
-                                           "--benchmark-json=aa.json", *FAST, timeout=300)
+                                           "--dist-ab-heap=adaptive", "--benchmark-json=aa.json", *FAST,
+                                           timeout=300)
     assert result.ret == 0, result.stdout.str()
-    result.stdout.fnmatch_lines(["*1 pool(s) per side*"])
+    result.stdout.fnmatch_lines(["*1 pool(s) per side*", "*heap adaptive, both sides' ranks: glibc's defaults*"])
     (case,) = json.loads((pytester.path / "aa.json").read_text())["benchmarks"]
     ab = case["extra_info"]["ab"]
     assert ab["verdict"] in ("same", "inconclusive")
     assert 0.8 < ab["ratio"] < 1.25
     assert ab["pools_per_side"] == 1 and set(ab["pool_pair_of_pair"]) == {0} and len(ab["ratio_per_pool_pair"]) == 1
+    assert ab["heap"] == "adaptive" and ab["sides"]["candidate"]["common_env"] == {}

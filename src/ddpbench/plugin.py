@@ -56,7 +56,7 @@ def pytest_addoption(parser):
                          "auto: pin each local rank to a core of its own while it measures, when "
                          "there are enough cores (steadier, but it measures that placement: 1 MB "
                          "gloo all_reduce ran 2-3x slower pinned on the 2-core dev machine). "
-                         "Default: off; in A/B mode auto (both sides get the same placement)")
+                         "Default: off, in A/B mode too")
     group.addoption("--dist-controller", default=None, metavar="HOST:PORT",
                     help="multi-node: listen on HOST:PORT for ranks started by torchrun "
                          "(-m ddpbench.worker) instead of spawning local pools")
@@ -91,6 +91,11 @@ def pytest_addoption(parser):
                  help="independent pools of ranks per side, taking turns pair by pair; a regression "
                       "must show on every pool pair, so one pool's own lasting offset is not a "
                       "verdict (1: the whole interval must clear the threshold instead). Default: 2")
+    ab.addoption("--dist-ab-heap", choices=("steady", "adaptive"), default="steady",
+                 help="steady: both sides' ranks run with glibc malloc's thresholds fixed, so every "
+                      "pool allocates the same way every round (identical pools otherwise drifted "
+                      "apart by whole cases on the dev machine); adaptive: glibc's defaults, as a "
+                      "plain script. A side's own --dist-*-env setting wins. Default: steady")
     group.addoption("--dist-precision", type=opts.parse_precision, default=0.01,
                     help="with --dist-rounds=0: stop recording once the median's 95%% interval is "
                          "within +-this fraction of it (e.g. 1%%; checked after 20 rounds, then every "
@@ -126,6 +131,7 @@ class ABConfig:
     baseline: Any
     candidate: Any
     settings: Any
+    heap: str = "steady"  # --dist-ab-heap (ddpbench.ab.heap)
     results: list = field(default_factory=list)
 
     def sides(self) -> dict:
@@ -138,6 +144,7 @@ def _configure_ab(config) -> None:
     if not any(config.getoption(name, None) for name in AB_OPTIONS):
         return
     from .ab.engine import ABSettings
+    from .ab.heap import heap_env
     from .ab.sides import SideError, local_facts, make_side, parse_env_assignments, probe
 
     if config.getoption("dist_controller", None):
@@ -145,12 +152,16 @@ def _configure_ab(config) -> None:
                                 "it cannot be combined with --dist-controller")
     if config.getoption("numprocesses", None):
         raise pytest.UsageError("A/B mode interleaves both sides on this machine's cores: run without -n (xdist)")
+    heap = config.getoption("dist_ab_heap", "steady")
+    common = heap_env(heap)
     try:
         baseline = make_side("baseline", config.getoption("dist_baseline_python"),
                              config.getoption("dist_baseline_path"),
-                             parse_env_assignments(config.getoption("dist_baseline_env"), "--dist-baseline-env"))
+                             parse_env_assignments(config.getoption("dist_baseline_env"), "--dist-baseline-env"),
+                             common)
         candidate = make_side("candidate", None, None,
-                              parse_env_assignments(config.getoption("dist_candidate_env"), "--dist-candidate-env"))
+                              parse_env_assignments(config.getoption("dist_candidate_env"), "--dist-candidate-env"),
+                              common)
         ours = local_facts()
         baseline = probe(baseline, ours["ddpbench_version"])
         candidate = (probe(candidate, ours["ddpbench_version"]) if candidate.env
@@ -161,17 +172,14 @@ def _configure_ab(config) -> None:
                           max_time_s=config.getoption("dist_ab_max_time"),
                           block_time_s=config.getoption("dist_ab_block_time"),
                           pools_per_side=config.getoption("dist_ab_pools_per_side"))
-    config._ddpbench_ab = ABConfig(baseline, candidate, settings)
+    config._ddpbench_ab = ABConfig(baseline, candidate, settings, heap)
 
 
 def pin_cores(config) -> bool:
-    """--dist-pin-cores as given; unset: off, except in A/B mode, where both sides' ranks get the
-    same placement (unpinned, each pool's ranks settle on CPUs of their own, and at small sizes
-    that placement moves a side's timings by up to 3x on the dev machine: docs/results.md)."""
-    value = config.getoption("dist_pin_cores", None)
-    if value is None:
-        value = "auto" if getattr(config, "_ddpbench_ab", None) is not None else "off"
-    return value == "auto"
+    """--dist-pin-cores as given; unset: off, A/B mode included. With the steady heap
+    (--dist-ab-heap), pools of identical processes placed by the OS drifted apart by 0-1.7% for a
+    case on the dev machine, pinned ones by 3.2-3.5% (docs/results.md)."""
+    return config.getoption("dist_pin_cores", None) == "auto"
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,6 +244,8 @@ def pytest_report_header(config):
                      f"{s.pools_per_side} pool(s) per side, ranks "
                      f"{'pinned one core each' if pin_cores(config) else 'placed by the OS'} "
                      f"(--dist-pin-cores)")
+        common = ", ".join(f"{k}={v}" for k, v in ab.baseline.common_env) or "glibc's defaults"
+        lines.append(f"ddpbench A/B: heap {ab.heap}, both sides' ranks: {common} (--dist-ab-heap)")
         lines.append(f"ddpbench A/B: baseline  = {ab.baseline.short()}")
         lines.append(f"ddpbench A/B: candidate = {ab.candidate.short()}")
         alive = 2 * s.pools_per_side * max(world_sizes)
@@ -571,6 +581,7 @@ class DistBenchmark:
                  for name, side in (("baseline", self.ab.baseline), ("candidate", self.ab.candidate))}
         outcome = run_case(pools, workload, plan, self.ab.settings, self.timeout_s, self.case_id)
         summary = outcome.summary(self.ab.sides())
+        summary["heap"] = self.ab.heap
         self.benchmark.extra_info["ab"] = summary
         self.ab.results.append((self.case_id, summary, statistics.median(outcome.candidate.round_times)))
         return outcome.candidate.round_times, outcome.candidate_metrics, outcome.candidate.rank_cpus, []

@@ -73,12 +73,15 @@ class Side:
     python: str | None = None  # None: the interpreter running pytest
     paths: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    # Set for both sides' ranks by A/B mode itself (ddpbench.ab.heap); the side's own env wins.
+    common_env: tuple[tuple[str, str], ...] = ()
     # Filled by probe(): what the side's ranks import.
     facts: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def launch(self) -> RankLaunch:
-        return RankLaunch(python=self.python, paths=self.paths, env=self.env)
+        return RankLaunch(python=self.python, paths=self.paths,
+                          env=tuple({**dict(self.common_env), **dict(self.env)}.items()))
 
     def describe(self) -> dict:
         """The side as extra_info shows it."""
@@ -89,6 +92,7 @@ class Side:
             "ddpbench_version": self.facts.get("ddpbench_version"),
             "sys_path_prepended": list(self.paths),
             "env": dict(self.env),
+            "common_env": dict(self.common_env),
         }
 
     def short(self) -> str:
@@ -99,8 +103,10 @@ class Side:
         return ", ".join(parts)
 
 
-def make_side(name: str, python: str | None, paths: list[str] | None, env: dict[str, str]) -> Side:
-    """Validate the interpreter and paths (existence); SideError names what is wrong."""
+def make_side(name: str, python: str | None, paths: list[str] | None, env: dict[str, str],
+              common_env: tuple[tuple[str, str], ...] = ()) -> Side:
+    """Validate the interpreter and paths (existence); SideError names what is wrong.
+    ``common_env``: what A/B mode sets for both sides' ranks (under ``env``)."""
     option = f"--dist-{name}"
     if python is not None:
         resolved = os.path.abspath(os.path.expanduser(python))
@@ -115,7 +121,7 @@ def make_side(name: str, python: str | None, paths: list[str] | None, env: dict[
             raise SideError(f"{option}-path {path}: not a directory; give a folder to prepend to the "
                             f"{name} ranks' sys.path (e.g. a checkout's src/)")
         checked.append(resolved)
-    return Side(name, python, tuple(checked), tuple(sorted(env.items())))
+    return Side(name, python, tuple(checked), tuple(sorted(env.items())), tuple(common_env))
 
 
 def probe(side: Side, expected_version: str | None) -> Side:

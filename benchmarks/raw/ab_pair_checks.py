@@ -16,7 +16,13 @@ ab_reliability.py runs it prints:
   would spread as a standard normal (sd 1, |z| > 2.58 in 1% of cases); a larger spread is an
   offset that lasts a whole case, which no within-case statistic can see, and the implied
   case-to-case offset sd(log ratio) beyond the within-case error is printed per case (cases seen
-  in at least 3 runs).
+  in at least 3 runs);
+* the pool pairs' own offsets within a case: with K >= 2 pool pairs, the spread of their mean log
+  ratios beyond what their pairs' noise explains, tau^2 = var(pool pair means) - mean(their squared
+  standard errors) (method of moments, pooled over cases with K - 1 degrees of freedom each), by
+  size. 0 when a case's pools differ only by the pairs' noise; one pool of processes running off
+  its twin for a whole case makes it positive. A case's own estimate carries tau / sqrt(K) of it.
+  With several folders, also pooled over all of them.
 
     .venv/bin/python benchmarks/raw/ab_pair_checks.py DIR [DIR ...]
 """
@@ -78,6 +84,41 @@ def between_run_dispersion(estimates: dict[str, list[tuple[float, float]]], min_
     return zs, per_case
 
 
+def pool_pair_offsets(cases) -> dict[str, tuple[float, int, float]]:
+    """Per size (the case id's last part), from (name, baseline blocks, candidate blocks, pool pair
+    per pair) of cases with at least two pool pairs of at least two pairs each: (tau, the sd of a
+    pool pair's own offset within a case, pooled as in the module docstring; its degrees of
+    freedom; the largest |pool pair mean - case mean| seen, as a ratio offset)."""
+    sums: dict[str, list[float]] = {}
+    for name, baseline, candidate, pools in cases:
+        logs = [math.log(c / b) for b, c in zip(baseline, candidate)]
+        groups = [[v for v, p in zip(logs, pools) if p == k] for k in sorted(set(pools))]
+        if len(groups) < 2 or any(len(g) < 2 for g in groups):
+            continue
+        means = [statistics.fmean(g) for g in groups]
+        variance_of_mean = statistics.fmean(statistics.variance(g) / len(g) for g in groups)
+        size = name.rsplit("-", 1)[-1].rstrip("]")
+        total = sums.setdefault(size, [0.0, 0, 0.0])
+        total[0] += (statistics.variance(means) - variance_of_mean) * (len(groups) - 1)
+        total[1] += len(groups) - 1
+        centre = statistics.fmean(means)
+        total[2] = max(total[2], max(abs(m - centre) for m in means))
+    return {size: (math.sqrt(max(0.0, s / df)), df, math.exp(largest) - 1)
+            for size, (s, df, largest) in sorted(sums.items())}
+
+
+def _pool_pair_cases(folders):
+    for folder in folders:
+        for name, baseline, candidate, pools, _threshold, _capped in recorded_cases(folder):
+            yield name, baseline, candidate, pools
+
+
+def _print_offsets(offsets) -> None:
+    for size, (tau, df, largest) in offsets.items():
+        print(f"  pool pairs' own offset within a case, {size}: tau {tau * 100:.2f}% ({df} degrees of freedom); "
+              f"largest pool pair off its case's mean: {largest * 100:.1f}%")
+
+
 def check(folder: str) -> None:
     by_order: dict[str, list[float]] = {"AB": [], "BA": []}
     by_pool_pair: dict[int, list[float]] = {}
@@ -103,6 +144,7 @@ def check(folder: str) -> None:
                                                     for p, v in sorted(by_pool_pair.items())))
     for size, values in sorted(autocorrelations.items()):
         print(f"  lag-1 autocorrelation within a pool pair, {size}: {_spread(values)}")
+    _print_offsets(pool_pair_offsets(_pool_pair_cases([folder])))
     zs, per_case = between_run_dispersion(recorded_estimates(folder))
     if len(zs) >= 2:
         beyond = sum(abs(z) > Z_99 for z in zs)
@@ -116,8 +158,12 @@ def check(folder: str) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", help="folders of run*.json files from ab_reliability.py")
-    for folder in parser.parse_args(argv).folders:
+    folders = parser.parse_args(argv).folders
+    for folder in folders:
         check(folder)
+    if len(folders) > 1:
+        print(f"all {len(folders)} folders together:")
+        _print_offsets(pool_pair_offsets(_pool_pair_cases(folders)))
 
 
 if __name__ == "__main__":

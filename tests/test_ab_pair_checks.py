@@ -1,27 +1,17 @@
 """benchmarks/raw/ab_pair_checks.py: order effect, side bias and correlation of recorded A/A pairs."""
 
-import importlib.util
 import json
 import math
-import pathlib
 import random
-import sys
 
 import pytest
 
-RAW = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "raw"
+from raw_scripts import load_raw_script
 
 
 @pytest.fixture(scope="module")
 def checks():
-    sys.path.insert(0, str(RAW))  # the script imports ab_replay from its own folder
-    try:
-        spec = importlib.util.spec_from_file_location("ab_pair_checks", RAW / "ab_pair_checks.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(RAW))
+    return load_raw_script("ab_pair_checks")
 
 
 def _case(name, slower, pairs=40, per_block=5, seed=1):

@@ -1,19 +1,13 @@
 """benchmarks/raw/ab_reliability.py: which recorded cases the pool-pair rule held back."""
 
-import importlib.util
-import pathlib
-
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "raw" / "ab_reliability.py"
+from raw_scripts import load_raw_script
 
 
 @pytest.fixture(scope="module")
 def reliability():
-    spec = importlib.util.spec_from_file_location("ab_reliability", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_raw_script("ab_reliability")
 
 
 def _ab(ratio, interval, each, p=0.001, verdict="inconclusive"):

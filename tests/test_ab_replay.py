@@ -1,23 +1,17 @@
 """benchmarks/raw/ab_replay.py: recorded A/B cases analysed again, look by look, under both rules."""
 
-import importlib.util
 import json
-import pathlib
 import random
 
 import pytest
 
 from ddpbench.ab.engine import ABSettings
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "raw" / "ab_replay.py"
+from raw_scripts import load_raw_script
 
 
 @pytest.fixture(scope="module")
 def replay_script():
-    spec = importlib.util.spec_from_file_location("ab_replay", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_raw_script("ab_replay")
 
 
 def _recorded_case(name, slower, pairs=48, per_block=5, seed=1, verdict=None, alpha_per_look=None):

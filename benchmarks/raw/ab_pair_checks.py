@@ -107,24 +107,21 @@ def pool_pair_offsets(cases) -> dict[str, tuple[float, int, float]]:
             for size, (s, df, largest) in sorted(sums.items())}
 
 
-def _pool_pair_cases(folders):
-    for folder in folders:
-        for name, baseline, candidate, pools, _threshold, _capped in recorded_cases(folder):
-            yield name, baseline, candidate, pools
-
-
 def _print_offsets(offsets) -> None:
     for size, (tau, df, largest) in offsets.items():
         print(f"  pool pairs' own offset within a case, {size}: tau {tau * 100:.2f}% ({df} degrees of freedom); "
               f"largest pool pair off its case's mean: {largest * 100:.1f}%")
 
 
-def check(folder: str) -> None:
+def check(folder: str) -> list:
+    """Print the checks of one folder; returns its cases as pool_pair_offsets takes them."""
+    cases = []
     by_order: dict[str, list[float]] = {"AB": [], "BA": []}
     by_pool_pair: dict[int, list[float]] = {}
     case_medians: list[float] = []
     autocorrelations: dict[str, list[float]] = {}
     for name, baseline, candidate, pools, _threshold, _capped, order in recorded_cases(folder, with_order=True):
+        cases.append((name, baseline, candidate, pools))
         logs = [math.log(c / b) for b, c in zip(baseline, candidate)]
         case_medians.append(statistics.median(logs))
         for value, first_second, pool in zip(logs, order, pools):
@@ -144,7 +141,7 @@ def check(folder: str) -> None:
                                                     for p, v in sorted(by_pool_pair.items())))
     for size, values in sorted(autocorrelations.items()):
         print(f"  lag-1 autocorrelation within a pool pair, {size}: {_spread(values)}")
-    _print_offsets(pool_pair_offsets(_pool_pair_cases([folder])))
+    _print_offsets(pool_pair_offsets(cases))
     zs, per_case = between_run_dispersion(recorded_estimates(folder))
     if len(zs) >= 2:
         beyond = sum(abs(z) > Z_99 for z in zs)
@@ -153,17 +150,17 @@ def check(folder: str) -> None:
         for name, (runs, spread, se, offset) in per_case.items():
             print(f"    {name}: {runs} runs, sd(log ratio) {spread:.4f}, median se {se:.4f}, "
                   f"case-to-case offset sd {offset:.4f}")
+    return cases
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", help="folders of run*.json files from ab_reliability.py")
     folders = parser.parse_args(argv).folders
-    for folder in folders:
-        check(folder)
+    cases = [case for folder in folders for case in check(folder)]
     if len(folders) > 1:
         print(f"all {len(folders)} folders together:")
-        _print_offsets(pool_pair_offsets(_pool_pair_cases(folders)))
+        _print_offsets(pool_pair_offsets(cases))
 
 
 if __name__ == "__main__":

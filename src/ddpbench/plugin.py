@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from . import options as opts
+from .ab.heap import DEFAULT_HEAP, HEAP_MODES, heap_env
 from .modes import rounds_info
 from .pool import PoolRegistry, PoolSpec, cores_available
 from .timing import RoundPlan, combine_rank_metrics, max_over_ranks, measure_workload
@@ -91,7 +92,7 @@ def pytest_addoption(parser):
                  help="independent pools of ranks per side, taking turns pair by pair; a regression "
                       "must show on every pool pair, so one pool's own lasting offset is not a "
                       "verdict (1: the whole interval must clear the threshold instead). Default: 2")
-    ab.addoption("--dist-ab-heap", choices=("steady", "adaptive"), default="steady",
+    ab.addoption("--dist-ab-heap", choices=HEAP_MODES, default=DEFAULT_HEAP,
                  help="steady: both sides' ranks run with glibc malloc's thresholds fixed, so every "
                       "pool allocates the same way every round (identical pools otherwise drifted "
                       "apart by whole cases on the dev machine); adaptive: glibc's defaults, as a "
@@ -131,7 +132,7 @@ class ABConfig:
     baseline: Any
     candidate: Any
     settings: Any
-    heap: str = "steady"  # --dist-ab-heap (ddpbench.ab.heap)
+    heap: str = DEFAULT_HEAP  # --dist-ab-heap (ddpbench.ab.heap)
     results: list = field(default_factory=list)
 
     def sides(self) -> dict:
@@ -144,7 +145,6 @@ def _configure_ab(config) -> None:
     if not any(config.getoption(name, None) for name in AB_OPTIONS):
         return
     from .ab.engine import ABSettings
-    from .ab.heap import heap_env
     from .ab.sides import SideError, local_facts, make_side, parse_env_assignments, probe
 
     if config.getoption("dist_controller", None):
@@ -152,7 +152,7 @@ def _configure_ab(config) -> None:
                                 "it cannot be combined with --dist-controller")
     if config.getoption("numprocesses", None):
         raise pytest.UsageError("A/B mode interleaves both sides on this machine's cores: run without -n (xdist)")
-    heap = config.getoption("dist_ab_heap", "steady")
+    heap = config.getoption("dist_ab_heap", DEFAULT_HEAP)
     common = heap_env(heap)
     try:
         baseline = make_side("baseline", config.getoption("dist_baseline_python"),

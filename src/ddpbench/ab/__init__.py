@@ -2,6 +2,7 @@
 
 * :mod:`~ddpbench.ab.sides`    what a side is (interpreter, sys.path entries, environment), checked
   before rounds start;
+* :mod:`~ddpbench.ab.heap`     the malloc settings both sides' ranks share (--dist-ab-heap);
 * :mod:`~ddpbench.ab.schedule` the balanced random order of blocks;
 * :mod:`~ddpbench.ab.stats`    paired statistics and the verdict;
 * :mod:`~ddpbench.ab.engine`   one case: both pools, blocks, stages, the outcome;

@@ -104,3 +104,13 @@ def test_a_pool_running_off_its_twin_for_a_case_shows_as_pool_pair_offset(checks
     assert offsets["100MB"][0] < 0.005
     # A single pool pair says nothing about offsets between pool pairs.
     assert checks.pool_pair_offsets([_pool_pair_case("test_x[gloo-2p-1MB]", [1.2])]) == {}
+
+
+def test_the_pool_pair_offsets_interval_resamples_cases(checks, capsys):
+    offset = [_pool_pair_case("test_x[gloo-2p-1MB]", [1.0, 1.10], seed=s) for s in range(20)]
+    noise = [_pool_pair_case("test_x[gloo-2p-100MB]", [1.0, 1.0, 1.0, 1.0], seed=s) for s in range(20)]
+    intervals = checks.pool_pair_offset_intervals(offset + noise)
+    low, high = intervals["1MB"]
+    assert 0.05 < low <= checks.pool_pair_offsets(offset)["1MB"][0] <= high < 0.08
+    assert intervals["100MB"][1] < 0.01
+    assert checks.pool_pair_offset_intervals(offset + noise) == intervals  # seeded

@@ -22,7 +22,7 @@ ab_reliability.py runs it prints:
   standard errors) (method of moments, pooled over cases with K - 1 degrees of freedom each), by
   size. 0 when a case's pools differ only by the pairs' noise; one pool of processes running off
   its twin for a whole case makes it positive. A case's own estimate carries tau / sqrt(K) of it.
-  With several folders, also pooled over all of them.
+  With a 95% interval from resampling cases; with several folders, also pooled over all of them.
 
     .venv/bin/python benchmarks/raw/ab_pair_checks.py DIR [DIR ...]
 """
@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import statistics
 
 from ab_replay import recorded_ab_cases, recorded_cases  # the same folder of runs, read the same way
 
 Z_99 = 2.5758  # two-sided 1% point of the standard normal
 Z_95 = 1.959964  # the recorded interval is a 95% one
+RESAMPLES, RESAMPLE_SEED = 2000, 20261123  # the pool-pair offsets' interval (resampling cases)
 
 
 def lag1_autocorrelation(values: list[float]) -> float:
@@ -84,12 +86,12 @@ def between_run_dispersion(estimates: dict[str, list[tuple[float, float]]], min_
     return zs, per_case
 
 
-def pool_pair_offsets(cases) -> dict[str, tuple[float, int, float]]:
-    """Per size (the case id's last part), from (name, baseline blocks, candidate blocks, pool pair
-    per pair) of cases with at least two pool pairs of at least two pairs each: (tau, the sd of a
-    pool pair's own offset within a case, pooled as in the module docstring; its degrees of
-    freedom; the largest |pool pair mean - case mean| seen, as a ratio offset)."""
-    sums: dict[str, list[float]] = {}
+def _offset_terms(cases) -> dict[str, list[tuple[float, int, float]]]:
+    """Per size (the case id's last part), one term per case with at least two pool pairs of at
+    least two pairs each: (its pool pair means' variance beyond their squared standard errors,
+    times its degrees of freedom; those degrees of freedom, K - 1; its largest |pool pair mean -
+    case mean|, in log ratio)."""
+    terms: dict[str, list[tuple[float, int, float]]] = {}
     for name, baseline, candidate, pools in cases:
         logs = [math.log(c / b) for b, c in zip(baseline, candidate)]
         groups = [[v for v, p in zip(logs, pools) if p == k] for k in sorted(set(pools))]
@@ -97,19 +99,43 @@ def pool_pair_offsets(cases) -> dict[str, tuple[float, int, float]]:
             continue
         means = [statistics.fmean(g) for g in groups]
         variance_of_mean = statistics.fmean(statistics.variance(g) / len(g) for g in groups)
-        size = name.rsplit("-", 1)[-1].rstrip("]")
-        total = sums.setdefault(size, [0.0, 0, 0.0])
-        total[0] += (statistics.variance(means) - variance_of_mean) * (len(groups) - 1)
-        total[1] += len(groups) - 1
         centre = statistics.fmean(means)
-        total[2] = max(total[2], max(abs(m - centre) for m in means))
-    return {size: (math.sqrt(max(0.0, s / df)), df, math.exp(largest) - 1)
-            for size, (s, df, largest) in sorted(sums.items())}
+        terms.setdefault(name.rsplit("-", 1)[-1].rstrip("]"), []).append(
+            ((statistics.variance(means) - variance_of_mean) * (len(groups) - 1), len(groups) - 1,
+             max(abs(m - centre) for m in means)))
+    return terms
 
 
-def _print_offsets(offsets) -> None:
-    for size, (tau, df, largest) in offsets.items():
-        print(f"  pool pairs' own offset within a case, {size}: tau {tau * 100:.2f}% ({df} degrees of freedom); "
+def _tau(terms) -> float:
+    return math.sqrt(max(0.0, sum(t for t, _, _ in terms) / sum(df for _, df, _ in terms)))
+
+
+def pool_pair_offsets(cases) -> dict[str, tuple[float, int, float]]:
+    """Per size, from (name, baseline blocks, candidate blocks, pool pair per pair) of cases with
+    at least two pool pairs of at least two pairs each: (tau, the sd of a pool pair's own offset
+    within a case, pooled as in the module docstring; its degrees of freedom; the largest |pool pair
+    mean - case mean| seen, as a ratio offset)."""
+    return {size: (_tau(terms), sum(df for _, df, _ in terms), math.exp(max(x for _, _, x in terms)) - 1)
+            for size, terms in sorted(_offset_terms(cases).items())}
+
+
+def pool_pair_offset_intervals(cases, resamples: int = RESAMPLES) -> dict[str, tuple[float, float]]:
+    """Per size, a 95% percentile interval of tau from resampling its cases with replacement
+    (seeded: the same cases always give the same interval)."""
+    rng = random.Random(RESAMPLE_SEED)
+    intervals = {}
+    for size, terms in sorted(_offset_terms(cases).items()):
+        taus = sorted(_tau(rng.choices(terms, k=len(terms))) for _ in range(resamples))
+        intervals[size] = (taus[int(0.025 * resamples)], taus[int(0.975 * resamples) - 1])
+    return intervals
+
+
+def _print_offsets(cases) -> None:
+    intervals = pool_pair_offset_intervals(cases)
+    for size, (tau, df, largest) in pool_pair_offsets(cases).items():
+        low, high = intervals[size]
+        print(f"  pool pairs' own offset within a case, {size}: tau {tau * 100:.2f}% [95%: {low * 100:.2f}, "
+              f"{high * 100:.2f}, resampling cases] ({df} degrees of freedom); "
               f"largest pool pair off its case's mean: {largest * 100:.1f}%")
 
 
@@ -141,7 +167,7 @@ def check(folder: str) -> list:
                                                     for p, v in sorted(by_pool_pair.items())))
     for size, values in sorted(autocorrelations.items()):
         print(f"  lag-1 autocorrelation within a pool pair, {size}: {_spread(values)}")
-    _print_offsets(pool_pair_offsets(cases))
+    _print_offsets(cases)
     zs, per_case = between_run_dispersion(recorded_estimates(folder))
     if len(zs) >= 2:
         beyond = sum(abs(z) > Z_99 for z in zs)
@@ -160,7 +186,7 @@ def main(argv=None):
     cases = [case for folder in folders for case in check(folder)]
     if len(folders) > 1:
         print(f"all {len(folders)} folders together:")
-        _print_offsets(pool_pair_offsets(cases))
+        _print_offsets(cases)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,7 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert ab["pools_per_side"] == 2 and sorted(set(ab["pool_pair_of_pair"])) == [0, 1]
     assert ab["pool_pair_of_pair"].count(0) == ab["pool_pair_of_pair"].count(1) == ab["pairs"] // 2
     assert len(ab["ratio_per_pool_pair"]) == 2 and all(r > 1.3 for r in ab["ratio_per_pool_pair"])
+    assert ab["ratio_of_block_minima"] > 1.3  # the fastest rounds moved too
     assert ab["sides"]["candidate"]["env"] == {"SLEEP_FACTOR": "1.5"} and ab["sides"]["baseline"]["env"] == {}
     assert ab["sides"]["baseline"]["torch_version"]
     # The OS places A/B ranks by default, as in every other mode; both sides get the steady heap.

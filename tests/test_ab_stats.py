@@ -242,3 +242,60 @@ def test_blocks_are_compared_by_their_mean_round_so_a_mode_share_near_half_canno
     means = stats.analyse_pairs(baseline.block_means, candidate.block_means, 0.05)
     assert medians.verdict == "regression" and medians.ratio > 2.9
     assert means.verdict == "same" and 1.03 < means.ratio < 1.05
+
+
+def test_decide_needs_the_block_minima_to_move_past_the_threshold_too():
+    significant = dict(pool_pair_ratios=(1.18, 1.18))
+    assert stats.decide(1.18, 1.12, 1.25, 1e-6, 0.05, **significant) == "regression"
+    # The same means with the fastest rounds unmoved: only how often rounds are slow changed.
+    assert stats.decide(1.18, 1.12, 1.25, 1e-6, 0.05, ratio_of_block_minima=1.003, **significant) == "inconclusive"
+    assert stats.decide(1.18, 1.12, 1.25, 1e-6, 0.05, ratio_of_block_minima=1.06, **significant) == "regression"
+    faster = dict(pool_pair_ratios=(0.88, 0.9))
+    assert stats.decide(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.99, **faster) == "inconclusive"
+    assert stats.decide(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.93, **faster) == "improvement"
+    # "same" rests on the means alone.
+    assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05, ratio_of_block_minima=1.2, pool_pair_ratios=(1.0, 1.0)) == "same"
+
+
+def _bimodal_blocks(rng, pairs, slow_share_per_pool, shift=0.0, per_block=3, fast=0.022, slow=0.045):
+    """Blocks of ``per_block`` rounds that take ``fast`` or ``slow`` seconds (x ``1 + shift``), a
+    round being slow with its pool's own probability; pools take turns pair by pair."""
+    pools = len(slow_share_per_pool)
+    blocks, pool_of = [], []
+    for i in range(pairs):
+        share = slow_share_per_pool[i % pools]
+        blocks.append([(slow if rng.random() < share else fast) * (1 + shift) * rng.uniform(0.97, 1.03)
+                       for _ in range(per_block)])
+        pool_of.append(i % pools)
+    return SideRounds(blocks=blocks), pool_of
+
+
+def test_a_side_whose_pools_sit_in_the_slow_mode_more_often_is_not_a_regression_but_a_real_change_is():
+    # Broadcast 100 MB on the dev machine: rounds of ~22 or ~45 ms, the share of slow ones a pool's
+    # state for the whole case; both baseline pools happened to sit low (0.05), both candidate pools
+    # higher (0.3). By block means that is a regression every pool pair agrees on.
+    rng = random.Random(11)
+    for _ in range(20):
+        baseline, pool_of = _bimodal_blocks(rng, 48, (0.05, 0.05))
+        candidate, _ = _bimodal_blocks(rng, 48, (0.3, 0.3))
+        by_means = stats.analyse_pairs(baseline.block_means, candidate.block_means, 0.05, pool_pair_of=pool_of)
+        assert by_means.verdict == "regression" and by_means.ratio > 1.1
+        both = stats.analyse_pairs(baseline.block_means, candidate.block_means, 0.05, pool_pair_of=pool_of,
+                                   baseline_minima=baseline.block_minima, candidate_minima=candidate.block_minima)
+        assert both.verdict == "inconclusive" and both.ratio_of_block_minima < 1.03
+        assert both.to_dict()["ratio_of_block_minima"] == both.ratio_of_block_minima
+        # A 25% slowdown of every round, with the same shares on both sides, is still caught.
+        baseline, pool_of = _bimodal_blocks(rng, 48, (0.2, 0.2))
+        candidate, _ = _bimodal_blocks(rng, 48, (0.2, 0.2), shift=0.25)
+        change = stats.analyse_pairs(baseline.block_means, candidate.block_means, 0.05, pool_pair_of=pool_of,
+                                     baseline_minima=baseline.block_minima, candidate_minima=candidate.block_minima)
+        assert change.verdict == "regression" and change.ratio_of_block_minima > 1.15
+
+
+def test_block_minima_must_come_for_both_sides_and_every_block():
+    base, cand = _pairs(random.Random(12), 10)
+    with pytest.raises(ValueError, match="both sides' block minima"):
+        stats.analyse_pairs(base, cand, 0.05, baseline_minima=base)
+    with pytest.raises(ValueError, match="one block minimum per block"):
+        stats.analyse_pairs(base, cand, 0.05, baseline_minima=base[:-1], candidate_minima=cand)
+    assert stats.analyse_pairs(base, cand, 0.05).to_dict().get("ratio_of_block_minima") is None

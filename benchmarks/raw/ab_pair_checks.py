@@ -146,7 +146,7 @@ def check(folder: str) -> list:
     by_pool_pair: dict[int, list[float]] = {}
     case_medians: list[float] = []
     autocorrelations: dict[str, list[float]] = {}
-    for name, baseline, candidate, pools, _threshold, _capped, order in recorded_cases(folder, with_order=True):
+    for name, baseline, candidate, pools, _threshold, _capped, order, *_minima in recorded_cases(folder):
         cases.append((name, baseline, candidate, pools))
         logs = [math.log(c / b) for b, c in zip(baseline, candidate)]
         case_medians.append(statistics.median(logs))

@@ -14,6 +14,7 @@ judged on fewer pairs than it would have had.
     .venv/bin/python benchmarks/raw/ab_replay.py DIR --scale 1.10   # candidate blocks 10% slower
     .venv/bin/python benchmarks/raw/ab_replay.py DIR --block-summary median
     .venv/bin/python benchmarks/raw/ab_replay.py DIR --pool-pair-share 0.5   # each pool pair over half the threshold
+    .venv/bin/python benchmarks/raw/ab_replay.py DIR --without-minima-rule   # block minima need not move
 
 --scale multiplies the candidate's block summaries (a slowdown with the recorded noise, not a real
 one; ab_reliability.py --inject measures the real thing).
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import statistics
+from typing import NamedTuple
 
 from ddpbench.ab import stats
 from ddpbench.ab.engine import BLOCK_SUMMARY, ABSettings, SideRounds
@@ -63,10 +65,20 @@ def recorded_ab_cases(folder: str):
                 yield case, ab
 
 
-def recorded_cases(folder: str, with_order: bool = False, block_summary: str = BLOCK_SUMMARY):
-    """(case name, baseline block summaries, candidate block summaries, pool pair per pair,
-    threshold, whether the time cap ended the recorded case), and with ``with_order`` each pair's
-    order ("AB": baseline first, or "BA") last."""
+class RecordedCase(NamedTuple):
+    name: str
+    baseline: list[float]  # block summaries, pair by pair
+    candidate: list[float]
+    pools: list[int]  # the pool pair of each pair
+    threshold: float
+    capped: bool  # whether the time cap ended the recorded case
+    order: list[str]  # each pair's order: "AB" (baseline first) or "BA"
+    baseline_minima: list[float]  # each block's fastest round
+    candidate_minima: list[float]
+
+
+def recorded_cases(folder: str, block_summary: str = BLOCK_SUMMARY):
+    """Every A/B case of ``folder`` saved with all its rounds, as a :class:`RecordedCase`."""
     summarise = BLOCK_SUMMARIES[block_summary]
     for case, ab in recorded_ab_cases(folder):
         pairs, per_block = ab["pairs"], ab["rounds_per_block"]
@@ -74,23 +86,26 @@ def recorded_cases(folder: str, with_order: bool = False, block_summary: str = B
         if len(baseline) != pairs * per_block or len(candidate) != pairs * per_block:
             continue  # saved without every round: nothing to rebuild the blocks from
 
-        def blocks(times):
-            return summarise(SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)]))
+        def rounds(times):
+            return SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)])
 
-        pools = ab.get("pool_pair_of_pair") or [0] * pairs
-        found = (case["name"], blocks(baseline), blocks(candidate), pools, ab["threshold"], _cap_ended(ab, pairs))
-        yield (*found, ab["order"].split()) if with_order else found
+        base, cand = rounds(baseline), rounds(candidate)
+        yield RecordedCase(case["name"], summarise(base), summarise(cand),
+                           ab.get("pool_pair_of_pair") or [0] * pairs, ab["threshold"], _cap_ended(ab, pairs),
+                           ab["order"].split() if ab.get("order") else [], base.block_minima, cand.block_minima)
 
 
 def replay(baseline, candidate, pools, threshold, levels, stage_size,
-           pool_pair_share: float = stats.POOL_PAIR_SHARE) -> tuple[str, int]:
+           pool_pair_share: float = stats.POOL_PAIR_SHARE, minima=None) -> tuple[str, int]:
     """The verdict and the pairs it took, looking after every stage as the engine does (``levels``:
-    one per look the recorded pairs reach)."""
+    one per look the recorded pairs reach; ``minima``: both sides' block minima, for the rule that
+    a change must show in them too, or None to replay without it)."""
     verdict, seen = "inconclusive", 0
     for level in levels:
         seen += stage_size
+        both = {} if minima is None else {"baseline_minima": minima[0][:seen], "candidate_minima": minima[1][:seen]}
         verdict = stats.analyse_pairs(baseline[:seen], candidate[:seen], threshold, level,
-                                      pool_pair_of=pools[:seen], pool_pair_share=pool_pair_share).verdict
+                                      pool_pair_of=pools[:seen], pool_pair_share=pool_pair_share, **both).verdict
         if verdict != "inconclusive":
             break
     return verdict, seen
@@ -105,6 +120,9 @@ def main(argv=None):
     parser.add_argument("--pool-pair-share", type=float, default=stats.POOL_PAIR_SHARE,
                         help="share of the threshold every pool pair's own ratio must show for a regression "
                              f"(default: the engine's, {stats.POOL_PAIR_SHARE:g})")
+    parser.add_argument("--without-minima-rule", action="store_true",
+                        help="replay without the engine's rule that a change must show in the block minima too "
+                             "(the rule before 2026-11-23)")
     args = parser.parse_args(argv)
     cases = list(recorded_cases(args.folder, block_summary=args.block_summary))
     if not cases:
@@ -113,7 +131,7 @@ def main(argv=None):
     for rule in ("bonferroni", "sequential"):
         counts = {verdict: 0 for verdict in stats.VERDICTS}
         flagged = []
-        for name, baseline, candidate, pools, threshold, capped in cases:
+        for name, baseline, candidate, pools, threshold, capped, _order, base_minima, cand_minima in cases:
             sizes = settings.stage_sizes(len(set(pools)))
             looks, reached = len(sizes), min(len(sizes), len(baseline) // sizes[0])
             if rule == "bonferroni":
@@ -122,8 +140,9 @@ def main(argv=None):
                 levels = list(stats.sequential_levels(settings.alpha, looks)[:reached])
                 if capped and reached:
                     levels[-1] = stats.level_for_last_look(settings.alpha, looks, reached)
+            minima = None if args.without_minima_rule else (base_minima, [c * args.scale for c in cand_minima])
             verdict, seen = replay(baseline, [c * args.scale for c in candidate], pools, threshold,
-                                   levels, sizes[0], args.pool_pair_share)
+                                   levels, sizes[0], args.pool_pair_share, minima)
             counts[verdict] += 1
             if verdict in ("regression", "improvement") and args.scale == 1.0:
                 flagged.append(f"{name} {verdict} after {seen} pairs")

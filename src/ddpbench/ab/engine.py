@@ -88,6 +88,11 @@ class SideRounds:
         return [statistics.fmean(b) for b in self.blocks]
 
     @property
+    def block_minima(self) -> list[float]:
+        """Each block's fastest round: a change must move these too (stats' module docstring)."""
+        return [min(b) for b in self.blocks]
+
+    @property
     def rank_cpus(self) -> list[list[int] | None]:
         """Per rank, its CPU after each round over all blocks (None where a block could not tell)."""
         ranks = len(self.cpus[0]) if self.cpus else 0
@@ -209,7 +214,9 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             result = stats.analyse_pairs(sides[schedule.BASELINE].block_means,
                                          sides[schedule.CANDIDATE].block_means, settings.threshold,
                                          level, settings.confidence, pool_pair_of=[j for _, _, j in orders],
-                                         pool_pair_share=settings.pool_pair_share)
+                                         pool_pair_share=settings.pool_pair_share,
+                                         baseline_minima=sides[schedule.BASELINE].block_minima,
+                                         candidate_minima=sides[schedule.CANDIDATE].block_minima)
             if result.verdict != "inconclusive" or last_look:
                 break
         metrics = []

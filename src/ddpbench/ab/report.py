@@ -45,13 +45,14 @@ def _rows(cases: list[CaseVerdict]) -> list[list[str]]:
         rows.append([case.name, _ms((ab.get("baseline") or {}).get("median_s")), _ms(candidate),
                      f"{ab['ratio']:.3f} [{low:.3f}, {high:.3f}]",
                      " / ".join(f"{r:.3f}" for r in ab.get("ratio_per_pool_pair") or []) or "-",
+                     f"{ab['ratio_of_block_minima']:.3f}" if ab.get("ratio_of_block_minima") is not None else "-",
                      f"{ab['p_value']:.2g}",
                      str(ab.get("pairs", "")), f"{ab.get('wall_s', 0):.1f}", case.verdict])
     return rows
 
 
-HEADER = ["case", "baseline median (ms)", "candidate median (ms)", "ratio [95% interval]", "per pool pair", "p",
-          "pairs", "wall (s)", "verdict"]
+HEADER = ["case", "baseline median (ms)", "candidate median (ms)", "ratio [95% interval]", "per pool pair",
+          "block minima", "p", "pairs", "wall (s)", "verdict"]
 
 
 def _counts(cases: list[CaseVerdict]) -> str:

@@ -23,6 +23,21 @@ whole keeps its alpha however many looks it takes):
 (:data:`POOL_PAIR_SHARE`; with a single pool per side: the whole interval lies above 1 + t);
 ``improvement`` symmetrically; ``same`` when the whole interval lies within [1 / (1 + t), 1 + t]
 (any change is smaller than what counts); ``inconclusive`` otherwise: more pairs are needed.
+When the engine passes each block's fastest round too (:func:`analyse_pairs`' ``*_minima``), a
+``regression`` also needs the Hodges-Lehmann ratio of the pairs' block minima over 1 + t (an
+``improvement`` under 1 / (1 + t)): the change must show in a block's fastest round, not only in
+how many of its rounds fall into a slow mode.
+
+Why the fastest round must move too: some cases' rounds take one of two times about 2x apart
+(broadcast 100 MB on the dev machine: ~22 or ~45 ms, as in a plain 2-rank script), and the share of
+slow rounds is a state of a pool of processes that lasts a whole case (identical pools of one case:
+0.04 to 0.59). Block means follow that share, so two pools of one side that both happen to sit low
+read as a 12-25% change with p < 1e-6, and every pool pair agrees: all three false verdicts of 250
+A/A case verdicts (docs/results.md). The block minima are the fast mode in each block and ignore the
+share (those three cases: 1.003, 1.001, 1.031), while a change to the work itself moves them as it
+moves the means (every injected 5% and 10% regression recorded: 1.052-1.240). A change that only
+makes slow rounds more frequent is therefore ``inconclusive``, never ``same``: identical pools
+differ that much, so the gate cannot tell it from them.
 
 Why every pool pair must agree: identical sides measured A/A on the dev machine kept offsets of up
 to ~15% between two pools of processes that lasted many seconds (whole cases), with tight
@@ -68,11 +83,15 @@ class PairedResult:
     p_value: float
     verdict: str
     pool_pair_ratios: tuple[float, ...] = ()  # exp(Hodges-Lehmann) of each pool pair's log ratios
+    ratio_of_block_minima: float | None = None  # exp(Hodges-Lehmann) of the block minima's log ratios
 
     def to_dict(self) -> dict:
-        return {"pairs": self.pairs, "ratio": self.ratio, "ratio_ci": [self.ci_low, self.ci_high],
-                "p_value": self.p_value, "verdict": self.verdict,
-                "ratio_per_pool_pair": list(self.pool_pair_ratios)}
+        out = {"pairs": self.pairs, "ratio": self.ratio, "ratio_ci": [self.ci_low, self.ci_high],
+               "p_value": self.p_value, "verdict": self.verdict,
+               "ratio_per_pool_pair": list(self.pool_pair_ratios)}
+        if self.ratio_of_block_minima is not None:
+            out["ratio_of_block_minima"] = self.ratio_of_block_minima
+        return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,10 +210,12 @@ def bootstrap_interval(groups, confidence: float = DEFAULT_CONFIDENCE) -> tuple[
 
 
 def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshold: float,
-           alpha: float = DEFAULT_ALPHA, pool_pair_ratios=(), pool_pair_share: float = POOL_PAIR_SHARE) -> str:
+           alpha: float = DEFAULT_ALPHA, pool_pair_ratios=(), pool_pair_share: float = POOL_PAIR_SHARE,
+           ratio_of_block_minima: float | None = None) -> str:
     """The verdict (module docstring). With two or more pool pairs, each pool pair's estimate must
     clear ``pool_pair_share`` of the threshold; with one, nothing can tell its pools' own offset
-    from a change, so the whole interval must clear the threshold instead."""
+    from a change, so the whole interval must clear the threshold instead. Given the ratio of the
+    block minima, it must clear the threshold in the same direction too."""
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
     each = list(pool_pair_ratios)
     if len(each) >= 2:
@@ -203,6 +224,9 @@ def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshol
         faster = ci_high < 1.0 and ratio < down and all(r < 1.0 / each_up for r in each)
     else:
         slower, faster = ci_low > up, ci_high < down
+    if ratio_of_block_minima is not None:
+        slower = slower and ratio_of_block_minima > up
+        faster = faster and ratio_of_block_minima < down
     if p_value < alpha and slower:
         return "regression"
     if p_value < alpha and faster:
@@ -215,11 +239,23 @@ def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshol
 def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], threshold: float,
                   alpha: float = DEFAULT_ALPHA, confidence: float = DEFAULT_CONFIDENCE,
                   pool_pair_of: list[int] | None = None,
-                  pool_pair_share: float = POOL_PAIR_SHARE) -> PairedResult:
+                  pool_pair_share: float = POOL_PAIR_SHARE,
+                  baseline_minima: list[float] | None = None,
+                  candidate_minima: list[float] | None = None) -> PairedResult:
     """The verdict over paired block summaries (baseline_blocks[i] and candidate_blocks[i] ran next
-    to each other, on pool pair ``pool_pair_of[i]``; all on one pool pair when not given)."""
+    to each other, on pool pair ``pool_pair_of[i]``; all on one pool pair when not given). With
+    each block's fastest round (``*_minima``, pair by pair as the blocks), a change must show in
+    those too (module docstring)."""
     if len(baseline_blocks) != len(candidate_blocks) or not baseline_blocks:
         raise ValueError("analyse_pairs needs the same, non-zero number of baseline and candidate blocks")
+    if (baseline_minima is None) != (candidate_minima is None):
+        raise ValueError("analyse_pairs needs both sides' block minima or neither")
+    minima_ratio = None
+    if baseline_minima is not None:
+        if not len(baseline_minima) == len(candidate_minima) == len(baseline_blocks):
+            raise ValueError("analyse_pairs needs one block minimum per block on each side")
+        minima_logs = np.log(np.asarray(candidate_minima, dtype=float)) - np.log(np.asarray(baseline_minima, dtype=float))
+        minima_ratio = math.exp(float(hodges_lehmann(minima_logs)))
     if pool_pair_of is None:
         pool_pair_of = [0] * len(baseline_blocks)
     if len(pool_pair_of) != len(baseline_blocks):
@@ -232,5 +268,5 @@ def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], t
     p_value = signed_rank_p(logs)
     each = tuple(math.exp(float(hodges_lehmann(g))) for g in groups)
     ratio, ci_low, ci_high = math.exp(estimate), math.exp(low), math.exp(high)
-    return PairedResult(len(logs), ratio, ci_low, ci_high, p_value,
-                        decide(ratio, ci_low, ci_high, p_value, threshold, alpha, each, pool_pair_share), each)
+    verdict = decide(ratio, ci_low, ci_high, p_value, threshold, alpha, each, pool_pair_share, minima_ratio)
+    return PairedResult(len(logs), ratio, ci_low, ci_high, p_value, verdict, each, minima_ratio)

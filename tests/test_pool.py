@@ -183,10 +183,12 @@ def test_ranks_exit_when_the_controller_dies(tmp_path):
         "from ddpbench.pool import RankPool, PoolSpec\n"
         "if __name__ == '__main__':\n"
         "    pool = RankPool(PoolSpec('gloo', 2, 'cpu'))\n"
-        "    print(' '.join(map(str, pool.pids)), flush=True)\n"
+        "    print(' '.join(map(str, pool.pids)), pool._store_dir, flush=True)\n"
         "    os._exit(0)\n"  # dies without closing the pool
     )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    pids = [int(p) for p in out.stdout.split()]
+    *pids, store_dir = out.stdout.split()
+    pids = [int(p) for p in pids]
     assert len(pids) == 2, out.stderr
     assert _gone(pids, timeout_s=15)
+    assert not os.path.exists(store_dir)  # the ranks removed what the controller left

@@ -76,17 +76,33 @@ def _spread(values, fmt="{:.3f}"):
     return f"{fmt.format(statistics.median(values))} (IQR {fmt.format(q[0])}-{fmt.format(q[2])})"
 
 
-def _held_back(ab) -> bool:
-    """Significant, with the interval clear of 1 and the estimate beyond the threshold over all
-    pairs, but some pool pair short of what each must show: the cases the pool-pair rule kept from
-    being a regression or an improvement (at the level of the case's last look; older runs, which
-    kept no per-look level, at the case's alpha)."""
+def held_back_by(ab) -> set[str]:
+    """The rules that kept a case from being a regression or an improvement when it was otherwise
+    one at its last look (significant at that look's level — older runs, which kept no per-look
+    level, at the case's alpha —, the interval clear of 1, the estimate beyond the threshold):
+    "pool pair" when some pool pair's own ratio fell short of what each must show, "block minima"
+    when the ratio of the block minima did (stats.decide)."""
     up = 1 + ab["threshold"]
-    each = ab.get("ratio_per_pool_pair") or []
     low, high = ab["ratio_ci"]
     slower, faster = ab["ratio"] > up and low > 1, ab["ratio"] < 1 / up and high < 1
-    return (ab["verdict"] == "inconclusive" and ab["p_value"] < ab.get("alpha_at_last_look", ab["alpha"])
-            and (slower or faster) and len(each) > 1)
+    if ab["verdict"] != "inconclusive" or not ab["p_value"] < ab.get("alpha_at_last_look", ab["alpha"]) \
+            or not (slower or faster):
+        return set()
+    beyond = (lambda r: r > up) if slower else (lambda r: r < 1 / up)
+    each_up = 1 + ab.get("pool_pair_threshold", ab["threshold"])
+    each_beyond = (lambda r: r > each_up) if slower else (lambda r: r < 1 / each_up)
+    rules = set()
+    each = ab.get("ratio_per_pool_pair") or []
+    if len(each) > 1 and not all(each_beyond(r) for r in each):
+        rules.add("pool pair")
+    minima = ab.get("ratio_of_block_minima")
+    if minima is not None and not beyond(minima):
+        rules.add("block minima")
+    return rules
+
+
+def _held_count(held: list[set[str]], rule: str) -> int:
+    return sum(rule in rules for rules in held)
 
 
 def main(argv=None):
@@ -123,7 +139,7 @@ def main(argv=None):
                 verdicts.setdefault(name, []).append(ab["verdict"])
                 ratios.setdefault(name, []).append(ab["ratio"])
                 walls.setdefault(name, []).append(ab["wall_s"])
-                held.setdefault(name, []).append(_held_back(ab))
+                held.setdefault(name, []).append(held_back_by(ab))
             print(f"run {i + 1}/{args.runs}: exit {rc}, {wall:.0f} s", file=sys.stderr, flush=True)
     finally:
         if load is not None:
@@ -133,8 +149,8 @@ def main(argv=None):
           f"{' (summarised from ' + args.out + ')' if args.summarize else ''}; "
           f"extra pytest args: {' '.join(args.pytest_args) or 'none'}\n")
     print("| case | regression | improvement | same | inconclusive | of which held back by the pool-pair rule "
-          "| ratio median (min-max) | wall per case s |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| by the block-minima rule | ratio median (min-max) | wall per case s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     totals = {v: 0 for v in ("regression", "improvement", "same", "inconclusive")}
     for name in sorted(verdicts):
         counts = {v: verdicts[name].count(v) for v in totals}
@@ -142,12 +158,15 @@ def main(argv=None):
             totals[v] += counts[v]
         r = ratios[name]
         print(f"| {name} | {counts['regression']} | {counts['improvement']} | {counts['same']} | "
-              f"{counts['inconclusive']} | {sum(held[name])} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
+              f"{counts['inconclusive']} | {_held_count(held[name], 'pool pair')} | "
+              f"{_held_count(held[name], 'block minima')} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
               f"{_spread(walls[name], '{:.1f}')} |")
     all_walls = [w for ws in walls.values() for w in ws]
+    all_held = [rules for per_case in held.values() for rules in per_case]
     expected = args.runs * len(verdicts)
     print(f"\ntotal over {sum(totals.values())} case verdicts: " + ", ".join(f"{n} {v}" for v, n in totals.items())
-          + f" ({sum(sum(h) for h in held.values())} of the inconclusive held back by the pool-pair rule)"
+          + f" (of the inconclusive, held back by the pool-pair rule: {_held_count(all_held, 'pool pair')}, "
+            f"by the block-minima rule: {_held_count(all_held, 'block minima')})"
           + (f"; {expected - sum(totals.values())} case(s) gave no verdict (failed: see the run logs "
              f"in {args.out})" if sum(totals.values()) < expected else ""))
     print(f"wall per case: {_spread(all_walls, '{:.1f}')} s, min {min(all_walls):.1f}, max {max(all_walls):.1f}; "

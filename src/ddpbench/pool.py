@@ -148,8 +148,10 @@ class TaskFailed(PoolError):
 # ----------------------------------------------------------------------------------------------
 
 
-def _exit_when_parent_dies(parent_pid: int) -> None:
-    """Exit (status 3) once the controller process is gone, even in the middle of a task.
+def _exit_when_parent_dies(parent_pid: int, store_dir: str | None = None) -> None:
+    """Exit (status 3) once the controller process is gone, even in the middle of a task, removing
+    the pool's store directory on the way (the controller, killed, could not: every rank tries,
+    whichever comes first removes it).
 
     Where the OS has pidfds (Linux >= 5.3) the watching thread sleeps in select() on a pidfd of the
     parent, which becomes readable when the parent exits: the thread never wakes up before that.
@@ -163,16 +165,21 @@ def _exit_when_parent_dies(parent_pid: int) -> None:
         parent_fd = None
     # Checked after the pidfd exists: if the parent is still our parent now, the pidfd is its own
     # (a pid is only reused after its process is gone).
-    if os.getppid() != parent_pid:
+    def leave():
+        if store_dir is not None:
+            rendezvous.remove_store_dir(store_dir)
         os._exit(3)
+
+    if os.getppid() != parent_pid:
+        leave()
 
     def watch():
         if parent_fd is not None:
             select.select([parent_fd], [], [])
-            os._exit(3)
+            leave()
         while os.getppid() == parent_pid:
             time.sleep(PARENT_POLL_S)
-        os._exit(3)
+        leave()
 
     threading.Thread(target=watch, name="ddpbench-parent-watch", daemon=True).start()
 
@@ -203,7 +210,7 @@ def set_process_affinity(cores) -> None:
 def _rank_main(spec: PoolSpec, rank: int, store_dir: str, conn, parent_pid: int, pg_timeout_s: float,
                pin_cores: bool):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_when_parent_dies(parent_pid)
+    _exit_when_parent_dies(parent_pid, store_dir)
     dump_file = open(os.path.join(store_dir, f"rank{rank}.stack"), "w")
     faulthandler.enable(file=dump_file, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True, chain=False)

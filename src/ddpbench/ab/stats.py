@@ -32,12 +32,13 @@ Why the fastest round must move too: some cases' rounds take one of two times ab
 (broadcast 100 MB on the dev machine: ~22 or ~45 ms, as in a plain 2-rank script), and the share of
 slow rounds is a state of a pool of processes that lasts a whole case (identical pools of one case:
 0.04 to 0.59). Block means follow that share, so two pools of one side that both happen to sit low
-read as a 12-25% change with p < 1e-6, and every pool pair agrees: all three false verdicts of 250
-A/A case verdicts (docs/results.md). The block minima are the fast mode in each block and ignore the
-share (those three cases: 1.003, 1.001, 1.031), while a change to the work itself moves them as it
-moves the means (every injected 5% and 10% regression recorded: 1.052-1.240). A change that only
-makes slow rounds more frequent is therefore ``inconclusive``, never ``same``: identical pools
-differ that much, so the gate cannot tell it from them.
+read as a 12-25% change with p < 1e-6, and every pool pair agrees: all three false verdicts in 150
+A/A case verdicts before this rule (docs/results.md). The block minima are the fast mode in each
+block and ignore the share (those three cases: 1.003, 1.001, 1.031), while a change to the work
+itself moves them as it moves the means (every injected 5% and 10% regression recorded before the
+rule: 1.052-1.247). A change that only makes slow rounds more frequent is therefore
+``inconclusive``, never ``same``: identical pools differ that much, so the gate cannot tell it from
+them.
 
 Why every pool pair must agree: identical sides measured A/A on the dev machine kept offsets of up
 to ~15% between two pools of processes that lasted many seconds (whole cases), with tight
@@ -254,7 +255,8 @@ def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], t
     if baseline_minima is not None:
         if not len(baseline_minima) == len(candidate_minima) == len(baseline_blocks):
             raise ValueError("analyse_pairs needs one block minimum per block on each side")
-        minima_logs = np.log(np.asarray(candidate_minima, dtype=float)) - np.log(np.asarray(baseline_minima, dtype=float))
+        minima_logs = np.log(np.asarray(candidate_minima, dtype=float)) - np.log(
+            np.asarray(baseline_minima, dtype=float))
         minima_ratio = math.exp(float(hodges_lehmann(minima_logs)))
     if pool_pair_of is None:
         pool_pair_of = [0] * len(baseline_blocks)

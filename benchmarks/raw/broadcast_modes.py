@@ -17,12 +17,11 @@ time (os.times, so in clock ticks of 10 ms).
 import argparse
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from plain_ranks import run_ranks
 
 SLOW_FACTOR = 1.5
 WARMUP = 3
@@ -47,13 +46,13 @@ def _cpu_seconds() -> float:
     return times.user + times.system
 
 
-def rank_main(rank, store_path, args, results):
+def rank_main(rank, world_size, store_path, results, args):
     if args.pin == "apart":
         os.sched_setaffinity(0, {rank % os.cpu_count()})
     elif args.pin == "same":
         os.sched_setaffinity(0, {0})
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
     groups = [dist.new_group([0, 1]) for _ in range(args.groups)]
     tensor = torch.ones(args.mb * 2**20 // 4)
     for group in groups:
@@ -73,16 +72,7 @@ def rank_main(rank, store_path, args, results):
 
 def one_run(args):
     """Per group, per round: (round time, max over ranks; the root's switches; the receiver's CPU s)."""
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as folder:
-        ranks = [context.Process(target=rank_main, args=(r, os.path.join(folder, "store"), args, results))
-                 for r in range(2)]
-        for process in ranks:
-            process.start()
-        found = dict(results.get() for _ in ranks)
-        for process in ranks:
-            process.join()
+    found = run_ranks(rank_main, 2, args)
     return [[(max(root[0], receiver[0]), root[1], receiver[2]) for root, receiver in zip(found[0][k], found[1][k])]
             for k in range(args.groups)]
 

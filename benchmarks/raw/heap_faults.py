@@ -15,17 +15,16 @@ import argparse
 import os
 import resource
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from plain_ranks import run_ranks
 
 CASES, ROUNDS, WARMUP = 4, 20, 3
 
 
-def rank_main(rank, world_size, store_path, mb, results):
+def rank_main(rank, world_size, store_path, results, mb):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
     found = []
@@ -52,17 +51,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=10, help="the first case's MB per rank")
     args = parser.parse_args(argv)
-    context = mp.get_context("spawn")
-    results = context.Queue()
     heap = "steady" if os.environ.get("MALLOC_MMAP_THRESHOLD_") else "adaptive"
-    with tempfile.TemporaryDirectory() as folder:
-        ranks = [context.Process(target=rank_main, args=(r, 2, os.path.join(folder, "store"), args.mb, results))
-                 for r in range(2)]
-        for process in ranks:
-            process.start()
-        found = sorted(results.get() for _ in ranks)
-        for process in ranks:
-            process.join()
+    found = sorted(run_ranks(rank_main, 2, args.mb).items())
     for rank, cases in found:
         print(f"{heap} heap, rank {rank}: " + "  ".join(
             f"{size:.1f} MB: {faults:.0f} faults/round, {seconds * 1e3:.2f} ms" for size, faults, seconds in cases))

@@ -125,7 +125,7 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert cli.main(["compare", "--calibration", "never", "--json", "--allow-summary-stats",
                      "--threshold", "100%", "1", "3"]) == 0
     [verdict] = json.loads(capsys.readouterr().out)["cases"]
-    assert verdict["verdict"] == "unchanged" and verdict["method"] == "summary-stats"
+    assert verdict["verdict"] == "same" and verdict["method"] == "summary-stats"  # within 100%
     # with no run named: the two newest runs (0002 slow -> 0003 back to normal: an improvement)
     assert cli.main(["compare", "--calibration", "never", "--allow-summary-stats"]) == 0
     assert "improvement" in capsys.readouterr().out

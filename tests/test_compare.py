@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -91,7 +93,7 @@ def test_a_slowdown_below_the_threshold_is_significant_but_not_a_regression():
     for case in cases:
         assert case.ci_low > 1 and case.p_value < 1 - cmp.DEFAULT_CONFIDENCE, case  # significant
         assert 1 < case.ratio < 1 + cmp.DEFAULT_THRESHOLD, case
-    assert [case.verdict for case in cases] == ["unchanged"] * 50  # but not a regression
+    assert [case.verdict for case in cases] == ["same"] * 50  # within the threshold: not a regression
 
 
 def test_improvement_is_reported_symmetrically():
@@ -116,7 +118,7 @@ def test_summary_stats_fallback_gives_verdicts_and_says_so(tmp_path):
     assert any("--benchmark-save-data" in w for w in result.warnings)
     verdicts = {c.name: c for c in result.cases}
     assert verdicts["a"].verdict == "regression" and verdicts["a"].method == "summary-stats"
-    assert verdicts["b"].verdict == "unchanged"
+    assert verdicts["b"].verdict == "same"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,9 +149,30 @@ def test_uniformly_slower_machine_is_normalised_and_reported(tmp_path):
     assert raw.count("regression") == 4  # pytest-benchmark's one-number gate would flag all of these
     result = cmp.compare_runs(base, cur)
     assert result.normalised and result.drift == pytest.approx(1.3)
-    assert result.count("regression") == 0 and result.count("unchanged") == 4
+    assert result.count("regression") == 0 and result.count("same") == 4
     assert any("1.300" in n and "slower" in n for n in result.notes)
     assert all(c.ratio == pytest.approx(1.0, abs=0.06) for c in result.cases)
+
+
+def test_drift_corrects_only_cpu_cases_of_this_machine_cuda_and_multinode_stay_raw(tmp_path):
+    # The CPU probe ran 1.3x slower; the CPU case slowed with the machine, the GPU and the two-node
+    # cases did not move at all. Dividing those by the CPU's drift would invent a 1.3x improvement.
+    rng = np.random.default_rng(9)
+    infos = {"cpu": {"device": "cpu", "nodes": 1}, "gpu": {"device": "cuda", "nodes": 1},
+             "nodes2": {"device": "cpu", "nodes": 2}}
+    base = [bench(n, sample(rng, 0.01), extra_info=i) for n, i in infos.items()]
+    cur = [bench(n, sample(rng, 0.01 * (1.3 if n == "cpu" else 1.0)), extra_info=i) for n, i in infos.items()]
+    b = write(tmp_path / "b.json", run_doc(base, probe_s=0.001))
+    c = write(tmp_path / "c.json", run_doc(cur, probe_s=0.0013))
+    result = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c))
+    assert result.normalised
+    cases = {case.name: case for case in result.cases}
+    assert cases["cpu"].calibrated and cases["cpu"].ratio == pytest.approx(1.0, abs=0.06)
+    for raw in ("gpu", "nodes2"):
+        assert not cases[raw].calibrated and cases[raw].ratio == pytest.approx(1.0, abs=0.06)
+        assert cases[raw].verdict != "improvement"
+    assert any("2 CUDA or multi-node case(s) are compared raw" in n for n in result.notes)
+    assert "(raw)" in cmp.format_text(result)
 
 
 def test_real_regression_on_a_slower_machine_is_still_caught(tmp_path):
@@ -192,7 +215,7 @@ def test_missing_probe_and_different_machines_are_notes_and_warnings_not_crashes
     assert not result.normalised and result.drift is None
     assert any("no calibration probe in b.json" in n for n in result.notes)
     assert any("different machines" in w and "elsewhere" in w and "Other CPU" in w for w in result.warnings)
-    assert result.cases[0].verdict == "unchanged"
+    assert result.cases[0].verdict == "same"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,18 +252,37 @@ def test_cli_exit_1_on_regression_and_0_without(tmp_path, capsys):
     assert "regression" in line and "<<" in line
     b, c = _files(tmp_path / "same", shift=1.0)
     rc, out, _ = _main(capsys, "compare", b, c)
-    assert rc == 0 and "2 unchanged" in out
+    assert rc == 0 and "2 same" in out
 
 
 def test_cli_new_and_missing_cases(tmp_path, capsys):
     b, c = _files(tmp_path, extra_case="test_new[x]", drop_case="test_broadcast[gloo-2p-1MB]")
-    rc, out, _ = _main(capsys, "compare", b, c, "--json")
-    assert rc == 0
+    rc, out, err = _main(capsys, "compare", b, c, "--json")
+    # A case the baseline has and the current run lost (crashed, hung, removed) fails the gate.
+    assert rc == 1
+    assert "1 case(s) of the baseline are missing from the current run (benchmarks/test_x.py::test_broadcast[gloo-2p-1MB])" in err
     doc = json.loads(out)
     verdicts = {case["name"]: case["verdict"] for case in doc["cases"]}
-    assert verdicts == {"test_all_reduce[gloo-2p-1MB]": "unchanged", "test_new[x]": "new",
+    assert verdicts == {"test_all_reduce[gloo-2p-1MB]": "same", "test_new[x]": "new",
                         "test_broadcast[gloo-2p-1MB]": "missing"}
-    assert doc["counts"]["new"] == 1 and doc["threshold"] == 0.1
+    assert doc["counts"]["new"] == 1 and doc["counts"]["missing"] == 1 and doc["threshold"] == 0.1
+    rc, out, _ = _main(capsys, "compare", b, c, "--allow-missing")
+    assert rc == 0 and "allowed by --allow-missing" in out
+    # A new case alone is not a failure.
+    b, c = _files(tmp_path / "new", extra_case="test_new[x]")
+    assert _main(capsys, "compare", b, c)[0] == 0
+
+
+def test_inconclusive_cases_are_counted_and_fail_only_when_asked(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    # 8 noisy rounds a side: the interval is far wider than the 10% threshold either way.
+    noisy = [bench("test_noisy[gloo-2p-1MB]", sample(rng, 0.002, n=8, sigma=0.3))]
+    b = write(tmp_path / "b.json", run_doc(noisy))
+    c = write(tmp_path / "c.json", run_doc([bench("test_noisy[gloo-2p-1MB]", sample(rng, 0.002, n=8, sigma=0.3))]))
+    rc, out, _ = _main(capsys, "compare", str(b), str(c))
+    assert rc == 0 and "1 inconclusive" in out and "--fail-on-inconclusive makes them one" in out
+    rc, out, _ = _main(capsys, "compare", str(b), str(c), "--fail-on-inconclusive")
+    assert rc == 1 and "exit status 1 (--fail-on-inconclusive)" in out
 
 
 def test_cli_markdown_and_threshold(tmp_path, capsys):
@@ -354,3 +396,34 @@ def test_console_script_is_installed():
 
     script = os.path.join(os.path.dirname(sys.executable), "ddpbench")
     assert os.path.exists(script) or shutil.which("ddpbench")
+
+
+PLAIN_BENCHMARK = """
+def test_x(benchmark):
+    benchmark(sum, range(100))
+"""
+
+
+def test_a_truncated_newest_saved_run_is_reported_not_read(pytester):
+    from pytest_benchmark.utils import get_machine_id
+
+    pytester.makepyfile(test_plain=PLAIN_BENCHMARK)
+    for _ in range(2):
+        assert pytester.runpytest_subprocess("--benchmark-autosave", "-p", "no:cacheprovider").ret == 0
+    runs = sorted((pytester.path / ".benchmarks" / get_machine_id()).glob("*.json"))
+    newest = runs[-1]
+    newest.write_text(newest.read_text()[:300])  # a save cut short
+    # pytest-benchmark alone would warn and compare against the older run: a usage error instead.
+    result = pytester.runpytest_subprocess("--benchmark-compare", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--benchmark-compare: the newest saved run cannot be read: *{newest.name}: "
+                                 f"not valid JSON*truncated by an interrupted save*compare against an "
+                                 f"older run without saying so*"])
+    # Naming a readable run still works.
+    assert pytester.runpytest_subprocess("--benchmark-compare=0001", "-p", "no:cacheprovider").ret == 0
+    # ddpbench compare and report name the file and the fix; nothing is rewritten.
+    for command in (["compare"], ["report", "--no-charts"]):
+        out = subprocess.run([sys.executable, "-m", "ddpbench.cli", *command], cwd=pytester.path,
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and newest.name in out.stderr and "Delete or restore it" in out.stderr
+    assert len(newest.read_text()) == 300

@@ -1,7 +1,9 @@
 """``ddpbench compare`` (the noise-aware gate) and ``ddpbench report`` (tables and charts).
 
-Exit status of ``compare``: 0 no regression, 1 at least one regression, 2 bad input (missing or
-unreadable runs, or runs without raw rounds unless ``--allow-summary-stats``).
+Exit status of ``compare``: 0 no regression, 1 at least one regression or a case the baseline has
+and the current run lost (unless ``--allow-missing``; inconclusive cases too with
+``--fail-on-inconclusive``), 2 bad input (missing or unreadable runs, or runs without raw rounds
+unless ``--allow-summary-stats``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-summary-stats", action="store_true",
                    help="runs without raw rounds: give verdicts from the summary stats and exit 0/1 "
                         "instead of 2")
+    c.add_argument("--allow-missing", action="store_true",
+                   help="cases the baseline has and the current run lost (crashed, hung, removed) are "
+                        "listed but do not fail the gate")
+    c.add_argument("--fail-on-inconclusive", action="store_true",
+                   help="exit 1 when a case is inconclusive (neither a change nor the same within the "
+                        "threshold); by default they are counted and exit 0")
     fmt = c.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON instead of the table")
     fmt.add_argument("--markdown", action="store_true", help="print a markdown table (CI comments)")
@@ -88,17 +96,23 @@ def run_ab_verdicts(args, run) -> int:
 
     cases = [ab_report.CaseVerdict(case.fullname, case.extra_info["ab"], case.median)
              for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
+    cases += [ab_report.CaseVerdict(str(lost.get("name", "?")), lost["ab"], None)
+              for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
     threshold = None
     for case in cases:
         threshold = case.ab.get("threshold", threshold)
     sides = ab_report.side_descriptions(cases)
+    status, lines = ab_report.gate_outcome(cases, args.allow_missing, args.fail_on_inconclusive)
     if args.json:
         print(ab_report.format_json(cases))
     elif args.markdown:
         print(ab_report.format_markdown(cases, threshold, sides))
+        print("\n".join(["", *[f"- {line}" for line in lines]]) if lines else "")
     else:
         print(ab_report.format_text(cases, threshold, sides))
-    return 1 if any(case.verdict == "regression" for case in cases) else 0
+        for line in lines:
+            print(line)
+    return status
 
 
 def run_compare(args) -> int:
@@ -145,7 +159,10 @@ def run_compare(args) -> int:
         return _error("compare", "the runs lack raw round times, so the noise-aware gate could not run "
                                  "(verdicts above come from summary stats). Save runs with "
                                  "--benchmark-save-data, or pass --allow-summary-stats to accept them")
-    return 1 if result.regressions else 0
+    status, lines = result.gate_status(args.allow_missing, args.fail_on_inconclusive)
+    for line in lines:
+        print(line, file=sys.stderr if args.json else sys.stdout)
+    return status
 
 
 def run_report(args) -> int:

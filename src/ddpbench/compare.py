@@ -9,8 +9,10 @@ Per case (matched by pytest-benchmark's ``fullname``):
   Mann-Whitney U test of the two samples (normal approximation with tie correction), as asv does.
 * verdict: ``regression`` when ratio > 1 + threshold AND the slowdown is significant (the interval
   lies above 1 and the rank test rejects at 1 - confidence); ``improvement`` symmetrically (ratio <
-  1 / (1 + threshold), interval below 1, rank test rejects); ``unchanged`` otherwise; ``new`` /
-  ``missing`` for cases only in the current / baseline run.
+  1 / (1 + threshold), interval below 1, rank test rejects); ``same`` when the whole interval lies
+  within [1 / (1 + threshold), 1 + threshold]; ``inconclusive`` otherwise; ``new`` for cases only
+  in the current run; ``missing`` for cases the baseline has and the current run lost (it crashed,
+  hung or no longer has them): the gate fails on those unless told to allow them.
 
 Runs saved without ``--benchmark-save-data`` hold only summary statistics: compare then falls back
 to the medians with an interval from the IQR and round counts (normal approximation of the median's
@@ -18,7 +20,9 @@ standard error) and says so; :attr:`Comparison.summary_only` is set (the CLI exi
 ``--allow-summary-stats``).
 
 Machine drift: every run saved by ddpbench carries a calibration probe (:mod:`ddpbench.calibration`)
-in ``machine_info``. With ``calibration="auto"`` (default) the ratios are divided by
+in ``machine_info``. The probe times this machine's CPU, so it corrects only CPU cases measured on
+the controller's own machine (extra_info ``device`` cpu, one node); CUDA and multi-node cases are
+compared raw. With ``calibration="auto"`` (default) those cases' ratios are divided by
 current_probe / baseline_probe when that factor is outside 1 +- :data:`DRIFT_TOLERANCE` (inside it,
 the probe's own noise would only add noise) and both probes were steady (median repetition at most
 :data:`ddpbench.calibration.MAX_PROBE_SPREAD` x the fastest: an unsteady probe means a busy machine,
@@ -44,7 +48,7 @@ DEFAULT_THRESHOLD = 0.10
 DEFAULT_CONFIDENCE = 0.95
 DRIFT_TOLERANCE = 0.10
 BOOTSTRAP_RESAMPLES = 2000
-VERDICTS = ("regression", "improvement", "unchanged", "new", "missing")
+VERDICTS = ("regression", "missing", "improvement", "inconclusive", "same", "new")
 # machine_info fields whose difference makes timings hard to compare
 MACHINE_FIELDS = ("node", "processor", "machine", "system", "release", "python_implementation",
                   "python_version", "ddpbench_gpus")
@@ -76,6 +80,16 @@ class Case:
         return float(self.stats["median"])
 
 
+    @property
+    def calibrated_by_probe(self) -> bool:
+        """Whether the CPU calibration probe speaks for this case: a CPU case measured on the
+        controller's own machine (cases of other tools, without these keys, ran in pytest's
+        process). A GPU's or another node's speed is not this CPU's."""
+        device = self.extra_info.get("device")
+        nodes = self.extra_info.get("nodes")
+        return device in (None, "cpu") and nodes in (None, 1)
+
+
 @dataclass
 class Run:
     path: Path
@@ -83,6 +97,8 @@ class Run:
     commit_info: dict[str, Any]
     datetime: str | None
     cases: dict[str, Case]
+    # A/B runs: the cases the candidate lost, which have no benchmark entry (ddpbench.ab.report).
+    lost_ab_cases: list = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -109,12 +125,14 @@ def load_run(path: str | Path) -> Run:
     except (OSError, UnicodeDecodeError) as exc:
         raise CompareError(f"{path}: cannot read it ({exc})") from None
     if not text.strip():
-        raise CompareError(f"{path}: the file is empty (an interrupted or failed run?)")
+        raise CompareError(f"{path}: the file is empty (an interrupted or failed run?). Delete it, or "
+                           f"name other runs.")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CompareError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                           f"{exc.colno}); a truncated or hand-edited file?") from None
+                           f"{exc.colno}): truncated by an interrupted save, or edited by hand? Delete "
+                           f"or restore it, or name other runs.") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise CompareError(f"{path}: not a pytest-benchmark result (no 'benchmarks' list); expected a "
                            f"file saved by --benchmark-autosave/--benchmark-save or --benchmark-json")
@@ -141,7 +159,10 @@ def load_run(path: str | Path) -> Run:
         raise CompareError(f"{path}: the run holds no benchmarks (were they all skipped or deselected?)")
     machine_info = doc.get("machine_info") if isinstance(doc.get("machine_info"), dict) else {}
     commit_info = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
-    return Run(path, machine_info, commit_info, doc.get("datetime"), cases)
+    from .ab.report import LOST_CASES_KEY
+
+    lost = doc.get(LOST_CASES_KEY) if isinstance(doc.get(LOST_CASES_KEY), list) else []
+    return Run(path, machine_info, commit_info, doc.get("datetime"), cases, lost)
 
 
 def saved_runs(storage: str | Path) -> list[Path]:
@@ -156,6 +177,39 @@ def saved_runs(storage: str | Path) -> list[Path]:
     newest_dir = max(files, key=lambda p: p.stat().st_mtime).parent
     mine = [p for p in files if p.parent == newest_dir]
     return sorted(mine, key=lambda p: (int(RUN_NAME.match(p.name).group(1)), p.name))
+
+
+def unreadable_run(path: Path) -> str | None:
+    """Why a saved run cannot be read (truncated, not JSON, not a run), or None when it can."""
+    try:
+        load_run(path)
+    except CompareError as exc:
+        return str(exc)
+    return None
+
+
+def compare_target_problem(storage_option: str, machine_id: str, compare_option) -> str | None:
+    """For ``pytest --benchmark-compare[=NUM]``: a message when the saved run it would compare
+    against is unreadable. pytest-benchmark skips such a file with a warning that scrolls away and
+    silently compares against an older run; an interrupted save leaves exactly such a newest file."""
+    if not compare_option or ("://" in storage_option and not storage_option.startswith("file://")):
+        return None  # nothing to compare, or a storage that is not a folder (elasticsearch)
+    folder = Path(storage_option.removeprefix("file://")) / machine_id
+    runs = sorted((p for p in folder.glob("*.json") if RUN_NAME.match(p.name)),
+                  key=lambda p: (int(RUN_NAME.match(p.name).group(1)), p.name))
+    if compare_option is not True:
+        runs = [p for p in runs if p.name.startswith(str(compare_option))]
+    if not runs:
+        return None
+    target = runs[-1]
+    problem = unreadable_run(target)
+    if problem is None:
+        return None
+    which = "the newest saved run" if compare_option is True else f"saved run {compare_option}"
+    return (f"--benchmark-compare: {which} cannot be read: {problem} pytest-benchmark "
+            f"would skip it and compare against an older run without saying so in the results. "
+            f"Delete or restore that file (an interrupted save leaves a truncated one), or name "
+            f"the run to compare against: --benchmark-compare=NNNN")
 
 
 def resolve_run(spec: str, storage: str | Path) -> Path:
@@ -279,6 +333,7 @@ class CaseVerdict:
     baseline_rounds: int | None = None
     current_rounds: int | None = None
     method: str | None = None  # "bootstrap+mann-whitney" or "summary-stats"
+    calibrated: bool = False  # the ratio was divided by the machine-drift factor
 
 
 @dataclass
@@ -300,6 +355,34 @@ class Comparison:
     @property
     def regressions(self) -> list[CaseVerdict]:
         return [case for case in self.cases if case.verdict == "regression"]
+
+    def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False) -> tuple[int, list[str]]:
+        """(exit status, lines saying why): 1 for a regression or a lost case (unless
+        ``allow_missing``), and for an inconclusive case with ``fail_on_inconclusive``."""
+        status, lines = 0, []
+        if self.count("regression"):
+            status = 1
+            lines.append(f"{self.count('regression')} regression(s): exit status 1")
+        missing = [c.fullname for c in self.cases if c.verdict == "missing"]
+        if missing:
+            names = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            if allow_missing:
+                lines.append(f"{len(missing)} case(s) of the baseline are missing from the current run "
+                             f"({names}); allowed by --allow-missing")
+            else:
+                status = 1
+                lines.append(f"{len(missing)} case(s) of the baseline are missing from the current run "
+                             f"({names}): crashed, hung or removed. Exit status 1 (--allow-missing "
+                             f"accepts them)")
+        if self.count("inconclusive"):
+            if fail_on_inconclusive:
+                status = 1
+                lines.append(f"{self.count('inconclusive')} inconclusive case(s): exit status 1 "
+                             f"(--fail-on-inconclusive)")
+            else:
+                lines.append(f"{self.count('inconclusive')} inconclusive case(s): not a failure "
+                             f"(--fail-on-inconclusive makes them one)")
+        return status, lines
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -361,9 +444,13 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         scale = drift
         result.normalised = True
         direction = "slower" if drift > 1 else "faster"
+        raw_cases = sum(1 for c in cur.cases.values() if c.fullname in base.cases and not c.calibrated_by_probe)
         result.notes.append(
             f"normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's "
-            f"time (current machine {abs(drift - 1) * 100:.1f}% {direction}); all ratios divided by {drift:.3f}")
+            f"time (current machine's CPU {abs(drift - 1) * 100:.1f}% {direction}); the CPU cases' ratios "
+            f"are divided by {drift:.3f}"
+            + (f"; {raw_cases} CUDA or multi-node case(s) are compared raw (the probe times this "
+               f"machine's CPU only)" if raw_cases else ""))
     elif calibration == "auto":
         result.notes.append(f"calibration probe {drift:.3f}x the baseline's, within +-"
                             f"{DRIFT_TOLERANCE * 100:.0f}% of it: not normalised")
@@ -388,7 +475,7 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         if bcase is None:
             result.cases.append(CaseVerdict(ccase.name, fullname, "new", current_median_s=ccase.median))
             continue
-        verdict = CaseVerdict(ccase.name, fullname, "unchanged",
+        verdict = CaseVerdict(ccase.name, fullname, "inconclusive",
                               baseline_median_s=bcase.median, current_median_s=ccase.median)
         if bcase.data and ccase.data:
             verdict.method = "bootstrap+mann-whitney"
@@ -402,13 +489,17 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
             p = None
             verdict.baseline_rounds = bcase.stats.get("rounds")
             verdict.current_rounds = ccase.stats.get("rounds")
-        ratio, lo, hi = ratio / scale, lo / scale, hi / scale
+        case_scale = scale if ccase.calibrated_by_probe and bcase.calibrated_by_probe else 1.0
+        verdict.calibrated = case_scale != 1.0
+        ratio, lo, hi = ratio / case_scale, lo / case_scale, hi / case_scale
         verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio, lo, hi, p
         rank_test_ok = p is None or p < alpha
         if ratio > 1 + threshold and lo > 1 and rank_test_ok:
             verdict.verdict = "regression"
         elif ratio < 1 / (1 + threshold) and hi < 1 and rank_test_ok:
             verdict.verdict = "improvement"
+        elif lo >= 1 / (1 + threshold) and hi <= 1 + threshold:
+            verdict.verdict = "same"
         result.cases.append(verdict)
     order = {v: i for i, v in enumerate(VERDICTS)}
     result.cases.sort(key=lambda c: (order[c.verdict], c.fullname))
@@ -434,7 +525,8 @@ def _rows(result: Comparison) -> list[list[str]]:
         ci = "-" if c.ci_low is None else f"[{c.ci_low:.3f}, {c.ci_high:.3f}]"
         p = "-" if c.p_value is None else f"{c.p_value:.2g}"
         rounds = "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}"
-        rows.append([c.name, _ms(c.baseline_median_s), _ms(c.current_median_s), _ratio(c.ratio), ci, p,
+        ratio = _ratio(c.ratio) + ("" if c.calibrated or not result.normalised or c.ratio is None else " (raw)")
+        rows.append([c.name, _ms(c.baseline_median_s), _ms(c.current_median_s), ratio, ci, p,
                      rounds, c.verdict])
     return rows
 

@@ -420,7 +420,7 @@ def compare_chart(result: Comparison, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.3 * len(cases) + 1.2)))
-    colors = {"regression": "tab:red", "improvement": "tab:green", "unchanged": "tab:gray"}
+    colors = {"regression": "tab:red", "improvement": "tab:green", "same": "tab:gray", "inconclusive": "tab:orange"}
     for y, case in enumerate(cases):
         ax.errorbar(case.ratio, y, xerr=[[case.ratio - case.ci_low], [case.ci_high - case.ratio]],
                     fmt="o", color=colors.get(case.verdict, "black"), capsize=3)
@@ -429,7 +429,7 @@ def compare_chart(result: Comparison, path: str | Path) -> Path:
     ax.axvline(1.0, color="black", lw=0.8)
     ax.axvline(1 + result.threshold, color="tab:red", ls="--", lw=0.8, label=f"+{result.threshold * 100:g}%")
     ax.axvline(1 / (1 + result.threshold), color="tab:green", ls="--", lw=0.8)
-    ax.set_xlabel("current / baseline median" + (" (drift-normalised)" if result.normalised else ""))
+    ax.set_xlabel("current / baseline median" + (" (CPU cases drift-normalised)" if result.normalised else ""))
     ax.set_title(f"{result.confidence * 100:g}% intervals; red = regression")
     ax.invert_yaxis()
     fig.tight_layout()

@@ -86,6 +86,86 @@ def test_clients_without_the_secret_get_nothing_read(tmp_path):
         listener.close()
 
 
+def _silent_connections(address, count):
+    """Clients that connect and never say anything (a port scanner, a stuck or hostile peer)."""
+    return [socket.create_connection(address, timeout=10) for _ in range(count)]
+
+
+def _closed_by_server(sock, within_s):
+    """Whether the server hangs up on ``sock`` within ``within_s`` (its challenge may arrive first)."""
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(4096):
+            pass
+    except socket.timeout:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_silent_clients_are_dropped_after_the_handshake_timeout_and_ranks_still_join():
+    from ddpbench.controller import gather_ranks
+
+    listener = _Listener(("127.0.0.1", 0), SECRET.encode(), handshake_timeout_s=1.0)
+    silent = _silent_connections(listener.address, 50)
+    conns = []
+    try:
+        conns += _fake_rank(listener.address, 0, 2, [("ready", _joining())])
+        conns += _fake_rank(listener.address, 1, 2, [("ready", _joining())], host="hostB", node_rank=1)
+        world_size, ranks = gather_ranks(listener, 30, expected=2)
+        assert world_size == 2 and sorted(ranks) == [0, 1]
+        assert all(_closed_by_server(sock, 10) for sock in silent)
+        deadline = time.monotonic() + 10
+        while listener.timed_out < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert listener.timed_out == 50 and listener.rejected == 0
+    finally:
+        for sock in silent + conns:
+            sock.close()
+        listener.close()
+
+
+def test_accept_errors_are_logged_and_retried_never_a_dead_listener(caplog):
+    import errno
+
+    listener = _Listener(("127.0.0.1", 0), SECRET.encode())
+
+    class OutOfDescriptors:
+        """accept() failing with EMFILE a few times, as when the process ran out of descriptors."""
+
+        def __init__(self, sock, failures):
+            self._sock, self.failures = sock, failures
+
+        def accept(self):
+            if self.failures:
+                self.failures -= 1
+                raise OSError(errno.EMFILE, "Too many open files")
+            return self._sock.accept()
+
+        def close(self):
+            self._sock.close()
+
+    try:
+        with caplog.at_level("WARNING", logger="ddpbench.controller"):
+            listener._sock = OutOfDescriptors(listener._sock, 3)
+            deadline = time.monotonic() + 20
+            while listener.accept_errors.get("EMFILE", 0) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            # The listener has failed three times in a row: it must still accept.
+            good = Client(listener.address, authkey=SECRET.encode())
+            good.send(("hello", "task", {"rank": 0}))
+            (hello, conn) = listener.accepted.get(timeout=20)
+        assert hello == ("hello", "task", {"rank": 0})
+        assert listener.accept_errors == {"EMFILE": 3}
+        assert any("accept() on 127.0.0.1" in r.message and "EMFILE" in r.message and "ulimit -n" in r.message
+                   for r in caplog.records)
+        conn.close()
+        good.close()
+    finally:
+        listener.close()
+
+
 # A workload whose rank 0 never finishes a round (the lost-node tests kill a node meanwhile).
 HANG_WORKLOAD = '''
 import os, time
@@ -125,7 +205,9 @@ def _clean_env() -> dict:
     return dict(env, DDPBENCH_SECRET=SECRET, PYTHONUNBUFFERED="1")
 
 
-def _launch(tmp_path, hang):
+def _launch(tmp_path, hang, silent_clients=0):
+    """The controller (pytest) and two torchrun "nodes" on loopback; ``silent_clients``
+    connections that never speak are opened to the controller before the workers start."""
     (tmp_path / "test_bench.py").write_text(BENCH.format(where=str(tmp_path), hang=hang))
     env = _clean_env()
     controller_port, rdzv_port = _free_port(), _free_port()
@@ -134,12 +216,21 @@ def _launch(tmp_path, hang):
          "-v", f"--dist-controller=127.0.0.1:{controller_port}", "--dist-world-sizes=2",
          "--dist-timeout=60", "--dist-controller-wait=120", "--benchmark-json=out.json"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    silent = []
+    deadline = time.monotonic() + 60
+    while len(silent) < silent_clients and time.monotonic() < deadline:
+        try:
+            silent += _silent_connections(("127.0.0.1", controller_port), silent_clients - len(silent))
+        except ConnectionRefusedError:  # the controller is not listening yet
+            time.sleep(0.2)
+    assert len(silent) == silent_clients
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
          f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv_port}",
          "-m", "ddpbench.worker", "--backend=gloo", f"--controller=127.0.0.1:{controller_port}"],
         cwd=tmp_path, env=env, stdout=open(tmp_path / f"node{node}.log", "w"), stderr=subprocess.STDOUT,
         start_new_session=True) for node in (0, 1)]
+    controller.silent_clients = silent  # held open while the workers join
     return controller, nodes
 
 
@@ -161,7 +252,8 @@ def _cleanup(processes):
 
 
 def test_two_nodes_on_loopback_run_the_cases_with_nodes_recorded(tmp_path):
-    controller, nodes = _launch(tmp_path, hang=False)
+    # 50 connections that never speak are held open the whole time: the real workers still join.
+    controller, nodes = _launch(tmp_path, hang=False, silent_clients=50)
     try:
         output, _ = controller.communicate(timeout=300)
         assert controller.returncode == 0, output
@@ -176,6 +268,8 @@ def test_two_nodes_on_loopback_run_the_cases_with_nodes_recorded(tmp_path):
         for node in nodes:  # the controller told the workers to stop: torchrun ends cleanly
             assert node.wait(timeout=60) == 0
     finally:
+        for sock in getattr(controller, "silent_clients", []):
+            sock.close()
         _cleanup(nodes + [controller])
 
 

@@ -16,11 +16,14 @@ variables, a firewall).
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import logging
 import os
 import queue
 import socket
 import stat
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -81,17 +84,38 @@ def authenticate_as_server(conn: Connection, secret: bytes) -> None:
     answer_challenge(conn, secret)
 
 
-class _Listener:
-    """Accepts and authenticates worker connections in the background; queues (hello, conn)."""
+# How long the listener backs off after accept() failed for lack of resources (EMFILE...).
+ACCEPT_RETRY_S = 0.5
+log = logging.getLogger("ddpbench.controller")
 
-    def __init__(self, address: tuple[str, int], secret: bytes):
+
+def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
+    """Kernel-side send/receive timeouts on a blocking socket (0: none): a read that waits longer
+    fails with EAGAIN, so a silent peer cannot hold a handshake forever."""
+    value = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
+class _Listener:
+    """Accepts and authenticates worker connections in the background; queues (hello, conn).
+
+    A client gets ``handshake_timeout_s`` to authenticate and say hello, or it is dropped (a
+    connection that sends nothing holds nothing for long). When accept() fails for lack of
+    resources (too many open files, no buffers), the error is logged and counted and accepting
+    resumes once they are back: the listener only ends when it is closed."""
+
+    def __init__(self, address: tuple[str, int], secret: bytes, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S):
         self._secret = secret
+        self._handshake_timeout_s = handshake_timeout_s
         self._sock = socket.create_server(address, family=socket.AF_INET6 if ":" in address[0]
                                           else socket.AF_INET)
         self.address = self._sock.getsockname()[:2]  # the real port when 0 was asked for
         self._sock.settimeout(0.5)
         self.accepted: "queue.Queue[tuple[tuple, Connection]]" = queue.Queue()
         self.rejected = 0
+        self.timed_out = 0  # clients dropped for not completing the handshake in time
+        self.accept_errors: dict[str, int] = {}  # accept() failures by errno name
         self._closed = False
         threading.Thread(target=self._accept_loop, name="ddpbench-listener", daemon=True).start()
 
@@ -101,24 +125,40 @@ class _Listener:
                 client, _ = self._sock.accept()
             except socket.timeout:
                 continue
-            except OSError:
-                return
+            except OSError as exc:
+                if self._closed:
+                    return
+                name = errno.errorcode.get(exc.errno, str(exc.errno))
+                self.accept_errors[name] = self.accept_errors.get(name, 0) + 1
+                log.warning("ddpbench controller: accept() on %s:%s failed (%s: %s); retrying in "
+                            "%.1f s%s", self.address[0], self.address[1], name, exc.strerror or exc,
+                            ACCEPT_RETRY_S, " (raise the open-file limit: ulimit -n)"
+                            if exc.errno in (errno.EMFILE, errno.ENFILE) else "")
+                time.sleep(ACCEPT_RETRY_S)
+                continue
             client.settimeout(None)
             threading.Thread(target=self._handshake, args=(client,), daemon=True).start()
 
     def _handshake(self, client: socket.socket) -> None:
+        _set_io_timeout(client, self._handshake_timeout_s)
         conn = Connection(client.detach())
         try:
             authenticate_as_server(conn, self._secret)
-            if not conn.poll(HANDSHAKE_TIMEOUT_S):
+            if not conn.poll(self._handshake_timeout_s):
                 raise EOFError("no hello")
             hello = conn.recv()
             if not (isinstance(hello, tuple) and hello and hello[0] == "hello"):
                 raise EOFError("bad hello")
+        except (BlockingIOError, TimeoutError):  # the peer said nothing for handshake_timeout_s
+            self.timed_out += 1
+            conn.close()
+            return
         except (AuthenticationError, EOFError, OSError, ValueError):
             self.rejected += 1
             conn.close()
             return
+        with socket.socket(fileno=os.dup(conn.fileno())) as view:  # the connection is trusted now
+            _set_io_timeout(view, 0)
         self.accepted.put((hello, conn))
 
     def close(self) -> None:
@@ -268,7 +308,7 @@ def _is_loopback(address: str) -> bool:
 
 
 def _start_error(headline: str, address, world_size, ranks, rejected: int, ignored: int,
-                 expected: int | None) -> str:
+                 expected: int | None, timed_out: int = 0, accept_errors: dict | None = None) -> str:
     now = time.monotonic()
     lines = [headline]
     missing = [r for r in range(world_size or 0) if r not in ranks]
@@ -278,6 +318,10 @@ def _start_error(headline: str, address, world_size, ranks, rejected: int, ignor
     if missing:
         lines.append(f"  {_ranks_text(missing)}: never connected")
     notes = [f"rejected connections (wrong secret): {rejected}"]
+    if timed_out:
+        notes.append(f"connections dropped for not completing the handshake in time: {timed_out}")
+    if accept_errors:
+        notes.append("accept() errors (retried): " + ", ".join(f"{k} x{v}" for k, v in sorted(accept_errors.items())))
     if ignored:
         notes.append(f"ignored connections from a torchrun job of another size: {ignored}")
     lines.append("  " + "; ".join(notes))
@@ -304,7 +348,7 @@ def gather_ranks(listener: _Listener, wait_s: float, expected: int | None = None
 
     def fail(headline: str) -> PoolStartError:
         return PoolStartError(_start_error(headline, address, world_size, ranks, listener.rejected,
-                                           ignored, expected))
+                                           ignored, expected, listener.timed_out, listener.accept_errors))
 
     def accept(hello, conn) -> None:
         nonlocal world_size, ignored

@@ -36,6 +36,7 @@ from multiprocessing.connection import AuthenticationError, Client
 import psutil
 
 from .controller import SecretError, load_secret, parse_address
+from .options import parse_timeout
 from .pool import RankContext, serve_tasks
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -177,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--secret-file", help=f"0600 file with the shared secret (default: ${'DDPBENCH_SECRET'})")
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with CUDA, else gloo")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-    parser.add_argument("--connect-timeout", type=float, default=300.0,
+    parser.add_argument("--connect-timeout", type=parse_timeout, default=300.0,
                         help="seconds to keep trying to reach the controller (default 300)")
     return parser
 

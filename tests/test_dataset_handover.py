@@ -302,3 +302,44 @@ def test_the_epoch_check_catches_a_loader_that_ignores_its_shard(pool):
     with UnshardedEpoch.handed_over(spec, "file_system", sampler="distributed", batch_size=8) as epoch:
         with pytest.raises(TaskFailed, match=r"rank 0: a timed epoch yielded 40 samples, expected 20"):
             _measure(pool, epoch)
+
+
+def test_a_failed_mmap_write_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from ddpbench.packed import PackedTensorDataset
+
+    real_from_tensors = PackedTensorDataset.from_tensors
+
+    class DiskFull:
+        """The packed data, whose numpy view fills the disk half-way through tofile."""
+
+        def __init__(self, data):
+            self._data = data
+
+        def __getattr__(self, name):
+            return getattr(self._data, name)
+
+        def numpy(self):
+            data = self._data
+
+            class Array:
+                def tofile(self, path):
+                    with open(path, "wb") as fh:
+                        fh.write(b"\0" * 4096)  # what got written before the disk filled up
+                    raise OSError(errno.ENOSPC, "No space left on device")
+
+            return Array()
+
+    def from_tensors(samples):
+        packed = real_from_tensors(samples)
+        packed.data = DiskFull(packed.data)
+        return packed
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(PackedTensorDataset, "from_tensors", staticmethod(from_tensors))
+    with pytest.raises(OSError, match=r"writing the mmap layout's \d+ bytes to .* failed \(No space left on "
+                                      r"device\); nothing was left behind\. Free space there or point TMPDIR"):
+        D.build_dataset(D.DatasetSpec("mmap", 50))
+    assert list(tmp_path.iterdir()) == []

@@ -350,7 +350,15 @@ def build_dataset(spec: DatasetSpec, *, checksums: bool = True) -> BuiltDataset:
         return BuiltDataset(spec, packed, sums, elements)
     directory = tempfile.mkdtemp(prefix="ddpbench-mmap-")
     path = os.path.join(directory, "samples.bin")
-    packed.data.numpy().tofile(path)
+    try:
+        packed.data.numpy().tofile(path)
+    except BaseException as exc:
+        remove_mapped_file(path)  # a partial file must not stay behind in the temporary folder
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"writing the mmap layout's {packed.data.numel() * packed.data.element_size()} "
+                                     f"bytes to {path} failed ({exc.strerror or exc}); nothing was left "
+                                     f"behind. Free space there or point TMPDIR at a larger disk") from exc
+        raise
     data = MappedPackedDataset(path, str(packed.data.dtype).removeprefix("torch."), packed.data.numel(),
                                packed.offsets.numpy(), packed.shapes.numpy(), packed.ndims.numpy())
     return BuiltDataset(spec, data, sums, elements, path=path)

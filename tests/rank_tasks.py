@@ -67,3 +67,24 @@ def start_child_sleeper(ctx):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     ctx.scratch["child"] = child
     return child.pid
+
+
+def return_object_only_the_rank_can_import(ctx, folder):
+    """An instance of a class from a module the rank writes and imports itself: the controller has
+    no such module (as a baseline's own classes are absent from the candidate's code)."""
+    import importlib
+    import sys
+
+    path = os.path.join(folder, f"rank_only_{ctx.rank}.py")
+    with open(path, "w") as fh:
+        fh.write("class Result:\n    pass\n")
+    sys.path.insert(0, folder)
+    return importlib.import_module(f"rank_only_{ctx.rank}").Result()
+
+
+def raise_sticky_cuda_error_on_rank_zero(ctx):
+    """What a rank reports after an illegal memory access (its CUDA context is unusable now)."""
+    if ctx.rank == 0:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\n"
+                           "CUDA kernel errors might be asynchronously reported at some other API call")
+    return ctx.rank

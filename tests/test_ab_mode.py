@@ -39,7 +39,7 @@ FAST = ["--dist-ab-block-time=0.02", "--dist-ab-max-time=8", "-m", "not gpu", "-
 
 def _side_report(ctx):
     return {"started_by": os.environ.get("DDPBENCH_TEST_INTERPRETER"),
-            "marker": os.environ.get("DDPBENCH_TEST_SIDE"), "path0": sys.path[1]}
+            "marker": os.environ.get("DDPBENCH_TEST_SIDE"), "sys_path": list(sys.path)}
 
 
 def test_each_side_ranks_run_with_its_interpreter_path_and_environment(tmp_path):
@@ -58,7 +58,9 @@ def test_each_side_ranks_run_with_its_interpreter_path_and_environment(tmp_path)
     for report in reports:
         assert report["started_by"] == str(python)
         assert report["marker"] == "baseline"
-        assert report["path0"] == str(extra)  # sys.path[0] is the script dir of -m; the side's path follows
+        # The side's path comes first; the working directory is not put there (python -m or -c would).
+        assert report["sys_path"][0] == str(extra)
+        assert "" not in report["sys_path"] and os.getcwd() not in report["sys_path"][:2]
 
 
 def _heap_report(ctx):
@@ -101,15 +103,48 @@ def test_an_interpreter_without_ddpbench_is_refused(tmp_path):
     wrapper.write_text(f"#!/bin/sh\nexec {base} -I \"$@\"\n")
     wrapper.chmod(0o755)
     with pytest.raises(SideError, match="cannot import ddpbench"):
-        probe(make_side("baseline", str(wrapper), None, {}), "0.1.0")
+        probe(make_side("baseline", str(wrapper), None, {}), 1)
 
 
-def test_another_ddpbench_version_is_refused(tmp_path):
+def test_a_ddpbench_of_another_rank_protocol_is_refused(tmp_path):
     fake = tmp_path / "old" / "ddpbench"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('__version__ = "0.0.1"\n')
-    with pytest.raises(SideError, match="imports ddpbench 0.0.1 .* same ddpbench version"):
-        probe(make_side("baseline", None, [str(fake.parent)], {}), "0.1.0")
+    (fake / "rank_process.py").write_text("RANK_PROTOCOL = 99\n")
+    with pytest.raises(SideError, match="ddpbench 0.0.1 from .* speaks rank protocol 99, but this run's "
+                                        "ddpbench speaks protocol 1: the controller cannot drive"):
+        probe(make_side("baseline", None, [str(fake.parent)], {}), 1)
+
+
+def _engine_copy(tmp_path, note="# another engine: same protocol, other source\n"):
+    """A copy of this ddpbench whose source differs by a comment (a pull request's ddpbench)."""
+    import shutil
+
+    import ddpbench
+
+    target = tmp_path / "engine" / "ddpbench"
+    shutil.copytree(os.path.dirname(ddpbench.__file__), target,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(target / "timing.py", "a") as fh:
+        fh.write(note)
+    return target.parent
+
+
+def test_another_engine_of_the_same_protocol_is_named_not_refused(tmp_path):
+    from ddpbench.ab.sides import engine_lines, engines_differ, local_facts
+
+    ours = local_facts()
+    baseline = probe(make_side("baseline", None, [str(_engine_copy(tmp_path))], {}), ours["rank_protocol"])
+    candidate = probe(make_side("candidate", None, None, {}), ours["rank_protocol"])
+    assert baseline.facts["ddpbench_file"].startswith(str(tmp_path))
+    assert baseline.facts["ddpbench_version"] == candidate.facts["ddpbench_version"]  # same "0.1.0"...
+    assert baseline.facts["ddpbench_source_sha256"] != candidate.facts["ddpbench_source_sha256"]  # ...other code
+    assert candidate.facts["ddpbench_source_sha256"] == ours["ddpbench_source_sha256"]
+    assert engines_differ(baseline, candidate)
+    lines = engine_lines(baseline, candidate)
+    assert "DIFFERENT ddpbench engines (both speak rank protocol 1)" in lines[0]
+    assert str(tmp_path) in lines[1] and baseline.facts["ddpbench_source_sha256"][:12] in lines[1]
+    assert not engines_differ(candidate, candidate)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -129,13 +164,13 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     pytester.makepyfile(test_bench=SLEEPY)
     # FAST's 8 s cap ends the case after a look or two: the last look taken spends what is left of
     # alpha (the planned early levels alone would need ~36 pairs even for a 1.5x slowdown).
-    result = pytester.runpytest_subprocess("--dist-candidate-env", "SLEEP_FACTOR=1.5",
+    result = pytester.runpytest_subprocess("--dist-candidate-env", "SLEEP_FACTOR=1.5", "--dist-ab-seed=4242",
                                            "--benchmark-json=ab.json", *FAST, timeout=300)
     assert result.ret == 1, result.stdout.str()
     result.stdout.fnmatch_lines(["*ddpbench A/B verdicts (1 regression*",
                                  "*test_sleep*regression*",
                                  "*candidate:*SLEEP_FACTOR=1.5*",
-                                 "*ddpbench A/B: regression(s) found: exit status 1*"])
+                                 "*ddpbench A/B: 1 regression(s): exit status 1*"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]
     ab = case["extra_info"]["ab"]
     assert ab["verdict"] == "regression" and ab["p_value"] < ab["alpha_at_last_look"] == ab["alpha_per_look"][-1]
@@ -149,6 +184,12 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert len(ab["ratio_per_pool_pair"]) == 2 and all(r > 1.3 for r in ab["ratio_per_pool_pair"])
     assert ab["ratio_of_block_minima"] > 1.3  # the fastest rounds moved too
     assert ab["sides"]["candidate"]["env"] == {"SLEEP_FACTOR": "1.5"} and ab["sides"]["baseline"]["env"] == {}
+    # --dist-ab-seed repeats a run's order: the first stage is the one the seed draws for this case.
+    from ddpbench.ab import schedule
+
+    first = schedule.pairs_over_pools(6, 2, schedule.case_rng(case["fullname"], 4242))
+    assert ab["seed"] == 4242 and ab["order"].split()[:12] == ["AB" if f == "baseline" else "BA" for f, _, _ in first]
+    result.stdout.fnmatch_lines(["*block order seed 4242 (--dist-ab-seed 4242 repeats it)*"])
     assert ab["sides"]["baseline"]["torch_version"]
     # The OS places A/B ranks by default, as in every other mode; both sides get the steady heap.
     assert case["extra_info"]["pinned_cores"] is False
@@ -187,3 +228,182 @@ def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
     assert 0.8 < ab["ratio"] < 1.25
     assert ab["pools_per_side"] == 1 and set(ab["pool_pair_of_pair"]) == {0} and len(ab["ratio_per_pool_pair"]) == 1
     assert ab["heap"] == "adaptive" and ab["sides"]["candidate"]["common_env"] == {}
+    # Both sides launch identically here, yet each has pools of its own: never the same processes.
+    baseline_pids = {pid for pool in ab["pool_pids"]["baseline"] for pid in pool}
+    candidate_pids = {pid for pool in ab["pool_pids"]["candidate"] for pid in pool}
+    assert len(baseline_pids) == len(candidate_pids) == 2 and not baseline_pids & candidate_pids
+    assert isinstance(ab["seed"], int)  # drawn for this run and recorded
+
+
+# ----------------------------------------------------------------------------------------------
+# Each side runs its own code: a user project with a flat layout (no src/), two checkouts
+# ----------------------------------------------------------------------------------------------
+
+FLAT_STEP = """
+import time
+
+from ddpbench.workloads import Workload
+
+
+class Step(Workload):
+    def setup(self, ctx):
+        return None
+
+    def run_round(self, state):
+        time.sleep({seconds})
+"""
+
+FLAT_TEST = """
+from mypkg.step import Step
+
+
+def test_step(dist_benchmark):
+    dist_benchmark(Step())
+"""
+
+
+def _flat_checkout(root, seconds):
+    (root / "mypkg").mkdir(parents=True)
+    (root / "mypkg" / "__init__.py").write_text("")
+    (root / "mypkg" / "step.py").write_text(FLAT_STEP.format(seconds=seconds))
+    (root / "test_bench.py").write_text(FLAT_TEST)
+    return root
+
+
+def _pytest_in(cwd, *args):
+    """``python -m pytest`` started inside ``cwd``, as a PR job starts it in the head checkout:
+    the controller then has ``cwd`` first on its own sys.path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    return subprocess.run([sys.executable, "-m", "pytest", "test_bench.py", "-p", "no:cacheprovider",
+                           "-m", "not gpu", "--dist-ab-block-time=0.02", "--dist-ab-max-time=8", *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_flat_layout_run_from_the_head_checkout_times_each_sides_own_code(tmp_path):
+    base = _flat_checkout(tmp_path / "base", 0.004)
+    head = _flat_checkout(tmp_path / "head", 0.008)  # the pull request doubles the step
+    run = _pytest_in(head, "--dist-baseline-path", "../base", "--benchmark-json=ab.json")
+    assert run.returncode == 1, run.stdout + run.stderr
+    (case,) = json.loads((head / "ab.json").read_text())["benchmarks"]
+    ab = case["extra_info"]["ab"]
+    assert ab["verdict"] == "regression" and 1.6 < ab["ratio"] < 2.4
+    # The header says where each side's ranks import the code under test from.
+    assert f"mypkg (2 modules): baseline {base}/mypkg/ | candidate {head}/mypkg/" in run.stdout
+    assert f"test_bench: baseline {base}/test_bench.py | candidate {head}/test_bench.py" in run.stdout
+    assert ab["sides"]["baseline"]["modules"]["mypkg.step"] == str(base / "mypkg" / "step.py")
+    assert ab["sides"]["candidate"]["modules"]["mypkg.step"] == str(head / "mypkg" / "step.py")
+
+
+def test_an_a_a_of_two_identical_flat_checkouts_with_another_engine_passes(tmp_path):
+    # Identical code on both sides; the baseline's ddpbench differs by a comment, as when a pull
+    # request changes ddpbench itself: the run says so and still compares (same rank protocol).
+    _flat_checkout(tmp_path / "base", 0.004)
+    head = _flat_checkout(tmp_path / "head", 0.004)
+    engine = _engine_copy(tmp_path)
+    run = _pytest_in(head, "--dist-baseline-path", "../base", "--dist-baseline-path", str(engine),
+                     "--dist-ab-threshold=25%", "--benchmark-json=aa.json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (case,) = json.loads((head / "aa.json").read_text())["benchmarks"]
+    ab = case["extra_info"]["ab"]
+    assert ab["verdict"] in ("same", "inconclusive") and 0.8 < ab["ratio"] < 1.25
+    assert "the sides run DIFFERENT ddpbench engines (both speak rank protocol 1)" in run.stdout
+    assert (f"baseline  engine: ddpbench 0.1.0 #{ab['sides']['baseline']['ddpbench_source_sha256'][:12]} "
+            f"from {engine}/ddpbench") in run.stdout
+    assert ab["sides"]["baseline"]["ddpbench_source_sha256"] != ab["sides"]["candidate"]["ddpbench_source_sha256"]
+
+
+def test_a_baseline_path_that_shadows_nothing_is_a_usage_error(tmp_path):
+    head = _flat_checkout(tmp_path / "head", 0.004)
+    (tmp_path / "empty").mkdir()
+    run = _pytest_in(head, "--dist-baseline-path", "../empty")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    assert "both sides import every module under test from the same files (" in run.stderr
+    assert f"mypkg.step -> {head}/mypkg/step.py" in run.stderr
+    assert f"--dist-baseline-path {tmp_path}/empty asks for other code" in run.stderr
+    assert "the checkout's root for a flat layout" in run.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Lost cases, new cases, and settings A/B mode cannot measure
+# ----------------------------------------------------------------------------------------------
+
+CRASHY = """
+import os
+import time
+
+from ddpbench.workloads import Workload
+
+
+class Step(Workload):
+    \"\"\"Sleeps 4 ms a round; with ``may_crash``, raises after three rounds on a side whose ranks
+    have $CRASH_IN_ROUND set.\"\"\"
+
+    def __init__(self, may_crash):
+        self.may_crash = may_crash
+
+    def setup(self, ctx):
+        return {"rounds": 0}
+
+    def run_round(self, state):
+        state["rounds"] += 1
+        if self.may_crash and os.environ.get("CRASH_IN_ROUND") and state["rounds"] > 3:
+            raise RuntimeError("the step broke")
+        time.sleep(0.004)
+
+
+def test_steady(dist_benchmark):
+    dist_benchmark(Step(False))
+
+
+def test_crashy(dist_benchmark):
+    dist_benchmark(Step(True))
+"""
+
+
+def test_a_case_the_candidate_lost_fails_the_run_and_one_the_baseline_lacks_is_new(pytester):
+    pytester.makepyfile(test_bench=CRASHY)
+    common = ["--dist-min-time=0.2", "--benchmark-json=run.json", "--dist-ab-threshold=50%",
+              "--dist-ab-pools-per-side=1", *FAST]
+    lost = pytester.runpytest_subprocess("--dist-candidate-env", "CRASH_IN_ROUND=1", *common, timeout=300)
+    assert lost.ret == 1, lost.stdout.str()
+    lost.stdout.fnmatch_lines(["*the candidate lost this case (the baseline ran it): ddpbench: candidate pool 0: "
+                               "task ddpbench.ab.tasks.* raised on rank(s)*",
+                               "*--- candidate pool 0, rank 0 traceback ---*",
+                               "*RuntimeError: the step broke*",
+                               "*test_crashy*missing (candidate pool 0 failed)*",
+                               "*1 case(s) the baseline ran were lost on the candidate side (*test_crashy*)*"
+                               "exit status 1*"])
+    cli = [sys.executable, "-m", "ddpbench.cli", "compare", str(pytester.path / "run.json")]
+    text = subprocess.run(cli, capture_output=True, text=True)
+    assert text.returncode == 1, text.stdout + text.stderr
+    assert "test_crashy[gloo-2p]" in text.stdout and "lost on the candidate side" in text.stdout
+    allowed = subprocess.run(cli + ["--allow-missing"], capture_output=True, text=True)
+    assert allowed.returncode == 0 and "allowed by --allow-missing" in allowed.stdout
+
+    skipped = pytester.runpytest_subprocess("--dist-candidate-env", "CRASH_IN_ROUND=1", "-k", "crashy",
+                                            "--dist-ab-allow-missing", *common, timeout=300)
+    assert skipped.ret == 0, skipped.stdout.str()
+    skipped.stdout.fnmatch_lines(["*1 case(s) the baseline ran were lost on the candidate side*allowed by "
+                                  "--dist-ab-allow-missing*"])
+
+    new = pytester.runpytest_subprocess("--dist-baseline-env", "CRASH_IN_ROUND=1", "-k", "crashy", *common,
+                                        timeout=300)
+    assert new.ret == 0, new.stdout.str()
+    new.stdout.fnmatch_lines(["*test_crashy*new (baseline pool 0 failed)*"])
+    cases = {c["name"]: c for c in json.loads((pytester.path / "run.json").read_text())["benchmarks"]}
+    ab = cases["test_crashy[gloo-2p]"]["extra_info"]["ab"]
+    assert ab["verdict"] == "new" and "the step broke" in ab["error"]
+    assert cases["test_crashy[gloo-2p]"]["stats"]["rounds"] >= 5  # the candidate, measured alone
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dist-warmup=0", "--dist-rounds=50"], "*--dist-warmup=0 with --dist-rounds in A/B mode*--dist-warmup=1*"),
+    (["--dist-ab-block-time=5"], "*first stage alone*takes about 120 s, past --dist-ab-max-time 60 s*"),
+    (["--dist-ab-seed=-3"], "*'-3' is not a seed*"),
+])
+def test_settings_a_b_mode_cannot_measure_are_usage_errors(pytester, args, message):
+    pytester.makepyfile(test_bench=SLEEPY)
+    result = pytester.runpytest_subprocess("--dist-candidate-env", "A=1", *args, "-p", "no:cacheprovider",
+                                           timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])

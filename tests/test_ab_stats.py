@@ -140,20 +140,25 @@ def test_mismatched_blocks_are_an_error():
         stats.analyse_pairs([1.0], [1.0, 2.0], threshold=0.05)
 
 
-def test_block_order_is_balanced_shuffled_and_reproducible_per_case():
-    rng = schedule.case_rng("bench.py::test_x[gloo-2p-1MB]")
+def test_block_order_is_balanced_shuffled_and_reproducible_per_seed_and_case():
+    rng = schedule.case_rng("bench.py::test_x[gloo-2p-1MB]", 7)
     order = schedule.balanced_pairs(10, rng)
     assert order.count(("baseline", "candidate")) == 5 == order.count(("candidate", "baseline"))
-    again = schedule.balanced_pairs(10, schedule.case_rng("bench.py::test_x[gloo-2p-1MB]"))
-    assert order == again
-    others = {tuple(schedule.balanced_pairs(10, schedule.case_rng(f"case{i}"))) for i in range(20)}
+    again = schedule.balanced_pairs(10, schedule.case_rng("bench.py::test_x[gloo-2p-1MB]", 7))
+    assert order == again  # --dist-ab-seed 7 repeats it
+    others = {tuple(schedule.balanced_pairs(10, schedule.case_rng(f"case{i}", 7))) for i in range(20)}
     assert len(others) > 10  # not one fixed pattern
+    # Negative control for the per-run seed: one case gets other orders under other seeds.
+    runs = {tuple(schedule.balanced_pairs(10, schedule.case_rng("bench.py::test_x[gloo-2p-1MB]", seed)))
+            for seed in range(20)}
+    assert len(runs) > 10
+    assert len({schedule.new_seed() for _ in range(5)}) > 1
     with pytest.raises(ValueError, match="even"):
         schedule.balanced_pairs(3, rng)
 
 
 def test_pool_pairs_take_turns_each_with_a_balanced_order():
-    rng = schedule.case_rng("bench.py::test_x[gloo-2p-10MB]")
+    rng = schedule.case_rng("bench.py::test_x[gloo-2p-10MB]", 0)
     stage = schedule.pairs_over_pools(6, 2, rng)
     assert len(stage) == 12
     for k in (0, 1):
@@ -161,7 +166,7 @@ def test_pool_pairs_take_turns_each_with_a_balanced_order():
         assert mine.count(("baseline", "candidate")) == 3 == mine.count(("candidate", "baseline"))
     # Turns: each consecutive two pairs use both pool pairs once.
     assert all({stage[i][2], stage[i + 1][2]} == {0, 1} for i in range(0, 12, 2))
-    assert stage == schedule.pairs_over_pools(6, 2, schedule.case_rng("bench.py::test_x[gloo-2p-10MB]"))
+    assert stage == schedule.pairs_over_pools(6, 2, schedule.case_rng("bench.py::test_x[gloo-2p-10MB]", 0))
     with pytest.raises(ValueError, match="even"):
         schedule.pairs_over_pools(3, 2, rng)
     with pytest.raises(ValueError, match="pool pairs"):

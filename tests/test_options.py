@@ -70,3 +70,42 @@ def test_percentages_for_the_ab_threshold():
     for bad in ("0", "-3", "x"):
         with pytest.raises(argparse.ArgumentTypeError, match="percentage"):
             options.parse_percent(bad)
+
+
+SECONDS_OPTIONS = ["--dist-timeout", "--dist-controller-wait", "--dist-min-time", "--dist-ab-max-time",
+                   "--dist-ab-block-time"]
+
+
+@pytest.mark.parametrize("option", SECONDS_OPTIONS)
+@pytest.mark.parametrize("value,message", [
+    ("nan", "is not a finite number of seconds"), ("inf", "is not a finite number of seconds"),
+    ("-inf", "is not a finite number of seconds"), ("1e9", "is not a plan this option supports"),
+    ("0", "must be larger than 0"),
+])
+def test_every_seconds_option_refuses_nan_inf_and_absurd_values(pytester, option, value, message):
+    result = pytester.runpytest_subprocess(f"{option}={value}", "-p", "no:cacheprovider", timeout=60)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{option}*{value!r}*{message}*"])
+
+
+def test_counts_and_fractions_refuse_nan_inf_and_absurd_values():
+    for parse, bad in [(options.parse_rounds, ["nan", "1e3", "10000000"]),
+                       (options.parse_warmup, ["inf", "99999999"]),
+                       (options.parse_pools_per_side, ["nan", "17"]),
+                       (options.parse_precision, ["nan", "inf"]),
+                       (options.parse_percent, ["nan", "inf", "1e9"]),
+                       (options.parse_seed, ["nan", "-1", "4294967296", "1.5"])]:
+        for text in bad:
+            with pytest.raises(argparse.ArgumentTypeError):
+                parse(text)
+    assert options.parse_pools_per_side("16") == 16 and options.parse_seed("4294967295") == 2**32 - 1
+
+
+def test_the_workers_seconds_option_refuses_nan_too():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ddpbench.worker", "--controller", "127.0.0.1:1",
+                          "--connect-timeout", "nan"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "'nan' is not a finite number of seconds" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -84,6 +84,33 @@ def test_gpu_cases_skip_with_a_reason_without_cuda(pytester, monkeypatch):
     assert nccl.ret == pytest.ExitCode.OK
 
 
+BROKEN_CUDA_CONFTEST = """
+import ddpbench.plugin
+
+# This machine "has" an NVIDIA GPU, but the installed torch is the CPU build: broken, not GPU-less.
+ddpbench.plugin._nvidia_gpus_present = lambda: ["/dev/nvidia0"]
+"""
+
+
+def test_a_broken_cuda_install_is_an_error_when_gpu_cases_are_asked_for(pytester, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makeconftest(BROKEN_CUDA_CONFTEST)
+    pytester.makepyfile(test_bench=TINY_BENCHMARK)
+    for args in (["-m", "gpu"], ["-m", "gpu and not slow"], ["--dist-backend=nccl"]):
+        result = _run(pytester, "--dist-sizes=4KB", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+        result.stderr.fnmatch_lines(["*GPU cases were asked for*but CUDA is broken here: this machine has "
+                                     "NVIDIA GPUs (/dev/nvidia0) but torch * is a CPU-only build*"])
+    # Not asked for: the GPU cases skip, and the reason says why.
+    result = _run(pytester, "--dist-sizes=4KB", "-m", "not slow", "-rs", "-k", "nccl")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*needs 1 CUDA device(s)*CUDA is broken here: this machine has NVIDIA GPUs*"])
+    # GPUs hidden on purpose are no GPU, not a broken install.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = _run(pytester, "--dist-sizes=4KB", "-m", "gpu", "-rs")
+    result.assert_outcomes(skipped=2)
+
+
 SHARED_GPU_BENCHMARK = '''
 import pytest
 from ddpbench.pool import PoolSpec

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 import rank_tasks
-from ddpbench.pool import PoolError, PoolRegistry, PoolSpec, RankLaunch, TaskFailed
+from ddpbench.pool import PoolError, PoolRegistry, PoolSpec, RankLaunch, RankPool, TaskFailed
 
 SPEC = PoolSpec("gloo", 2, "cpu")
 
@@ -192,3 +192,71 @@ def test_ranks_exit_when_the_controller_dies(tmp_path):
     assert len(pids) == 2, out.stderr
     assert _gone(pids, timeout_s=15)
     assert not os.path.exists(store_dir)  # the ranks removed what the controller left
+
+
+def test_a_reply_the_controller_cannot_load_names_the_rank_and_the_pool_keeps_working(tmp_path):
+    registry = PoolRegistry()
+    try:
+        pool = registry.get(SPEC, RankLaunch(), 1, owner="baseline")
+        with pytest.raises(TaskFailed) as info:
+            pool.run(rank_tasks.return_object_only_the_rank_can_import, str(tmp_path), timeout_s=60)
+        message = str(info.value)
+        assert "ddpbench: baseline pool 1: task rank_tasks.return_object_only_the_rank_can_import raised " \
+               "on rank(s) [0, 1] of 2." in message
+        assert "--- baseline pool 1, rank 0 traceback ---" in message
+        assert "the controller could not load this rank's reply" in message
+        assert "No module named 'rank_only_0'" in message
+        assert pool.alive and not info.value.pool_torn_down  # the replies were read whole
+        assert [r["sum"] for r in pool.run(rank_tasks.rank_and_sum, 0)] == [1.0, 1.0]
+    finally:
+        registry.close()
+
+
+def test_a_sticky_cuda_error_retires_the_pool_so_later_cases_get_a_fresh_one():
+    registry = PoolRegistry()
+    try:
+        pool = registry.get(SPEC, owner="candidate")
+        pids = pool.pids
+        with pytest.raises(TaskFailed) as info:
+            pool.run(rank_tasks.raise_sticky_cuda_error_on_rank_zero, timeout_s=60)
+        message = str(info.value)
+        assert "a sticky CUDA error (an illegal memory access was encountered)" in message
+        assert "so the pool was retired" in message and info.value.pool_torn_down and not pool.alive
+        assert _gone(pids)
+        fresh = registry.get(SPEC, owner="candidate")
+        assert fresh is not pool and [r["sum"] for r in fresh.run(rank_tasks.rank_and_sum, 0)] == [1.0, 1.0]
+    finally:
+        registry.close()
+
+
+def test_without_pidfds_a_dead_subprocess_rank_is_still_noticed(monkeypatch):
+    import errno
+
+    def no_pidfds(pid, flags=0):  # as on old kernels (psutil falls back on this errno too)
+        raise OSError(errno.ENODEV, "pidfd_open: not supported")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds, raising=False)
+    pool = RankPool(SPEC, launch=RankLaunch())
+    try:
+        pids = pool.pids
+        start = time.monotonic()
+        with pytest.raises(TaskFailed) as info:
+            pool.run(rank_tasks.die_on_rank_one, timeout_s=60)
+        assert info.value.dead == {1: -9} and "SIGKILL" in str(info.value)
+        assert time.monotonic() - start < 30
+        assert _gone(pids)
+    finally:
+        pool.kill()
+
+
+def test_identical_launches_of_two_owners_never_share_a_pool():
+    registry = PoolRegistry()
+    try:
+        launch = RankLaunch()
+        baseline = registry.get(SPEC, launch, 0, owner="baseline")
+        candidate = registry.get(SPEC, launch, 0, owner="candidate")
+        assert baseline is not candidate and not set(baseline.pids) & set(candidate.pids)
+        assert registry.get(SPEC, launch, 0, owner="baseline") is baseline
+        assert baseline.label == "baseline pool 0 (gloo, 2 ranks, cpu)"
+    finally:
+        registry.close()

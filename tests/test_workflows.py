@@ -39,3 +39,16 @@ def test_ab_workflow_gates_the_head_against_the_base_revision_in_one_run():
     assert "make -C base venv" in ab and "make -C head venv" in ab
     assert "--dist-baseline-python ../base/.venv/bin/python" in ab
     assert "ddpbench compare ab.json --markdown" in ab and "GITHUB_STEP_SUMMARY" in ab
+
+
+def test_ab_workflow_reads_each_revisions_rank_protocol_with_a_command_that_works():
+    import re
+
+    ab = (WORKFLOWS / "ab.yml").read_text()
+    (snippet,) = re.findall(r"read_protocol='([^']+)'", ab)
+    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=ROOT)
+    from ddpbench.rank_process import RANK_PROTOCOL
+
+    assert out.returncode == 0 and out.stdout.strip() == str(RANK_PROTOCOL), out.stderr
+    assert "steps.protocol.outputs.comparable == 'true'" in ab  # the gate runs only across one protocol
+    assert "comm -23 base-cases.txt head-cases.txt" in ab  # cases the head removed fail the job

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 BACKENDS = ("gloo", "nccl", "auto")
@@ -74,38 +75,67 @@ def parse_backend(text: str) -> str:
     return value
 
 
-def _positive_number(kind, text: str, what: str, allow_zero: bool = False):
+# Upper bounds past which a value is a typo rather than a plan (a unit mix-up, a stray digit).
+MAX_TASK_SECONDS = 24 * 3600
+MAX_MIN_TIME_SECONDS = 3600
+MAX_BLOCK_SECONDS = 60
+MAX_ROUNDS = 1_000_000
+MAX_POOLS_PER_SIDE = 16
+
+
+def _positive_number(kind, text: str, what: str, allow_zero: bool = False, maximum=None):
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of {what}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of {what}; give e.g. 30")
     if value < 0 or (value == 0 and not allow_zero):
         raise argparse.ArgumentTypeError(
             f"{text!r}: the number of {what} must be {'0 or more' if allow_zero else 'larger than 0'}"
         )
+    if maximum is not None and value > maximum:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: more than {maximum:g} {what} is not a plan this option supports (a unit or "
+            f"a digit too many?); give at most {maximum:g}")
     return value
 
 
 def parse_timeout(text: str) -> float:
-    return _positive_number(float, text, "seconds")
+    """Seconds a task or a wait may take (--dist-timeout, --dist-controller-wait, --dist-ab-max-time)."""
+    return _positive_number(float, text, "seconds", maximum=MAX_TASK_SECONDS)
+
+
+def parse_block_time(text: str) -> float:
+    """A/B mode: recorded seconds aimed for per block."""
+    return _positive_number(float, text, "seconds", maximum=MAX_BLOCK_SECONDS)
 
 
 def parse_rounds(text: str) -> int:
     """Recorded rounds per case; 0 means 'choose from --dist-min-time'."""
-    return _positive_number(int, text, "rounds", allow_zero=True)
+    return _positive_number(int, text, "rounds", allow_zero=True, maximum=MAX_ROUNDS)
 
 
 def parse_warmup(text: str) -> int:
-    return _positive_number(int, text, "warm-up rounds", allow_zero=True)
+    return _positive_number(int, text, "warm-up rounds", allow_zero=True, maximum=MAX_ROUNDS)
 
 
 def parse_pools_per_side(text: str) -> int:
     """A/B mode: independent pools of ranks per side (1 or more)."""
-    return _positive_number(int, text, "pools per side")
+    return _positive_number(int, text, "pools per side", maximum=MAX_POOLS_PER_SIDE)
+
+
+def parse_seed(text: str) -> int:
+    """A/B mode: the seed of the block order (a whole number from 0 to 2**32 - 1)."""
+    value = text.strip()
+    if not value.isdigit() or int(value) >= 2**32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed; give a whole number from 0 to "
+                                         f"{2**32 - 1}, as a run's header prints it")
+    return int(value)
 
 
 def parse_min_time(text: str) -> float:
-    return _positive_number(float, text, "seconds")
+    return _positive_number(float, text, "seconds", maximum=MAX_MIN_TIME_SECONDS)
 
 
 def parse_precision(text: str) -> float:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import glob
 import os
+import re
 import statistics
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,12 +89,20 @@ def pytest_addoption(parser):
     ab.addoption("--dist-ab-max-time", type=opts.parse_timeout, default=60.0, metavar="SECONDS",
                  help="per case: keep adding pairs of blocks while the verdict is inconclusive, up "
                       "to this many seconds. Default: 60")
-    ab.addoption("--dist-ab-block-time", type=opts.parse_timeout, default=0.1, metavar="SECONDS",
+    ab.addoption("--dist-ab-block-time", type=opts.parse_block_time, default=0.1, metavar="SECONDS",
                  help="recorded seconds aimed for per block (at least 3 rounds). Default: 0.1")
     ab.addoption("--dist-ab-pools-per-side", type=opts.parse_pools_per_side, default=2, metavar="N",
                  help="independent pools of ranks per side, taking turns pair by pair; a regression "
                       "must show on every pool pair, so one pool's own lasting offset is not a "
                       "verdict (1: the whole interval must clear the threshold instead). Default: 2")
+    ab.addoption("--dist-ab-seed", type=opts.parse_seed, default=None, metavar="N",
+                 help="seed of the blocks' random order; each run draws a new one and records it "
+                      "(header, extra_info ab.seed): give it to repeat a run's order")
+    ab.addoption("--dist-ab-allow-missing", action="store_true",
+                 help="a case that the baseline ran but the candidate lost (crashed, hung) skips "
+                      "instead of failing the run")
+    ab.addoption("--dist-ab-fail-on-inconclusive", action="store_true",
+                 help="exit 1 when any case is inconclusive (by default they are counted and exit 0)")
     ab.addoption("--dist-ab-heap", choices=HEAP_MODES, default=DEFAULT_HEAP,
                  help="steady: both sides' ranks run with glibc malloc's thresholds fixed, so every "
                       "pool allocates the same way every round (identical pools otherwise drifted "
@@ -115,6 +126,7 @@ def pytest_configure(config):
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("--dist-controller serves one external pool: run without -n (xdist)")
     _configure_ab(config)
+    _check_compare_target(config)
     config.addinivalue_line("markers", "gpu: needs at least one CUDA device; skipped with a reason otherwise")
     config.addinivalue_line("markers", "multi_gpu: needs at least two CUDA devices; skipped with a reason otherwise")
     config.addinivalue_line("markers", "slow: large sizes and long loops, run with -m slow")
@@ -122,36 +134,68 @@ def pytest_configure(config):
                             "cases at these world sizes (e.g. 1 as a scaling reference)")
 
 
+def _check_compare_target(config) -> None:
+    """--benchmark-compare against a saved run that cannot be read is a usage error, not a
+    warning and a silent comparison with an older run."""
+    compare = config.getoption("benchmark_compare", None)
+    if not compare:
+        return
+    from pytest_benchmark.utils import get_machine_id
+
+    from .compare import compare_target_problem
+
+    problem = compare_target_problem(str(config.getoption("benchmark_storage", "file://./.benchmarks")),
+                                     get_machine_id(), compare)
+    if problem:
+        raise pytest.UsageError(problem)
+
+
 AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
 
 
 @dataclass
 class ABConfig:
-    """A/B mode's sides and settings (config._ddpbench_ab); verdicts collect in ``results``."""
+    """A/B mode's sides and settings (config._ddpbench_ab); verdicts collect in ``results`` as
+    (case id, extra_info["ab"], candidate median or None)."""
 
     baseline: Any
     candidate: Any
     settings: Any
     heap: str = DEFAULT_HEAP  # --dist-ab-heap (ddpbench.ab.heap)
+    seed: int = 0  # --dist-ab-seed, or drawn for this run
+    allow_missing: bool = False  # --dist-ab-allow-missing
+    fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
     results: list = field(default_factory=list)
 
     def sides(self) -> dict:
         return {"baseline": self.baseline.describe(), "candidate": self.candidate.describe()}
 
 
-def _configure_ab(config) -> None:
-    """A/B mode is on when any baseline / candidate option is given: check both sides now (the
-    interpreter runs, imports the same ddpbench and torch), before any rank starts."""
-    if not any(config.getoption(name, None) for name in AB_OPTIONS):
-        return
-    from .ab.engine import ABSettings
-    from .ab.sides import SideError, local_facts, make_side, parse_env_assignments, probe
-
+def _ab_usage_error(config) -> None:
+    """Option combinations A/B mode cannot measure, named with the fix."""
     if config.getoption("dist_controller", None):
         raise pytest.UsageError("A/B mode (--dist-baseline-* / --dist-candidate-env) runs local pools; "
                                 "it cannot be combined with --dist-controller")
     if config.getoption("numprocesses", None):
         raise pytest.UsageError("A/B mode interleaves both sides on this machine's cores: run without -n (xdist)")
+    if config.getoption("dist_warmup") == 0 and config.getoption("dist_rounds"):
+        raise pytest.UsageError(
+            "--dist-warmup=0 with --dist-rounds in A/B mode: A/B mode sizes its blocks of rounds "
+            "(--dist-ab-block-time) from a timed warm-up round, and fixed rounds skip the one it would "
+            "otherwise time. Use --dist-warmup=1 or more (--dist-rounds does not apply to A/B blocks)")
+
+
+def _configure_ab(config) -> None:
+    """A/B mode is on when any baseline / candidate option is given: check both sides now (the
+    interpreter runs, imports a ddpbench of this run's rank protocol and torch), before any rank
+    starts; where each side imports the code under test from is checked after collection."""
+    if not any(config.getoption(name, None) for name in AB_OPTIONS):
+        return
+    from .ab.engine import ABSettings
+    from .ab.schedule import new_seed
+    from .ab.sides import SideError, local_facts, make_side, parse_env_assignments, probe
+
+    _ab_usage_error(config)
     heap = config.getoption("dist_ab_heap", DEFAULT_HEAP)
     common = heap_env(heap)
     try:
@@ -163,8 +207,8 @@ def _configure_ab(config) -> None:
                               parse_env_assignments(config.getoption("dist_candidate_env"), "--dist-candidate-env"),
                               common)
         ours = local_facts()
-        baseline = probe(baseline, ours["ddpbench_version"])
-        candidate = (probe(candidate, ours["ddpbench_version"]) if candidate.env
+        baseline = probe(baseline, ours["rank_protocol"])
+        candidate = (probe(candidate, ours["rank_protocol"]) if candidate.env
                      else dataclasses.replace(candidate, facts=ours))
     except SideError as exc:
         raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
@@ -172,7 +216,42 @@ def _configure_ab(config) -> None:
                           max_time_s=config.getoption("dist_ab_max_time"),
                           block_time_s=config.getoption("dist_ab_block_time"),
                           pools_per_side=config.getoption("dist_ab_pools_per_side"))
-    config._ddpbench_ab = ABConfig(baseline, candidate, settings, heap)
+    first_stage_s = 2 * settings.stage_sizes(settings.pools_per_side)[0] * settings.block_time_s
+    if first_stage_s > settings.max_time_s:
+        raise pytest.UsageError(
+            f"--dist-ab-block-time {settings.block_time_s:g} s: a case's first stage alone (always "
+            f"run, {2 * settings.stage_sizes(settings.pools_per_side)[0]} blocks) takes about "
+            f"{first_stage_s:g} s, past --dist-ab-max-time {settings.max_time_s:g} s. Use a shorter "
+            f"block time or a longer cap (defaults: 0.1 s and 60 s)")
+    seed = config.getoption("dist_ab_seed")
+    config._ddpbench_ab = ABConfig(baseline, candidate, settings, heap,
+                                   seed=new_seed() if seed is None else seed,
+                                   allow_missing=config.getoption("dist_ab_allow_missing"),
+                                   fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"))
+
+
+def _resolve_ab_modules(session) -> None:
+    """After collection: where each side's ranks import the modules under test from; stop when a
+    baseline that names other code would import the candidate's (ddpbench.ab.sides)."""
+    ab = getattr(session.config, "_ddpbench_ab", None)
+    if ab is None:
+        return
+    from .ab.sides import SideError, check_modules_differ, module_lines, modules_under_test, resolve_modules
+
+    test_modules = {item.module for item in session.items if getattr(item, "module", None) is not None}
+    project = {str(session.config.rootpath)} | {os.path.dirname(m.__file__) for m in test_modules
+                                                 if getattr(m, "__file__", None)}
+    names = modules_under_test(test_modules, project)
+    try:
+        ab.baseline = resolve_modules(ab.baseline, names)
+        ab.candidate = resolve_modules(ab.candidate, names)
+        check_modules_differ(ab.baseline, ab.candidate)
+    except SideError as exc:
+        raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
+    lines = module_lines(ab.baseline, ab.candidate)
+    if lines:
+        _announce(session.config, ["ddpbench A/B: where each side's ranks import the code under test from:"]
+                  + [f"ddpbench A/B: {line}" for line in lines])
 
 
 def pin_cores(config) -> bool:
@@ -182,16 +261,58 @@ def pin_cores(config) -> bool:
     return config.getoption("dist_pin_cores", None) == "auto"
 
 
+def _nvidia_gpus_present() -> list[str]:
+    """The NVIDIA device files of this machine (no CUDA call): /dev/nvidia0, ..."""
+    return sorted(glob.glob("/dev/nvidia[0-9]*"))
+
+
 @functools.lru_cache(maxsize=None)
-def cuda_device_count() -> int:
-    """CUDA devices visible to this process (asked once: every test function's parametrization
-    and every item's GPU-skip check need it)."""
+def cuda_probe() -> tuple[int, str | None]:
+    """(CUDA devices visible to this process, why CUDA is broken here or None), asked once.
+
+    No GPU is not broken. Broken is a machine whose NVIDIA GPUs torch cannot use: a CPU-only
+    torch build, or a CUDA build whose initialisation fails (a driver too old for it, a missing
+    library). CUDA_VISIBLE_DEVICES set empty hides the GPUs on purpose: that is no GPU."""
+    gpus = _nvidia_gpus_present()
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1")
     try:
         import torch
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken CUDA install counts as no CUDA
-        return 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "CUDA initialization: ..." says it again below
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:  # noqa: BLE001 - an install broken in any way
+        return 0, f"torch's CUDA check raised {type(exc).__name__}: {exc}"
+    if count or not gpus or hidden:
+        return count, None
+    if torch.version.cuda is None:
+        return 0, (f"this machine has NVIDIA GPUs ({', '.join(gpus)}) but torch {torch.__version__} is a "
+                   f"CPU-only build; install the CUDA build (on Linux, PyPI's torch wheel)")
+    try:
+        torch.cuda.init()
+        reason = "torch sees no CUDA device"
+    except Exception as exc:  # noqa: BLE001
+        reason = f"{type(exc).__name__}: {exc}".strip()
+    return 0, (f"this machine has NVIDIA GPUs ({', '.join(gpus)}) but torch {torch.__version__} (CUDA "
+               f"{torch.version.cuda}) cannot use them: {reason}")
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process (every test function's parametrization and every
+    item's GPU-skip check need it)."""
+    return cuda_probe()[0]
+
+
+_GPU_MARK = re.compile(r"(\bnot\s+)?\b(multi_gpu|gpu)\b")
+
+
+def gpu_cases_requested(config) -> bool:
+    """Whether the run asks for GPU cases by name: -m selecting gpu / multi_gpu (not negated) or
+    --dist-backend=nccl."""
+    if config.getoption("dist_backend", None) == "nccl":
+        return True
+    expression = config.getoption("markexpr", "") or ""
+    return any(not negated for negated, _ in _GPU_MARK.findall(expression))
 
 
 GPU_INFO_KEY = "ddpbench_gpus"
@@ -246,8 +367,12 @@ def pytest_report_header(config):
                      f"(--dist-pin-cores)")
         common = ", ".join(f"{k}={v}" for k, v in ab.baseline.common_env) or "glibc's defaults"
         lines.append(f"ddpbench A/B: heap {ab.heap}, both sides' ranks: {common} (--dist-ab-heap)")
+        lines.append(f"ddpbench A/B: block order seed {ab.seed} (--dist-ab-seed {ab.seed} repeats it)")
         lines.append(f"ddpbench A/B: baseline  = {ab.baseline.short()}")
         lines.append(f"ddpbench A/B: candidate = {ab.candidate.short()}")
+        from .ab.sides import engine_lines
+
+        lines += [f"ddpbench A/B: {line}" for line in engine_lines(ab.baseline, ab.candidate)]
         alive = 2 * s.pools_per_side * max(world_sizes)
         if alive > cores:
             lines.append(f"ddpbench A/B: both sides' pools are alive at once ({alive} rank "
@@ -323,7 +448,7 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
-    gpus = cuda_device_count()
+    gpus, broken = cuda_probe()
     for item in items:
         spec = getattr(item, "callspec", None) and item.callspec.params.get("dist_spec")
         needed = 0
@@ -336,9 +461,19 @@ def pytest_collection_modifyitems(config, items):
             # NCCL runs one rank per GPU; gloo ranks with CUDA tensors may share one.
             needed = max(needed, spec.world_size if nccl else 1)
         if needed and gpus < needed:
+            if broken and gpu_cases_requested(config):
+                raise pytest.UsageError(
+                    f"GPU cases were asked for (-m {config.getoption('markexpr')!r}"
+                    f"{', --dist-backend=nccl' if config.getoption('dist_backend') == 'nccl' else ''}), "
+                    f"but CUDA is broken here: {broken}. Fix the install (nvidia-smi shows the driver; "
+                    f"python -c 'import torch; torch.cuda.init()' shows the error), or deselect the GPU "
+                    f"cases")
             found = "no CUDA device" if gpus == 0 else f"only {gpus} CUDA device(s)"
+            if broken:
+                found = f"CUDA is broken here: {broken}"
             why = " (NCCL runs one rank per GPU)" if nccl else ""
-            item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA device(s){why}; {found} here"))
+            item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA device(s){why}; {found}"
+                                                    + ("" if broken else " here")))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -409,7 +544,8 @@ def _smallest_gpu_free_bytes():
 
 
 def pytest_collection_finish(session):
-    """Before any rank starts: every selected collective size must fit in memory."""
+    """Before any rank starts: every selected collective size must fit in memory, and in A/B mode
+    each side must import its own code."""
     if getattr(session.config, "_ddpbench_controller", None):
         return  # multi-node: the nodes' memory is not this machine's
     import psutil
@@ -417,6 +553,7 @@ def pytest_collection_finish(session):
     ab = getattr(session.config, "_ddpbench_ab", None)
     pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else 1
     check_memory(session.items, pools_at_once, psutil.virtual_memory().available, _smallest_gpu_free_bytes)
+    _resolve_ab_modules(session)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -466,8 +603,8 @@ def dist_pool(dist_pools, dist_spec, request):
 
     ab = getattr(request.config, "_ddpbench_ab", None)
     try:
-        if ab is not None:  # the case's own pool is the candidate's
-            return dist_pools.get(dist_spec, ab.candidate.launch)
+        if ab is not None:  # the case's own pool is the candidate's first
+            return dist_pools.get(dist_spec, ab.candidate.launch, 0, owner="candidate")
         return dist_pools.get(dist_spec)
     except PoolUnavailable as exc:
         pytest.skip(str(exc))
@@ -574,17 +711,50 @@ class DistBenchmark:
             measurements = self.pool.run(measure_workload, workload, plan, timeout_s=self.timeout_s)
             return (max_over_ranks([m.round_times for m in measurements]), [m.metrics for m in measurements],
                     [m.round_cpus for m in measurements], [list(m.round_times) for m in measurements])
-        from .ab.engine import run_case
+        from .ab.engine import SideFailed, run_case
 
-        # The candidate's pool 0 is the case's own (self.pool): the registry hands back the same one.
-        pools = {name: [self._pools.get(self.spec, side.launch, j) for j in range(self.ab.settings.pools_per_side)]
+        # The candidate's pool 0 is the case's own (self.pool): the registry hands back the same
+        # one. Each side owns its pools, even when both sides' launches are identical (A/A).
+        pools = {name: [self._pools.get(self.spec, side.launch, j, owner=name)
+                        for j in range(self.ab.settings.pools_per_side)]
                  for name, side in (("baseline", self.ab.baseline), ("candidate", self.ab.candidate))}
-        outcome = run_case(pools, workload, plan, self.ab.settings, self.timeout_s, self.case_id)
+        try:
+            outcome = run_case(pools, workload, plan, self.ab.settings, self.timeout_s, self.case_id,
+                               self.ab.seed)
+        except SideFailed as failure:
+            if failure.side == "candidate":
+                self._lost(failure)
+            return self._new(workload, plan, failure)
         summary = outcome.summary(self.ab.sides())
         summary["heap"] = self.ab.heap
+        summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
         self.benchmark.extra_info["ab"] = summary
         self.ab.results.append((self.case_id, summary, statistics.median(outcome.candidate.round_times)))
         return outcome.candidate.round_times, outcome.candidate_metrics, outcome.candidate.rank_cpus, []
+
+    def _lost(self, failure) -> None:
+        """The candidate lost a case the baseline ran (crashed, hung): a verdict of its own that
+        fails the run, or skips the case with --dist-ab-allow-missing."""
+        summary = {"verdict": "missing", "reason": f"candidate pool {failure.pool} failed",
+                   "error": str(failure), "seed": self.ab.seed, "sides": self.ab.sides()}
+        self.ab.results.append((self.case_id, summary, None))
+        message = (f"ddpbench A/B: the candidate lost this case (the baseline ran it): "
+                   f"{failure}")
+        if self.ab.allow_missing:
+            pytest.skip(f"{message.splitlines()[0]} (allowed by --dist-ab-allow-missing)")
+        pytest.fail(message, pytrace=False)
+
+    def _new(self, workload, plan, failure):
+        """The baseline could not run this case (it fails or lacks it there): nothing to compare
+        with, so the candidate is measured alone and the verdict is ``new``."""
+        summary = {"verdict": "new", "reason": f"baseline pool {failure.pool} failed",
+                   "error": str(failure), "seed": self.ab.seed, "sides": self.ab.sides()}
+        self.benchmark.extra_info["ab"] = summary
+        measurements = self.pool.run(measure_workload, workload, plan, timeout_s=self.timeout_s)
+        times = max_over_ranks([m.round_times for m in measurements])
+        self.ab.results.append((self.case_id, summary, statistics.median(times)))
+        return (times, [m.metrics for m in measurements], [m.round_cpus for m in measurements],
+                [list(m.round_times) for m in measurements])
 
     def __call__(self, workload, *, rounds: int | None = None, warmup: int | None = None) -> CaseResult:
         plan = self.plan
@@ -597,6 +767,9 @@ class DistBenchmark:
                 min_time_s=plan.min_time_s, min_rounds=plan.min_rounds, max_rounds=plan.max_rounds,
                 precision=plan.precision,
             )
+        if self.ab is not None and not self.benchmark.disabled and plan.warmup == 0 and plan.rounds:
+            raise ValueError("dist_benchmark(..., warmup=0) with fixed rounds in A/B mode: A/B mode sizes "
+                             "its blocks from a timed warm-up round; pass warmup=1 or more")
         if workload.group is not None and self.benchmark.group is None:
             self.benchmark.group = workload.group
         round_times, rank_metrics, cpus, rank_round_times = self._measure(workload, plan)
@@ -632,12 +805,21 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools,
 # ----------------------------------------------------------------------------------------------
 
 
+def _ab_cases(ab):
+    from .ab.report import CaseVerdict
+
+    return [CaseVerdict(name, summary, median) for name, summary, median in ab.results]
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     ab = getattr(session.config, "_ddpbench_ab", None)
-    if ab is not None and exitstatus == pytest.ExitCode.OK and any(
-            summary["verdict"] == "regression" for _, summary, _ in ab.results):
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # 1, as --benchmark-compare-fail does
+    if ab is not None and exitstatus == pytest.ExitCode.OK:
+        from .ab.report import gate_outcome
+
+        status, _ = gate_outcome(_ab_cases(ab), ab.allow_missing, ab.fail_on_inconclusive, "--dist-ab-")
+        if status:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # 1, as --benchmark-compare-fail does
     bench_session = getattr(session.config, "_benchmarksession", None)
     if exitstatus == _INTERRUPTED and bench_session is not None:
         if bench_session.save or bench_session.autosave or bench_session.json:
@@ -652,15 +834,31 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     ab = getattr(config, "_ddpbench_ab", None)
     if ab is None:
         return
-    from .ab.report import CaseVerdict, describe, format_text
+    from .ab.report import describe, format_text, gate_outcome
 
-    cases = [CaseVerdict(name, summary, median) for name, summary, median in ab.results]
+    cases = _ab_cases(ab)
     terminalreporter.write_sep("-", "ddpbench A/B")
     sides = {name: describe(desc) for name, desc in ab.sides().items()}
     for line in format_text(cases, ab.settings.threshold, sides).splitlines():
-        terminalreporter.write_line(line, red=line.endswith(" regression"))
-    if any(c.verdict == "regression" for c in cases):
-        terminalreporter.write_line("ddpbench A/B: regression(s) found: exit status 1", red=True, bold=True)
+        terminalreporter.write_line(line, red=" regression" in line or " missing" in line)
+    status, lines = gate_outcome(cases, ab.allow_missing, ab.fail_on_inconclusive, "--dist-ab-")
+    for line in lines:
+        terminalreporter.write_line(f"ddpbench A/B: {line}", red="exit status 1" in line,
+                                    bold="exit status 1" in line)
+    terminalreporter.write_line(f"ddpbench A/B: block order seed {ab.seed} (--dist-ab-seed {ab.seed} repeats it)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """A/B runs list the cases the candidate lost: they have no benchmark entry of their own, and
+    ``ddpbench compare RUN.json`` must still see them."""
+    ab = getattr(config, "_ddpbench_ab", None)
+    if ab is None:
+        return
+    from .ab.report import LOST_CASES_KEY
+
+    output_json[LOST_CASES_KEY] = [{"name": name, "ab": summary} for name, summary, _ in ab.results
+                                   if summary.get("verdict") == "missing"]
 
 
 # ----------------------------------------------------------------------------------------------

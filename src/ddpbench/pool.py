@@ -26,6 +26,7 @@ import atexit
 import faulthandler
 import io
 import itertools
+import json
 import multiprocessing
 import os
 import select
@@ -70,26 +71,83 @@ class PoolSpec:
         return f"{self.backend}, {self.world_size} ranks, {self.device}"
 
 
+# Run first by every process a RankLaunch starts (``python -c``), before anything is imported:
+# ``-c`` (like ``-m``) puts the working directory first on sys.path, where it would shadow the
+# side's own code with whatever the directory pytest was started from holds (a flat-layout
+# checkout of the other side). The import path then becomes what the launch planned
+# (RankLaunch.sys_path_plan), passed in DDPBENCH_RANK_SYS_PATH.
+RANK_BOOTSTRAP = r"""
+import json, os, sys
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+_plan = json.loads(os.environ.pop("DDPBENCH_RANK_SYS_PATH", "null"))
+if _plan is not None:
+    if _plan["exact"] is not None:
+        sys.path[:] = _plan["exact"]
+    else:
+        sys.path[:] = _plan["prepend"] + [p for p in sys.path if p not in _plan["prepend"]]
+"""
+
+RANK_MAIN = "from ddpbench.rank_process import main\nsys.exit(main(sys.argv[1:]))\n"
+SYS_PATH_ENV = "DDPBENCH_RANK_SYS_PATH"
+
+
+def project_folders(entries: list[str]) -> list[str]:
+    """The entries of the controller's sys.path that are the project's own folders (test folders,
+    a checkout's src/), not this interpreter's standard library or installed packages: what another
+    interpreter's ranks need from it so that workloads defined in test modules unpickle."""
+    prefixes = tuple(os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    return [p for p in entries if p and "-packages" not in p
+            and not os.path.realpath(p).startswith(prefixes)]
+
+
 @dataclass(frozen=True)
 class RankLaunch:
     """How a pool's rank processes are started when not by plain multiprocessing spawn: with this
-    interpreter (None: the controller's), these entries prepended to sys.path (PYTHONPATH) and
-    these environment overrides. The pool knows nothing else about why (see ddpbench.ab)."""
+    interpreter (None: the controller's), these entries first on sys.path and these environment
+    overrides. The pool knows nothing else about why (see ddpbench.ab).
+
+    A rank's import path, in order: ``paths``; then, with the controller's interpreter, the
+    controller's own sys.path (as a spawned rank gets it); with another interpreter, that
+    interpreter's own sys.path, to which each task appends the controller's project folders
+    (``append``) once the rank's own ddpbench is loaded. Never the working directory implicitly:
+    only where the controller itself imports from it, and after ``paths``.
+    """
 
     python: str | None = None
     paths: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, controller_sys_path: list[str] | None = None) -> dict[str, str]:
+        """The environment of a process this launch starts (``controller_sys_path``: the
+        controller's sys.path to plan the import path from; default: the current one)."""
         env = dict(os.environ)
         env.update(dict(self.env))
-        if self.paths:
-            env["PYTHONPATH"] = os.pathsep.join([*self.paths, *filter(None, [env.get("PYTHONPATH")])])
+        env[SYS_PATH_ENV] = json.dumps(self.sys_path_plan(controller_sys_path))
         return env
+
+    def sys_path_plan(self, controller_sys_path: list[str] | None = None) -> dict:
+        """What RANK_BOOTSTRAP makes of sys.path: ``exact`` (the whole list) with the controller's
+        interpreter, else ``prepend`` before the interpreter's own entries; ``append`` is what each
+        task adds after them (serve_tasks), listed for probes that must see what a task sees."""
+        entries = [os.path.abspath(p) if p else os.getcwd()
+                   for p in (sys.path if controller_sys_path is None else controller_sys_path)]
+        paths = list(self.paths)
+        if not self.foreign_interpreter:
+            return {"exact": _unique(paths + entries), "prepend": [], "append": []}
+        return {"exact": None, "prepend": paths, "append": [p for p in project_folders(entries) if p not in paths]}
+
+    def command(self, code: str, *args: str) -> list[str]:
+        """``python -c`` running RANK_BOOTSTRAP, then ``code`` (sys.argv[1:] == args)."""
+        return [self.python or sys.executable, "-c", RANK_BOOTSTRAP + code, *args]
 
     @property
     def foreign_interpreter(self) -> bool:
         return self.python is not None and os.path.realpath(self.python) != os.path.realpath(sys.executable)
+
+
+def _unique(entries: list[str]) -> list[str]:
+    return list(dict.fromkeys(entries))
 
 
 @dataclass
@@ -301,6 +359,36 @@ def _unsendable_message(fn: Callable, args: tuple, kwargs: dict, exc: Exception)
             f"Tasks must be module-level functions or picklable objects.")
 
 
+def _unloadable_reply_message(fn: Callable, exc: Exception) -> str:
+    """The error a rank's reply becomes when it arrived but cannot be unpickled in the controller."""
+    return (f"ddpbench: the controller could not load this rank's reply to task {_task_name(fn)} "
+            f"({type(exc).__name__}: {exc}). A task's return value is unpickled in the controller, "
+            f"so it may only hold types the controller's interpreter can import (plain numbers, "
+            f"lists, dicts, tensors); a class that exists only in this rank's code (another side's "
+            f"ddpbench or workload, in A/B mode) cannot come back.")
+
+
+# CUDA errors after which a process's CUDA context is unusable (the CUDA runtime calls them
+# sticky: every later call fails too), and NCCL failures that leave the communicator broken.
+_STICKY_DEVICE_ERRORS = (
+    "an illegal memory access was encountered", "unspecified launch failure",
+    "device-side assert triggered", "misaligned address", "an illegal instruction was encountered",
+    "the launch timed out and was terminated", "uncorrectable ECC error encountered",
+    "hardware stack error", "invalid program counter", "ncclUnhandledCudaError", "ncclSystemError",
+    "ncclInternalError", "ncclRemoteError",
+)
+
+
+def sticky_device_error(traceback_text: str) -> str | None:
+    """'a sticky CUDA error (an illegal memory access was encountered)' when a rank's traceback
+    shows an error that leaves its CUDA context or NCCL communicator unusable, else None."""
+    for marker in _STICKY_DEVICE_ERRORS:
+        if marker in traceback_text:
+            kind = "an NCCL communicator error" if marker.startswith("nccl") else "a sticky CUDA error"
+            return f"{kind} ({marker})"
+    return None
+
+
 class PoolBase:
     """Runs tasks on ``spec.world_size`` connected ranks; subclasses say how ranks live and die."""
 
@@ -310,11 +398,21 @@ class PoolBase:
     pinned: bool = False  # ranks pinned to one core each
     _conns: list
 
-    def __init__(self, spec: PoolSpec):
+    def __init__(self, spec: PoolSpec, name: str | None = None):
         self.spec = spec
+        # How messages name this pool when several serve one spec (A/B: "baseline pool 1").
+        self.name = name
         self._task_ids = itertools.count(1)
         self._conns = []
         self.alive = False
+        self.retired_because: str | None = None  # why a task's failure made the pool unusable
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.spec.label})" if self.name else f"the {self.spec.label} pool"
+
+    def _rank_label(self, rank: int) -> str:
+        return f"{self.name}, rank {rank}" if self.name else f"rank {rank}"
 
     # What a subclass provides.
     _after_teardown = "the next case starts a fresh one."
@@ -352,7 +450,7 @@ class PoolBase:
     def run(self, fn: Callable, *args: Any, timeout_s: float = 120.0, **kwargs: Any) -> list[Any]:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order."""
         if not self.alive:
-            raise PoolError(f"ddpbench: the {self.spec.label} pool has been shut down")
+            raise PoolError(f"ddpbench: {self.label} has been shut down")
         try:
             # ForkingPickler, once per rank: tensors in the arguments travel through shared memory
             # the way torch.multiprocessing hands them to spawned processes (a shared file
@@ -406,6 +504,8 @@ class PoolBase:
                         reply = self._conns[rank].recv()
                     except (EOFError, OSError):
                         reply = None
+                    except Exception as exc:  # noqa: BLE001 - the reply arrived whole but does not load here
+                        reply = ("error", task_id, _unloadable_reply_message(fn, exc))
                 if reply is None:
                     dead[rank] = self._exit_code(rank)
                 elif reply[1] != task_id:
@@ -423,7 +523,10 @@ class PoolBase:
 
         stuck = self._dump_stacks(sorted(pending)) if pending else {}
         dead_stacks = {rank: self._last_words(rank) for rank in dead}
-        torn_down = bool(pending or dead)
+        sticky = next((why for why in map(sticky_device_error, errors.values()) if why), None)
+        torn_down = bool(pending or dead or sticky)
+        if sticky:
+            self.retired_because = sticky
         if torn_down:
             self.kill()
         elapsed = time.monotonic() - start
@@ -435,31 +538,36 @@ class PoolBase:
     def _failure_message(self, fn, timeout_s, elapsed, errors, dead, dead_stacks, stuck, torn_down):
         world = self.spec.world_size
         name = _task_name(fn)
+        who = f"ddpbench: {self.name}: " if self.name else "ddpbench: "
         texts = set(errors.values())
         if not dead and not stuck and len(texts) == 1 and next(iter(texts)).startswith(LOAD_FAILURE_PREFIX):
             # The ranks could not import what the task names: one message says what and the fix.
             where = "every rank" if len(errors) == world else f"rank(s) {sorted(errors)} of {world}"
-            return f"{texts.pop()}\n(Reported by {where} for task {name}.)"
+            pool = f" of {self.label}" if self.name else ""
+            return f"{texts.pop()}\n(Reported by {where}{pool} for task {name}.)"
         lines = []
         if errors:
-            lines.append(f"ddpbench: task {name} raised on rank(s) {sorted(errors)} of {world}.")
+            lines.append(f"{who}task {name} raised on rank(s) {sorted(errors)} of {world}.")
         if dead:
-            lines.append(f"ddpbench: rank(s) {sorted(dead)} of {world} died while running task {name}.")
+            lines.append(f"{who}rank(s) {sorted(dead)} of {world} died while running task {name}.")
         if stuck:
             if errors or dead:
-                lines.append(f"ddpbench: rank(s) {sorted(stuck)} were still waiting "
+                lines.append(f"{who}rank(s) {sorted(stuck)} were still waiting "
                              f"{FAILURE_GRACE_S:.0f} s later (stuck in a collective with the failed rank?).")
             else:
-                lines.append(f"ddpbench: task {name} did not finish within {timeout_s:g} s "
+                lines.append(f"{who}task {name} did not finish within {timeout_s:g} s "
                              f"(--dist-timeout); stuck rank(s): {sorted(stuck)}.")
         for rank, tb in sorted(errors.items()):
-            lines.append(f"\n--- rank {rank} traceback ---\n{tb.rstrip()}")
+            lines.append(f"\n--- {self._rank_label(rank)} traceback ---\n{tb.rstrip()}")
         for rank, code in sorted(dead.items()):
-            lines.append(f"\n--- rank {rank}: {self._describe_death(code)} ---{dead_stacks.get(rank, '')}")
+            lines.append(f"\n--- {self._rank_label(rank)}: {self._describe_death(code)} ---{dead_stacks.get(rank, '')}")
         for rank, stack in sorted(stuck.items()):
-            lines.append(f"\n--- rank {rank} was stuck here (faulthandler dump) ---\n{stack.rstrip()}")
+            lines.append(f"\n--- {self._rank_label(rank)} was stuck here (faulthandler dump) ---\n{stack.rstrip()}")
+        if self.retired_because:
+            lines.append(f"\n{self.retired_because}: the device's state cannot be trusted by later "
+                         f"tasks in these processes, so the pool was retired.")
         if torn_down:
-            lines.append(f"\nThe {self.spec.label} pool was torn down after {elapsed:.1f} s; "
+            lines.append(f"\n{self.label[0].upper()}{self.label[1:]} was torn down after {elapsed:.1f} s; "
                          f"{self._after_teardown}")
         return "\n".join(lines)
 
@@ -483,8 +591,8 @@ class RankPool(PoolBase):
     """``world_size`` persistent rank processes on this machine, spawned by the controller."""
 
     def __init__(self, spec: PoolSpec, start_timeout_s: float = 120.0, pg_timeout_s: float = 1800.0,
-                 pin_cores: bool = False, launch: RankLaunch | None = None):
-        super().__init__(spec)
+                 pin_cores: bool = False, launch: RankLaunch | None = None, name: str | None = None):
+        super().__init__(spec, name)
         self.pinned = should_pin(spec.world_size, pin_cores)
         self.launch = launch
         self._store_dir = rendezvous.make_private_store_dir()
@@ -522,9 +630,7 @@ class RankPool(PoolBase):
     def _task_sys_path(self) -> list[str]:
         if self.launch is not None and self.launch.foreign_interpreter:
             # Another interpreter keeps its own packages: forward only the project's folders.
-            prefixes = tuple(os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
-            return [p for p in sys.path if p and "-packages" not in p
-                    and not os.path.realpath(p).startswith(prefixes)]
+            return project_folders(sys.path)
         return list(sys.path)
 
     def _wait_until_ready(self, timeout_s: float) -> None:
@@ -534,7 +640,7 @@ class RankPool(PoolBase):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PoolStartError(
-                    f"ddpbench: ranks {sorted(pending)} of the {self.spec.label} pool did not join the "
+                    f"ddpbench: ranks {sorted(pending)} of {self.label} did not join the "
                     f"process group within {timeout_s:.0f} s."
                 )
             waitables = {self._conns[r]: r for r in pending}
@@ -552,7 +658,7 @@ class RankPool(PoolBase):
                         pass
                 self._procs[rank].join(0.5)
                 raise PoolStartError(
-                    f"ddpbench: rank {rank} of the {self.spec.label} pool exited while starting "
+                    f"ddpbench: rank {rank} of {self.label} exited while starting "
                     f"({_describe_exit(self._procs[rank].exitcode)}); its stderr is in the captured "
                     f"output above.{self._read_stack(rank)}"
                 )
@@ -644,20 +750,24 @@ class RankPool(PoolBase):
 
 
 class _SubprocessRank:
-    """A rank started as ``python -m ddpbench.rank_process`` (RankLaunch), with the attributes of
-    multiprocessing.Process that the pool uses: pid, sentinel, join, exitcode."""
+    """A rank started with ``python -c`` (RankLaunch), with the attributes of
+    multiprocessing.Process that the pool uses: pid, sentinel, join, exitcode.
 
-    def __init__(self, popen: "subprocess.Popen"):
+    Its sentinel is a pidfd where the OS has them; elsewhere the read end of a pipe whose write
+    end only the rank holds, which reads end-of-file once the rank is gone."""
+
+    def __init__(self, popen: "subprocess.Popen", exit_pipe: int):
         self._popen = popen
         self.pid = popen.pid
+        self._exit_pipe: int | None = exit_pipe
         try:
-            self._pidfd = os.pidfd_open(popen.pid)  # readable once the process has exited
+            self._pidfd: int | None = os.pidfd_open(popen.pid)  # readable once the process has exited
         except (AttributeError, OSError):
             self._pidfd = None
 
     @property
-    def sentinel(self):
-        return self._pidfd if self._pidfd is not None else self._popen.stdout
+    def sentinel(self) -> int:
+        return self._pidfd if self._pidfd is not None else self._exit_pipe
 
     def join(self, timeout: float | None = None) -> None:
         try:
@@ -670,37 +780,44 @@ class _SubprocessRank:
         return self._popen.poll()
 
     def close_handles(self) -> None:
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+        for name in ("_pidfd", "_exit_pipe"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
 
 
 def _start_rank_subprocess(spec: PoolSpec, rank: int, store_dir: str, pg_timeout_s: float,
                            pin: bool, launch: RankLaunch):
-    """Start one rank with the launch's interpreter and environment; returns (rank, connection)."""
+    """Start one rank with the launch's interpreter, import path and environment; returns (rank,
+    connection)."""
     import socket as _socket
     from multiprocessing import current_process
     from multiprocessing.connection import Connection
 
     parent_sock, child_sock = _socket.socketpair()
+    exit_read, exit_write = os.pipe()  # the sentinel where there are no pidfds
     env = launch.environment()
     # The rank shares tensors with the controller through multiprocessing's resource sharer,
     # which authenticates with the process's authkey: hand ours over.
     env["DDPBENCH_RANK_AUTHKEY"] = bytes(current_process().authkey).hex()
-    command = [launch.python or sys.executable, "-m", "ddpbench.rank_process",
-               "--fd", str(child_sock.fileno()), "--rank", str(rank), "--world-size", str(spec.world_size),
-               "--backend", spec.backend, "--device", spec.device, "--store-dir", store_dir,
-               "--parent-pid", str(os.getpid()), "--pg-timeout", str(pg_timeout_s)]
+    command = launch.command(
+        RANK_MAIN, "--fd", str(child_sock.fileno()), "--rank", str(rank), "--world-size", str(spec.world_size),
+        "--backend", spec.backend, "--device", spec.device, "--store-dir", store_dir,
+        "--parent-pid", str(os.getpid()), "--pg-timeout", str(pg_timeout_s))
     if pin:
         command.append("--pin")
     try:
-        popen = subprocess.Popen(command, env=env, pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL)
+        popen = subprocess.Popen(command, env=env, pass_fds=(child_sock.fileno(), exit_write),
+                                 stdin=subprocess.DEVNULL)
     except OSError as exc:
         parent_sock.close()
+        os.close(exit_read)
         raise PoolStartError(f"ddpbench: cannot start rank {rank} with {command[0]}: {exc}") from exc
     finally:
         child_sock.close()
-    return _SubprocessRank(popen), Connection(parent_sock.detach())
+        os.close(exit_write)
+    return _SubprocessRank(popen, exit_read), Connection(parent_sock.detach())
 
 
 def _describe_exit(exitcode: int | None) -> str:
@@ -723,14 +840,17 @@ class PoolRegistry:
         self._pin_cores = pin_cores
         self.started = 0  # how many pools this registry has started (tests check reuse with it)
 
-    def get(self, spec: PoolSpec, launch: RankLaunch | None = None, index: int = 0) -> RankPool:
-        """The live pool for ``spec`` (started with ``launch`` when given: A/B sides; ``index``
-        tells apart several independent pools of the same spec and launch)."""
-        key = (spec, launch, index)
+    def get(self, spec: PoolSpec, launch: RankLaunch | None = None, index: int = 0,
+            owner: str | None = None) -> RankPool:
+        """The live pool for ``spec`` (started with ``launch`` when given). ``owner`` and ``index``
+        tell apart pools that must never be shared although spec and launch may be equal (A/B: the
+        baseline's pool 1 and the candidate's pool 1 of identical sides); the pool is then named
+        "<owner> pool <index>" in every message."""
+        key = (spec, launch, index, owner)
         pool = self._pools.get(key)
         if pool is None or not pool.alive:
             pool = RankPool(spec, start_timeout_s=self._start_timeout_s, pin_cores=self._pin_cores,
-                            launch=launch)
+                            launch=launch, name=f"{owner} pool {index}" if owner else None)
             self._pools[key] = pool
             self.started += 1
         return pool

@@ -1,10 +1,19 @@
 """Entry point of a rank started by :class:`ddpbench.pool.RankLaunch` (A/B sides): another
 interpreter or environment than the controller's. It runs the same rank main as a spawned rank.
 
-    python -m ddpbench.rank_process --fd FD --rank R --world-size N --backend gloo --device cpu \\
-        --store-dir DIR --parent-pid PID --pg-timeout S [--pin]
+The pool starts it as ``python -c "<ddpbench.pool.RANK_BOOTSTRAP>; main(...)"`` with::
 
-Started by the pool, never by hand: FD is the rank's end of a socket pair to the controller.
+    --fd FD --rank R --world-size N --backend gloo --device cpu --store-dir DIR --parent-pid PID
+    --pg-timeout S [--pin]
+
+never by hand: FD is the rank's end of a socket pair to the controller.
+
+:data:`RANK_PROTOCOL` names the contract between a controller and ranks that may run another
+ddpbench (A/B mode's baseline side): these arguments, the task and reply messages of
+``ddpbench.pool.serve_tasks``, the A/B tasks of ``ddpbench.ab.tasks`` with their arguments and
+results (``ddpbench.timing.RoundPlan``, round times, metrics) and what a round means
+(``ddpbench.timing``'s timing rule). Raise it whenever one of them changes in a way the other side
+cannot follow; an A/B run refuses sides whose protocols differ. A ddpbench without it speaks 1.
 """
 
 from __future__ import annotations
@@ -13,9 +22,11 @@ import argparse
 import os
 import sys
 
+RANK_PROTOCOL = 1
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddpbench.rank_process", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="ddpbench rank", description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)

@@ -117,6 +117,7 @@ class ABOutcome:
     alpha: float
     alpha_per_look: tuple[float, ...]  # the level each look taken was tested at, first to last
     fresh_state: bool
+    seed: int = 0  # the run's seed of the block order (--dist-ab-seed repeats it)
 
     def summary(self, sides: dict[str, dict]) -> dict[str, Any]:
         """``extra_info["ab"]``."""
@@ -145,6 +146,7 @@ class ABOutcome:
             "threshold": self.threshold,
             "pool_pair_threshold": self.pool_pair_threshold,
             "fresh_state_per_block": self.fresh_state,
+            "seed": self.seed,
             "alpha": self.alpha,
             "alpha_per_look": list(self.alpha_per_look),
             "alpha_at_last_look": self.alpha_per_look[-1],
@@ -166,11 +168,31 @@ def _per_pool_pair(pairs: int, pool_pairs: int) -> int:
     return share + share % 2
 
 
+class SideFailed(Exception):
+    """A task failed on one side's pool: ``side`` ("baseline" / "candidate") and ``pool`` say
+    where; the message is the pool's own, which names the side, pool and ranks."""
+
+    def __init__(self, side: str, pool: int, error: BaseException):
+        super().__init__(str(error))
+        self.side, self.pool, self.error = side, pool, error
+
+
+def _on(side: str, j: int, pool, fn, *args, timeout_s: float):
+    """``pool.run(fn, *args)``, a failure raised as SideFailed naming the side and pool."""
+    from ..pool import PoolError
+
+    try:
+        return pool.run(fn, *args, timeout_s=timeout_s)
+    except PoolError as exc:
+        raise SideFailed(side, j, exc) from exc
+
+
 def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeout_s: float,
-             case_id: str) -> ABOutcome:
+             case_id: str, seed: int = 0) -> ABOutcome:
     """Measure ``workload`` on both sides' pools (keys "baseline" and "candidate", each a list of
-    ``settings.pools_per_side`` pools), interleaved. The candidate's first pool is the case's own:
-    its metrics and check results are the case's."""
+    ``settings.pools_per_side`` pools), interleaved, in the block order ``seed`` draws for this
+    case. The candidate's first pool is the case's own: its metrics and check results are the
+    case's. A task failing on either side raises :class:`SideFailed`."""
     started = time.monotonic()
     key = f"ddpbench-ab:{case_id}"
     names = (schedule.BASELINE, schedule.CANDIDATE)
@@ -181,10 +203,16 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         for j in range(pool_pairs):
             for name in names:
                 live.append(pools[name][j])
-                estimates.append(max(pools[name][j].run(tasks.start, key, workload, plan, timeout_s=timeout_s)))
+                estimates.append(max(_on(name, j, pools[name][j], tasks.start, key, workload, plan,
+                                         timeout_s=timeout_s)))
+        if not all(math.isfinite(e) and e > 0 for e in estimates):
+            raise ValueError(
+                f"ddpbench A/B: the warm-up gave no round time to size the blocks by (estimates "
+                f"{estimates}); A/B mode needs at least one timed warm-up round: use --dist-warmup 1 "
+                f"or more (or dist_benchmark(..., warmup=1))")
         rounds = _block_rounds(max(estimates), settings)
         sides = {name: SideRounds() for name in names}
-        rng = schedule.case_rng(case_id)
+        rng = schedule.case_rng(case_id, seed)
         orders: list[tuple[str, str, int]] = []
         stage_sizes = settings.stage_sizes(pool_pairs)
         levels = settings.alpha_per_look(pool_pairs)
@@ -197,7 +225,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                 for name in (first, second):
                     side = sides[name]
                     fresh = settings.fresh_state_per_block and j in side.pools
-                    per_rank = pools[name][j].run(tasks.block, key, rounds, fresh, timeout_s=timeout_s)
+                    per_rank = _on(name, j, pools[name][j], tasks.block, key, rounds, fresh, timeout_s=timeout_s)
                     side.blocks.append(max_over_ranks([times for times, _ in per_rank]))
                     side.cpus.append([cpus for _, cpus in per_rank])
                     side.pools.append(j)
@@ -223,7 +251,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         for j in range(pool_pairs):
             for name in names:
                 live.remove(pools[name][j])
-                ranks = pools[name][j].run(tasks.finish, key, timeout_s=timeout_s)
+                ranks = _on(name, j, pools[name][j], tasks.finish, key, timeout_s=timeout_s)
                 if name == schedule.CANDIDATE and j == 0:
                     metrics = ranks
     except BaseException:
@@ -238,4 +266,4 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE], metrics, rounds, order,
                      [j for _, _, j in orders], pool_pairs, stages, time.monotonic() - started,
                      settings.threshold, settings.pool_pair_share * settings.threshold, settings.alpha,
-                     tuple(applied), settings.fresh_state_per_block)
+                     tuple(applied), settings.fresh_state_per_block, seed)

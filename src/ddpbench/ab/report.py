@@ -19,14 +19,23 @@ class CaseVerdict:
         return self.ab.get("verdict", "inconclusive")
 
 
+# The key of a pytest-benchmark JSON run under which an A/B run lists the cases that have no
+# benchmark entry of their own: lost on the candidate side (crashed, hung).
+LOST_CASES_KEY = "ddpbench_ab_lost"
+
+
 def verdicts_of_run(data: dict) -> list[CaseVerdict]:
-    """The A/B verdicts stored in a pytest-benchmark JSON run (cases without ``ab`` are skipped)."""
+    """The A/B verdicts stored in a pytest-benchmark JSON run (cases without ``ab`` are skipped),
+    lost cases included."""
     out = []
     for case in data.get("benchmarks", []):
         ab = (case.get("extra_info") or {}).get("ab")
         if isinstance(ab, dict) and "verdict" in ab:
             out.append(CaseVerdict(case.get("fullname") or case.get("name", "?"), ab,
                                    (case.get("stats") or {}).get("median")))
+    for lost in data.get(LOST_CASES_KEY) or []:
+        if isinstance(lost, dict) and isinstance(lost.get("ab"), dict):
+            out.append(CaseVerdict(str(lost.get("name", "?")), lost["ab"], None))
     return out
 
 
@@ -38,16 +47,17 @@ def _rows(cases: list[CaseVerdict]) -> list[list[str]]:
     rows = []
     for case in cases:
         ab = case.ab
-        low, high = ab.get("ratio_ci", [None, None])
+        low, high = ab.get("ratio_ci") or [None, None]
         candidate = case.candidate_median_s
         if candidate is None:
             candidate = (ab.get("candidate") or {}).get("median_s")
-        rows.append([case.name, _ms((ab.get("baseline") or {}).get("median_s")), _ms(candidate),
-                     f"{ab['ratio']:.3f} [{low:.3f}, {high:.3f}]",
+        ratio = "-" if ab.get("ratio") is None else f"{ab['ratio']:.3f} [{low:.3f}, {high:.3f}]"
+        rows.append([case.name, _ms((ab.get("baseline") or {}).get("median_s")), _ms(candidate), ratio,
                      " / ".join(f"{r:.3f}" for r in ab.get("ratio_per_pool_pair") or []) or "-",
                      f"{ab['ratio_of_block_minima']:.3f}" if ab.get("ratio_of_block_minima") is not None else "-",
-                     f"{ab['p_value']:.2g}",
-                     str(ab.get("pairs", "")), f"{ab.get('wall_s', 0):.1f}", case.verdict])
+                     "-" if ab.get("p_value") is None else f"{ab['p_value']:.2g}",
+                     str(ab.get("pairs", "-")), "-" if ab.get("wall_s") is None else f"{ab['wall_s']:.1f}",
+                     case.verdict + (f" ({ab['reason']})" if ab.get("reason") else "")])
     return rows
 
 
@@ -74,6 +84,39 @@ def format_text(cases: list[CaseVerdict], threshold: float | None = None, sides:
     for name, desc in (sides or {}).items():
         lines.append(f"  {name}: {desc}")
     return "\n".join(lines)
+
+
+def gate_outcome(cases: list[CaseVerdict], allow_missing: bool, fail_on_inconclusive: bool,
+                 option_prefix: str = "--") -> tuple[int, list[str]]:
+    """(exit status, lines saying why) of a gate over these verdicts: 1 for a regression or a
+    case the candidate lost (unless allowed), and for inconclusive cases only when asked.
+    ``option_prefix``: how the options are spelled ("--" for ddpbench compare, "--dist-ab-" in pytest)."""
+    allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
+    by_verdict: dict[str, list[str]] = {}
+    for case in cases:
+        by_verdict.setdefault(case.verdict, []).append(case.name)
+    status, lines = 0, []
+    if by_verdict.get("regression"):
+        status = 1
+        lines.append(f"{len(by_verdict['regression'])} regression(s): exit status 1")
+    missing = by_verdict.get("missing", [])
+    if missing:
+        names = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        if allow_missing:
+            lines.append(f"{len(missing)} case(s) the baseline ran were lost on the candidate side ({names}); "
+                         f"allowed by {allow}")
+        else:
+            status = 1
+            lines.append(f"{len(missing)} case(s) the baseline ran were lost on the candidate side ({names}): "
+                         f"exit status 1 (allow them with {allow})")
+    inconclusive = by_verdict.get("inconclusive", [])
+    if inconclusive:
+        if fail_on_inconclusive:
+            status = 1
+            lines.append(f"{len(inconclusive)} inconclusive case(s): exit status 1 ({fail})")
+        else:
+            lines.append(f"{len(inconclusive)} inconclusive case(s): not a failure ({fail} makes them one)")
+    return status, lines
 
 
 def format_markdown(cases: list[CaseVerdict], threshold: float | None = None, sides: dict | None = None) -> str:

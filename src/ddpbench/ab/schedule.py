@@ -35,6 +35,13 @@ def pairs_over_pools(pairs_per_pool_pair: int, pool_pairs: int, rng: random.Rand
     return out
 
 
-def case_rng(case_id: str) -> random.Random:
-    """A generator seeded by the case's id: the same case gets the same order in every run."""
-    return random.Random(zlib.crc32(case_id.encode()))
+def case_rng(case_id: str, seed: int) -> random.Random:
+    """The case's generator: the run's ``seed`` (drawn anew each run, recorded, repeatable with
+    --dist-ab-seed) with the case's id, so cases of one run get orders of their own."""
+    return random.Random(zlib.crc32(f"{seed}:{case_id}".encode()))
+
+
+def new_seed() -> int:
+    """A run's seed: different in every run, so no case keeps one order (and whatever that order
+    happens to favour) run after run."""
+    return random.SystemRandom().randrange(2**32)

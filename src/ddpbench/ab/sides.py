@@ -1,5 +1,18 @@
 """A side of an A/B run: what its ranks run with (an interpreter, environment overrides, sys.path
-entries), checked before any round starts.
+entries), checked before rounds start.
+
+Two checks keep a verdict from comparing other code than each side names:
+
+* **Engine identity** (:func:`probe`): each side's ddpbench is identified by a hash of its source
+  files and the rank protocol it speaks (``ddpbench.rank_process.RANK_PROTOCOL``). Different
+  engines are allowed (a pull request may change ddpbench itself: each side's ranks then run their
+  own) and said so; different protocols are refused, since the controller could not drive the
+  other side's ranks.
+* **Where the code under test comes from** (:func:`resolve_modules`): a probe started exactly as
+  the side's ranks are (:class:`ddpbench.pool.RankLaunch`: interpreter, environment, import path)
+  reports the file each workload module resolves to. A baseline that names other paths or another
+  interpreter but resolves every one of them to the candidate's files would silently run the
+  candidate's code: :func:`check_modules_differ` refuses it.
 
 The pool only learns "start ranks with this interpreter and this environment" from a side
 (:class:`ddpbench.pool.RankLaunch`); what the two sides mean is decided here and in
@@ -12,40 +25,83 @@ import dataclasses
 import json
 import os
 import re
+import site
 import subprocess
 import sys
+import sysconfig
+import types
 from dataclasses import dataclass, field
 
 from ..pool import RankLaunch
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROBE_TIMEOUT_S = 120.0
+# A ddpbench without ddpbench.rank_process.RANK_PROTOCOL speaks the first protocol.
+FIRST_PROTOCOL = 1
 
-# Run by the side's interpreter with the side's environment: what it would import.
-_PROBE = r"""
-import json, sys
+# The engine's identity: a hash of every .py file of the ddpbench package (relative path and
+# bytes). Kept as source text because the probe runs it in the side's interpreter, whose ddpbench
+# may be another version; the controller runs the same text for its own.
+_DIGEST_SOURCE = r'''
+def source_digest(package_dir):
+    import hashlib, os
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(package_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                digest.update(os.path.relpath(path, package_dir).replace(os.sep, "/").encode() + b"\0")
+                with open(path, "rb") as fh:
+                    digest.update(fh.read() + b"\0")
+    return digest.hexdigest()
+'''
+_namespace: dict = {}
+exec(_DIGEST_SOURCE, _namespace)  # noqa: S102 - our own constant text, shared with the probe
+source_digest = _namespace["source_digest"]
+
+# Run by the side's interpreter, environment and import path (after ddpbench.pool.RANK_BOOTSTRAP):
+# what its ranks would import. Reads {"facts": bool, "modules": [names]} on stdin.
+_PROBE = _DIGEST_SOURCE + r'''
+import importlib, importlib.util, json, os, sys
+request = json.loads(sys.stdin.read())
 out = {"python": sys.executable, "python_version": sys.version.split()[0]}
-try:
-    import ddpbench
-except Exception as exc:
-    out["error"] = f"cannot import ddpbench: {type(exc).__name__}: {exc}"
-else:
-    out["ddpbench_file"] = getattr(ddpbench, "__file__", None)
-    version = getattr(ddpbench, "__version__", None)
-    if version is None:
-        try:
-            from importlib.metadata import version as _v
-            version = _v("ddpbench")
-        except Exception:
-            version = None
-    out["ddpbench_version"] = version
+if request["facts"]:
     try:
-        import torch
-        out["torch_version"] = torch.__version__
+        import ddpbench
+        from ddpbench import rank_process
     except Exception as exc:
-        out["error"] = f"cannot import torch: {type(exc).__name__}: {exc}"
+        out["error"] = f"cannot import ddpbench: {type(exc).__name__}: {exc}"
+    else:
+        out["ddpbench_file"] = getattr(ddpbench, "__file__", None)
+        version = getattr(ddpbench, "__version__", None)
+        if version is None:
+            try:
+                from importlib.metadata import version as _v
+                version = _v("ddpbench")
+            except Exception:
+                version = None
+        out["ddpbench_version"] = version
+        out["rank_protocol"] = getattr(rank_process, "RANK_PROTOCOL", 1)
+        out["ddpbench_source_sha256"] = source_digest(os.path.dirname(ddpbench.__file__))
+        try:
+            import torch
+            out["torch_version"] = torch.__version__
+        except Exception as exc:
+            out["error"] = f"cannot import torch: {type(exc).__name__}: {exc}"
+plan = json.loads(os.environ.get("DDPBENCH_PROBE_APPEND", "[]"))
+sys.path.extend(p for p in plan if p not in sys.path)  # what every task appends (ddpbench.pool.serve_tasks)
+modules, errors = {}, {}
+for name in request["modules"]:
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception as exc:
+        spec, errors[name] = None, f"{type(exc).__name__}: {exc}"
+    modules[name] = None if spec is None else (spec.origin or "(namespace package)")
+out["modules"] = modules
+out["module_errors"] = errors
 print("DDPBENCH_PROBE " + json.dumps(out))
-"""
+'''
 
 
 class SideError(ValueError):
@@ -77,11 +133,18 @@ class Side:
     common_env: tuple[tuple[str, str], ...] = ()
     # Filled by probe(): what the side's ranks import.
     facts: dict = field(default_factory=dict, compare=False, hash=False)
+    # Filled by resolve_modules(): module name -> the file the side's ranks import it from.
+    modules: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def launch(self) -> RankLaunch:
         return RankLaunch(python=self.python, paths=self.paths,
                           env=tuple({**dict(self.common_env), **dict(self.env)}.items()))
+
+    @property
+    def names_other_code(self) -> bool:
+        """Whether the side asks for other code than the controller's: paths or another interpreter."""
+        return bool(self.paths) or self.launch.foreign_interpreter
 
     def describe(self) -> dict:
         """The side as extra_info shows it."""
@@ -90,14 +153,20 @@ class Side:
             "python_version": self.facts.get("python_version"),
             "torch_version": self.facts.get("torch_version"),
             "ddpbench_version": self.facts.get("ddpbench_version"),
+            "ddpbench_file": self.facts.get("ddpbench_file"),
+            "ddpbench_source_sha256": self.facts.get("ddpbench_source_sha256"),
+            "rank_protocol": self.facts.get("rank_protocol"),
             "sys_path_prepended": list(self.paths),
             "env": dict(self.env),
             "common_env": dict(self.common_env),
+            "modules": dict(self.modules),
         }
 
     def short(self) -> str:
         parts = [f"python {self.facts.get('python', self.python or sys.executable)}",
-                 f"torch {self.facts.get('torch_version', '?')}"]
+                 f"torch {self.facts.get('torch_version', '?')}",
+                 f"ddpbench {self.facts.get('ddpbench_version', '?')} "
+                 f"#{(self.facts.get('ddpbench_source_sha256') or '?')[:12]}"]
         parts += [f"path {p}" for p in self.paths]
         parts += [f"{k}={v}" for k, v in self.env]
         return ", ".join(parts)
@@ -124,14 +193,15 @@ def make_side(name: str, python: str | None, paths: list[str] | None, env: dict[
     return Side(name, python, tuple(checked), tuple(sorted(env.items())), tuple(common_env))
 
 
-def probe(side: Side, expected_version: str | None) -> Side:
-    """Start the side's interpreter with its environment once and check that it imports ddpbench
-    (of ``expected_version``) and torch. Returns the side with its facts filled in."""
+def _run_probe(side: Side, request: dict, controller_sys_path: list[str] | None = None) -> dict:
+    """Start the side's interpreter exactly as its ranks start (RankLaunch) and run _PROBE."""
     launch = side.launch
     python = side.python or sys.executable
+    env = launch.environment(controller_sys_path)
+    env["DDPBENCH_PROBE_APPEND"] = json.dumps(launch.sys_path_plan(controller_sys_path)["append"])
     try:
-        out = subprocess.run([python, "-c", _PROBE], env=launch.environment(), capture_output=True,
-                             text=True, timeout=PROBE_TIMEOUT_S)
+        out = subprocess.run(launch.command(_PROBE), env=env, input=json.dumps(request),
+                             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SideError(f"the {side.name} side's interpreter {python} could not be run: {exc}") from None
     line = next((line for line in out.stdout.splitlines() if line.startswith("DDPBENCH_PROBE ")), None)
@@ -139,24 +209,38 @@ def probe(side: Side, expected_version: str | None) -> Side:
         tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
         raise SideError(f"the {side.name} side's interpreter {python} failed to start "
                         f"(exit {out.returncode}): {' | '.join(tail)}")
-    facts = json.loads(line.split(" ", 1)[1])
+    return json.loads(line.split(" ", 1)[1])
+
+
+def probe(side: Side, expected_protocol: int | None) -> Side:
+    """Start the side's interpreter with its environment once and check that it imports ddpbench
+    (speaking ``expected_protocol``) and torch. Returns the side with its facts filled in."""
+    facts = _run_probe(side, {"facts": True, "modules": []})
+    facts.pop("modules", None)
+    facts.pop("module_errors", None)
+    python = side.python or sys.executable
     if "error" in facts:
         raise SideError(f"the {side.name} side ({python}) {facts['error']}; install ddpbench and torch "
                         f"in that environment (pip install -e <ddpbench checkout>) or fix --dist-{side.name}-path")
-    if expected_version is not None and facts.get("ddpbench_version") != expected_version:
-        raise SideError(f"the {side.name} side ({python}) imports ddpbench {facts.get('ddpbench_version')} "
-                        f"from {facts.get('ddpbench_file')}, but this run is ddpbench {expected_version}: both "
-                        f"sides' ranks run this run's engine, so install the same ddpbench version in both "
-                        f"environments (the code under test may differ; ddpbench may not)")
+    if expected_protocol is not None and facts.get("rank_protocol") != expected_protocol:
+        raise SideError(
+            f"the {side.name} side ({python}) imports ddpbench {facts.get('ddpbench_version')} from "
+            f"{facts.get('ddpbench_file')}, which speaks rank protocol {facts.get('rank_protocol')}, "
+            f"but this run's ddpbench speaks protocol {expected_protocol}: the controller cannot drive "
+            f"those ranks (their task messages or timing rule differ). Install a ddpbench of protocol "
+            f"{expected_protocol} in that environment; the code under test may differ, the protocol "
+            f"may not")
     return dataclasses.replace(side, facts=facts)
 
 
 def local_facts() -> dict:
-    """The controller's own interpreter, ddpbench and torch versions (without importing torch): a
-    side that runs the controller's interpreter unchanged needs no probe."""
+    """The controller's own interpreter, ddpbench (engine identity) and torch versions, without
+    importing torch."""
     from importlib.metadata import PackageNotFoundError, version
 
     import ddpbench
+
+    from .. import rank_process
 
     try:
         torch_version = version("torch")
@@ -164,4 +248,153 @@ def local_facts() -> dict:
         torch_version = None
     return {"python": sys.executable, "python_version": sys.version.split()[0],
             "ddpbench_file": ddpbench.__file__, "ddpbench_version": ddpbench.__version__,
+            "rank_protocol": rank_process.RANK_PROTOCOL,
+            "ddpbench_source_sha256": source_digest(os.path.dirname(ddpbench.__file__)),
             "torch_version": torch_version}
+
+
+def engines_differ(baseline: Side, candidate: Side) -> bool:
+    return (baseline.facts.get("ddpbench_source_sha256") != candidate.facts.get("ddpbench_source_sha256")
+            or baseline.facts.get("ddpbench_version") != candidate.facts.get("ddpbench_version"))
+
+
+def engine_lines(baseline: Side, candidate: Side) -> list[str]:
+    """What the run header says about the sides' engines."""
+    def one(side: Side) -> str:
+        f = side.facts
+        where = os.path.dirname(f.get("ddpbench_file") or "?")
+        return f"ddpbench {f.get('ddpbench_version')} #{(f.get('ddpbench_source_sha256') or '?')[:12]} from {where}"
+
+    if not engines_differ(baseline, candidate):
+        return [f"both sides run the same engine: {one(candidate)}"]
+    return [f"the sides run DIFFERENT ddpbench engines (both speak rank protocol "
+            f"{candidate.facts.get('rank_protocol')}): each side's ranks time with their own, so the "
+            f"ratios include any change to ddpbench itself",
+            f"  baseline  engine: {one(baseline)}",
+            f"  candidate engine: {one(candidate)}"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Which modules carry the code under test, and where each side gets them
+# ----------------------------------------------------------------------------------------------
+
+# Top-level names that are the test machinery, never code under test.
+_MACHINERY = {"builtins", "__main__", "pytest", "_pytest", "pluggy", "py", "pytest_benchmark",
+              "xdist", "pytest_timeout", "conftest"}
+
+
+def _installation_dirs() -> tuple[str, ...]:
+    """This interpreter's own folders: the standard library and installed packages."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, site.getusersitepackages()}
+    dirs.update(p for p in sysconfig.get_paths().values() if p)
+    return tuple(os.path.realpath(d) for d in dirs)
+
+
+def _under(path: str, dirs) -> bool:
+    real = os.path.realpath(path)
+    return any(real == d or real.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+
+
+def _installed(path: str, installation: tuple[str, ...]) -> bool:
+    return "-packages" in path or _under(path, installation)
+
+
+def modules_under_test(test_modules, project_dirs) -> list[str]:
+    """The module names whose files decide what the workloads run: the test modules, what their
+    module-level names come from (modules, classes, functions), and every loaded module that lives
+    in the project (under ``project_dirs``, outside this interpreter's installation). Installed
+    packages count by their top-level name (torch: 'torch'); the standard library and the test
+    machinery (pytest, conftest files) do not count."""
+    installed = _installation_dirs()
+    stdlib = set(getattr(sys, "stdlib_module_names", ()))
+    project = tuple(os.path.realpath(d) for d in project_dirs)
+    names: set[str] = set()
+
+    def add(name: str | None) -> None:
+        if not name:
+            return
+        top = name.split(".", 1)[0]
+        if top in stdlib or top in _MACHINERY or name.rsplit(".", 1)[-1] == "conftest":
+            return
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str) or not os.path.isabs(file) or _installed(file, installed):
+            names.add(top)  # an installed package (or a stand-in module): by its top-level name
+        else:
+            names.add(name)
+
+    for module in test_modules:
+        add(module.__name__)
+        for value in list(vars(module).values()):
+            if isinstance(value, types.ModuleType):
+                add(value.__name__)
+            elif isinstance(value, (type, types.FunctionType)):
+                add(getattr(value, "__module__", None))
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        # Absolute files only: some packages register stand-in modules whose __file__ is a bare
+        # name (torch.ops: "_ops.py"), which would otherwise resolve against the working directory.
+        if isinstance(file, str) and os.path.isabs(file) and _under(file, project) and not _installed(file, installed):
+            add(name)
+    return sorted(names)
+
+
+def resolve_modules(side: Side, names: list[str]) -> Side:
+    """The side with ``modules`` filled in: where its ranks import each of ``names`` from (None:
+    they cannot import it)."""
+    if not names:
+        return side
+    resolved = _run_probe(side, {"facts": False, "modules": list(names)})
+    return dataclasses.replace(side, modules={**side.modules, **resolved["modules"]})
+
+
+def check_modules_differ(baseline: Side, candidate: Side) -> None:
+    """SideError when the baseline names other code (paths, another interpreter) but resolves every
+    module under test to the very files the candidate's ranks import: it would time the
+    candidate's code twice."""
+    names = sorted(set(baseline.modules) & set(candidate.modules))
+    resolved = [n for n in names if baseline.modules[n] and candidate.modules[n]]
+    if not baseline.names_other_code or not resolved:
+        return
+    if any(baseline.modules[n] != candidate.modules[n] for n in resolved):
+        return
+    named = [f"--dist-baseline-path {p}" for p in baseline.paths]
+    if baseline.launch.foreign_interpreter:
+        named.append(f"--dist-baseline-python {baseline.python}")
+    shown = ", ".join(f"{n} -> {candidate.modules[n]}" for n in resolved[:4])
+    more = f" and {len(resolved) - 4} more" if len(resolved) > 4 else ""
+    raise SideError(
+        f"both sides import every module under test from the same files ({shown}{more}), although "
+        f"{' and '.join(named)} asks for other code: the baseline ranks would run the candidate's "
+        f"code and the verdict would compare it with itself. Point --dist-baseline-path at the "
+        f"folder that holds the baseline's packages (the checkout's root for a flat layout, its src/ "
+        f"for a src layout), or give --dist-baseline-python an environment where the baseline's "
+        f"code is installed")
+
+
+def module_lines(baseline: Side, candidate: Side) -> list[str]:
+    """Per top-level package: where each side's ranks import it from."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(set(baseline.modules) | set(candidate.modules)):
+        groups.setdefault(name.split(".", 1)[0], []).append(name)
+    lines = []
+    for top, names in groups.items():
+        files = {side.name: [side.modules.get(n) for n in names] for side in (baseline, candidate)}
+        label = names[0] if len(names) == 1 else f"{top} ({len(names)} modules)"
+
+        def where(side_files):
+            if any(f is None for f in side_files):
+                missing = [n for n, f in zip(names, side_files) if f is None]
+                return f"CANNOT IMPORT {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+            if len(side_files) == 1:
+                return side_files[0]
+            return os.path.commonpath(side_files) + os.sep
+
+        same = [n for n, b, c in zip(names, files["baseline"], files["candidate"]) if b == c and b]
+        if len(same) == len(names):
+            lines.append(f"  {label}: same on both sides: {where(files['candidate'])}")
+            continue
+        lines.append(f"  {label}: baseline {where(files['baseline'])} | candidate {where(files['candidate'])}")
+        if same:
+            lines.append(f"    same file on both sides: {', '.join(same[:5])}{' ...' if len(same) > 5 else ''}")
+    return lines

@@ -43,6 +43,66 @@ class NoOpCollective(Collective):
         pass
 
 
+@dataclass(frozen=True)
+class WrongReduction(Collective):
+    """all_reduce / reduce_scatter that reduces by ``actually`` whatever the case asks for."""
+
+    actually: str = "max"
+
+    def _run_op(self, state):
+        asked = state["reduce_op"]
+        state["reduce_op"] = self.actually
+        try:
+            super()._run_op(state)
+        finally:
+            state["reduce_op"] = asked
+
+
+@dataclass(frozen=True)
+class DroppedRankOne(Collective):
+    """all_reduce that leaves rank 1's data out: rank 1 sends the reduction's identity (zeros for
+    sum and avg, the type's lowest value for max, its highest for min)."""
+
+    def _run_op(self, state):
+        import torch
+
+        if state["ctx"].rank == 1:
+            data = state["input"]
+            limits = torch.finfo(data.dtype) if data.is_floating_point() else torch.iinfo(data.dtype)
+            data.fill_({"max": limits.min, "min": limits.max}.get(state["reduce_op"], 0))
+        super()._run_op(state)
+
+
+@dataclass(frozen=True)
+class AveragedOverTooMany(Collective):
+    """avg that divides the sum by n + 1 (a slightly wrong world size): within no type's rounding."""
+
+    def _run_op(self, state):
+        state["reduce_op"] = "sum"
+        try:
+            super()._run_op(state)
+        finally:
+            state["reduce_op"] = "avg"
+        state["output"].div_(state["ctx"].world_size + 1)
+
+
+@dataclass(frozen=True)
+class InPlaceGatherWithoutOwnChunk(Collective):
+    """In-place all_gather that gathers from a scratch copy and never writes the rank's own chunk
+    of the output (as if in place meant "the others' chunks")."""
+
+    def _run_op(self, state):
+        import torch.distributed as dist
+
+        start = state["ctx"].rank * (state["count"] // state["ctx"].world_size)
+        length = state["count"] // state["ctx"].world_size
+        gathered = state["output"].clone()
+        dist.all_gather_into_tensor(gathered, state["input"].clone())
+        keep = state["output"][start:start + length].clone()
+        state["output"].copy_(gathered)
+        state["output"][start:start + length] = keep.fill_(float("nan") if keep.is_floating_point() else -1)
+
+
 # ----------------------------------------------------------------------------------------------
 # SyncBatchNorm
 # ----------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from ddpbench.ab.heap import STEADY_HEAP_ENV, heap_env
 from ddpbench.ab.sides import SideError, make_side, parse_env_assignments, probe
 from ddpbench.pool import PoolSpec, RankLaunch, RankPool
+from ddpbench.rank_process import RANK_PROTOCOL
 
 SLEEPY = '''
 import os
@@ -142,7 +143,7 @@ def test_another_engine_of_the_same_protocol_is_named_not_refused(tmp_path):
     assert candidate.facts["ddpbench_source_sha256"] == ours["ddpbench_source_sha256"]
     assert engines_differ(baseline, candidate)
     lines = engine_lines(baseline, candidate)
-    assert "DIFFERENT ddpbench engines (both speak rank protocol 1)" in lines[0]
+    assert f"DIFFERENT ddpbench engines (both speak rank protocol {RANK_PROTOCOL})" in lines[0]
     assert str(tmp_path) in lines[1] and baseline.facts["ddpbench_source_sha256"][:12] in lines[1]
     assert not engines_differ(candidate, candidate)
 
@@ -197,6 +198,9 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert ab["sides"]["baseline"]["common_env"] == dict(STEADY_HEAP_ENV)
     # The case's own rounds are the candidate's (slower); the baseline's are kept raw in extra_info.
     assert case["stats"]["rounds"] == ab["pairs"] * ab["rounds_per_block"]
+    # ... and so are the ranks' own times: each rank's median over every block, never empty.
+    assert len(case["extra_info"]["rank_median_s"]) == 2 and case["extra_info"]["straggler_rank"] in (0, 1)
+    assert case["extra_info"]["ops_per_round"] == 1
     assert ab["block_summary"] == "mean"  # what each block of a pair is compared by
     assert ab["pool_pair_threshold"] == pytest.approx(ab["threshold"])  # what each pool pair must show
     assert len(ab["baseline"]["round_times"]) == ab["baseline"]["rounds"]
@@ -306,7 +310,7 @@ def test_an_a_a_of_two_identical_flat_checkouts_with_another_engine_passes(tmp_p
     (case,) = json.loads((head / "aa.json").read_text())["benchmarks"]
     ab = case["extra_info"]["ab"]
     assert ab["verdict"] in ("same", "inconclusive") and 0.8 < ab["ratio"] < 1.25
-    assert "the sides run DIFFERENT ddpbench engines (both speak rank protocol 1)" in run.stdout
+    assert f"the sides run DIFFERENT ddpbench engines (both speak rank protocol {RANK_PROTOCOL})" in run.stdout
     assert (f"baseline  engine: ddpbench 0.1.0 #{ab['sides']['baseline']['ddpbench_source_sha256'][:12]} "
             f"from {engine}/ddpbench") in run.stdout
     assert ab["sides"]["baseline"]["ddpbench_source_sha256"] != ab["sides"]["candidate"]["ddpbench_source_sha256"]

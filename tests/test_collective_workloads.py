@@ -125,3 +125,118 @@ def test_an_all_reduce_that_reduces_nothing_fails_the_case(pool):
     with pytest.raises(TaskFailed, match=r"all_reduce on rank 0 returned a wrong result: .* it is this "
                                          r"rank's own input: nothing was reduced"):
         pool.run(measure_workload, NoOpCollective("all_reduce", 4003 * 4), RoundPlan(warmup=0, rounds=2))
+
+
+# ----------------------------------------------------------------------------------------------
+# Data types, reductions, placements (nccl-tests' -d, -o and its two column groups)
+# ----------------------------------------------------------------------------------------------
+
+from ddpbench.workloads.collectives import (DTYPES, FLOAT_DTYPES, REDUCE_OPS, pattern_values,  # noqa: E402
+                                            reduced_pattern)
+
+from broken_workloads import (AveragedOverTooMany, DroppedRankOne, InPlaceGatherWithoutOwnChunk,  # noqa: E402
+                              WrongReduction)
+
+SPEC_2P = PoolSpec("gloo", 2, "cpu")
+ONE_ROUND = RoundPlan(warmup=0, rounds=1)
+
+
+def _cases():
+    """Every (op, dtype, reduction, placement) gloo can run, as Collective workloads."""
+    for op in OPS:
+        for dtype in DTYPES:
+            for reduce_op in (REDUCE_OPS if Collective(op, 4096).spec.reduces else ("sum",)):
+                for placement in Collective(op, 4096).spec.placements:
+                    case = Collective(op, 4003 * DTYPES[dtype][0], dtype, reduce_op, placement)
+                    if case.skip_reason(SPEC_2P) is None:
+                        yield case
+
+
+def test_every_dtype_reduction_and_placement_passes_its_own_check(pool):
+    # One task per case would take minutes; one task runs them all on the ranks.
+    cases = list(_cases())
+    assert len(cases) == (8 * 4 - 4) * 3 + 8 * 2 + 8  # avg: floating types only on gloo
+    assert all(len(r) == len(cases) for r in pool.run(_measure_all, cases, timeout_s=300))
+
+
+def _measure_all(ctx, cases):
+    return [measure_workload(ctx, case, RoundPlan(warmup=1, rounds=2)).round_times for case in cases]
+
+
+def test_values_keep_every_sum_exact_in_its_type():
+    for dtype in FLOAT_DTYPES:
+        for n in (2, 6, 64):
+            values = pattern_values(dtype, n)
+            assert 2 <= values <= 64 and 2 * n * (values - 1) <= DTYPES[dtype][1]
+    assert pattern_values("bfloat16", 2) == 64 and pattern_values("bfloat16", 6) == 22
+    assert pattern_values("bfloat16", 6, "max") == 64  # max and min never grow
+    out = torch.empty(70000, dtype=torch.bfloat16)
+    reduced_pattern(out, 6, 5, "sum", "bfloat16", pattern_values("bfloat16", 6))
+    exact = torch.empty(70000, dtype=torch.float64)
+    reduced_pattern(exact, 6, 5, "sum", "float64", pattern_values("bfloat16", 6))
+    assert torch.equal(out.double(), exact)  # the bfloat16 sum of six ranks' data is exact
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "uint8"])
+@pytest.mark.parametrize("reduce_op", ["sum", "max", "min"])
+def test_leaving_a_rank_out_of_the_reduction_fails_for_every_type(pool, dtype, reduce_op):
+    case = DroppedRankOne("all_reduce", 4003 * DTYPES[dtype][0], dtype, reduce_op)
+    described = "" if (dtype, reduce_op) == ("float32", "sum") else rf" \({dtype}, {reduce_op}, in-place\)"
+    with pytest.raises(TaskFailed, match=rf"all_reduce{described} on rank \d returned a wrong result"):
+        pool.run(measure_workload, case, ONE_ROUND)
+
+
+@pytest.mark.parametrize("op,dtype", [("all_reduce", "float32"), ("all_reduce", "int32"),
+                                      ("reduce_scatter", "float16")])
+def test_the_wrong_reduction_fails_and_is_named(pool, op, dtype):
+    case = WrongReduction(op, 4003 * DTYPES[dtype][0], dtype, "sum", actually="max")
+    described = "" if (op, dtype) == ("all_reduce", "float32") else rf" \({dtype}, sum, .*\)"
+    message = rf"{op}{described} on rank \d returned a wrong result"
+    if op == "all_reduce":
+        message += r".* it is the max over the ranks, not the sum"
+    with pytest.raises(TaskFailed, match=message):
+        pool.run(measure_workload, case, ONE_ROUND)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_an_average_over_the_wrong_count_is_outside_the_types_rounding(pool, dtype):
+    case = AveragedOverTooMany("all_reduce", 4003 * DTYPES[dtype][0], dtype, "avg")
+    with pytest.raises(TaskFailed, match=rf"all_reduce \({dtype}, avg, in-place\) on rank \d returned a wrong"):
+        pool.run(measure_workload, case, ONE_ROUND)
+
+
+def test_an_in_place_gather_that_skips_the_ranks_own_chunk_fails(pool):
+    case = InPlaceGatherWithoutOwnChunk("all_gather", 4003 * 4, placement="in-place")
+    with pytest.raises(TaskFailed, match=r"all_gather \(float32, in-place\) on rank \d returned a wrong result: "
+                                         r".*elements were never written \(still the NaN\).*wrong in the chunk"):
+        pool.run(measure_workload, case, ONE_ROUND)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_integer_outputs_are_poisoned_too(pool, op):
+    # No NaN in an integer type: a value no rank's data takes marks what the op must overwrite.
+    with pytest.raises(TaskFailed, match=rf"{op} \(int32, .*\) on rank 1 returned a wrong result: .*the op wrote "
+                                         r"nothing: the buffer still holds the value -1"):
+        pool.run(measure_workload, NoOpCollective(op, 4003 * 4, "int32"), ONE_ROUND)
+
+
+def test_what_a_backend_or_op_lacks_is_a_skip_with_the_reason():
+    assert Collective("all_reduce", 4096, "int32", "avg").skip_reason(SPEC_2P) == \
+        "gloo averages floating types only (ReduceOp.AVG on int32 is refused)"
+    assert Collective("all_reduce", 4096, "int32", "avg").skip_reason(PoolSpec("nccl", 1, "cuda")) is None
+    assert "exists only in-place" in Collective("all_reduce", 4096, placement="out-of-place").skip_reason(SPEC_2P)
+    assert "exists only in-place" in Collective("broadcast", 4096, placement="out-of-place").skip_reason(SPEC_2P)
+    assert "does not reduce" in Collective("all_gather", 4096, reduce_op="max").skip_reason(SPEC_2P)
+    for bad, message in [({"dtype": "float8"}, "unknown data type 'float8'"),
+                         ({"reduce_op": "product"}, "unknown reduction 'product'"),
+                         ({"placement": "sideways"}, "unknown placement 'sideways'")]:
+        with pytest.raises(ValueError, match=message):
+            Collective("all_reduce", 4096, **bad)
+
+
+def test_extra_info_names_the_type_reduction_and_placement_and_counts_bytes_by_type():
+    info = Collective("reduce_scatter", 4000 * 2, "bfloat16", "max", "in-place").extra_info(2, 1e-3)
+    assert info["dtype"] == "bfloat16" and info["reduce_op"] == "max" and info["placement"] == "in-place"
+    assert info["size_bytes"] == 4000 * 2
+    gathered = Collective("all_gather", 4096 * 8, "float64").extra_info(2, 1e-3)
+    assert gathered["placement"] == "out-of-place" and "reduce_op" not in gathered

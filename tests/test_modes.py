@@ -36,3 +36,20 @@ def test_placement_splits_rounds_by_whether_the_ranks_shared_a_cpu():
     assert placement_info(times, [None, None]) == {}  # platform could not tell
     assert placement_info(times, [[0, 0, 0, 0]]) == {}  # one rank: nothing to share
     assert "ranks_shared_cpu_share" not in rounds_info(times, cpus, nodes=2)  # other hosts' CPUs
+
+
+def test_rank_aggregates_give_each_ranks_median_their_spread_and_the_straggler():
+    from ddpbench.modes import rank_aggregates
+
+    rng = random.Random(3)
+    rank0 = [1e-3 * (1 + 0.01 * rng.random()) for _ in range(100)]
+    # Rank 1 is the slowest in 80 of 100 rounds, by 10% over rank 0 in those rounds.
+    rank1 = [t * (1.10 if i % 5 else 0.95) for i, t in enumerate(rank0)]
+    info = rank_aggregates([rank0, rank1])
+    assert info["straggler_rank"] == 1 and info["straggler_share"] == 0.8
+    assert abs(info["straggler_excess_pct"] - 10.0) < 1e-6
+    assert info["rank_median_s"][1] > info["rank_median_s"][0]
+    assert info["rank_median_min_s"] == min(info["rank_median_s"]) and info["rank_median_max_s"] == max(info["rank_median_s"])
+    assert abs(info["rank_median_avg_s"] - sum(info["rank_median_s"]) / 2) < 1e-12
+    assert rank_aggregates([rank0]) == {} and rank_aggregates([]) == {}  # one rank: nothing to aggregate
+    assert rank_aggregates([rank0, rank1[:10]]) == {}  # ranks that disagree on the count: no claim

@@ -234,3 +234,58 @@ def test_case_ids_name_a_backend_off_its_usual_device():
 
     assert [spec_id(PoolSpec(*args)) for args in (("gloo", 2, "cpu"), ("nccl", 1, "cuda"), ("gloo", 2, "cuda"))] \
         == ["gloo-2p", "nccl-1p", "gloo-cuda-2p"]
+
+
+VARIANT_BENCHMARK = '''
+from ddpbench.workloads.collectives import Collective
+
+def test_all_reduce(dist_benchmark, dist_message_size, dist_dtype, dist_reduce_op, dist_placement):
+    dist_benchmark(Collective("all_reduce", dist_message_size, dist_dtype, dist_reduce_op, dist_placement))
+'''
+
+
+def test_collective_variants_and_ops_per_round_reach_the_case_ids_and_extra_info(pytester):
+    pytester.makepyfile(test_bench=VARIANT_BENCHMARK)
+    result = _run(pytester, "--dist-sizes=64KB", "-m", "not gpu", "--dist-rounds=4", "--dist-warmup=1",
+                  "--dist-dtypes=bfloat16,int32", "--dist-reduce-ops=max,avg", "--dist-placements=in-place,out-of-place",
+                  "--dist-ops-per-round=3", "-rs", "--benchmark-json=out.json")
+    result.assert_outcomes(passed=3, skipped=5)
+    result.stdout.fnmatch_lines(["*gloo averages floating types only (ReduceOp.AVG on int32 is refused)*"])
+    result.stdout.fnmatch_lines(["*torch.distributed's all_reduce exists only in-place*"])
+    cases = {c["name"]: c for c in json.loads((pytester.path / "out.json").read_text())["benchmarks"]}
+    assert sorted(cases) == ["test_all_reduce[gloo-2p-64KB-bfloat16-avg-in-place]",
+                             "test_all_reduce[gloo-2p-64KB-bfloat16-max-in-place]",
+                             "test_all_reduce[gloo-2p-64KB-int32-max-in-place]"]
+    info = cases["test_all_reduce[gloo-2p-64KB-bfloat16-max-in-place]"]["extra_info"]
+    assert (info["dtype"], info["reduce_op"], info["placement"], info["ops_per_round"]) == \
+        ("bfloat16", "max", "in-place", 3)
+    assert info["size_bytes"] == 64 * 1024 and len(info["rank_median_s"]) == 2
+    assert info["rank_median_min_s"] <= info["rank_median_avg_s"] <= info["rank_median_max_s"]
+    assert info["straggler_rank"] in (0, 1) and 0.5 <= info["straggler_share"] <= 1
+
+
+def test_default_collective_ids_and_ops_per_round_are_unchanged(pytester):
+    pytester.makepyfile(test_bench=VARIANT_BENCHMARK)
+    result = _run(pytester, "--dist-sizes=64KB", "-m", "not gpu", "--dist-rounds=3", "--dist-warmup=1",
+                  "--benchmark-json=out.json", "-v")
+    result.stdout.fnmatch_lines(["*test_all_reduce[[]gloo-2p-64KB[]] PASSED*"])
+    (case,) = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
+    info = case["extra_info"]
+    assert info["ops_per_round"] == 1 and "round_fixed_cost_s" not in info  # one op a round on the CPU
+    assert (info["dtype"], info["reduce_op"], info["placement"]) == ("float32", "sum", "in-place")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dist-cuda-graphs"], "--dist-cuda-graphs: CUDA graphs capture and replay GPU work, and this machine has "
+                             "no CUDA device"),
+    (["--dist-dtypes=float8"], "'float8': not a data type; choose from float32"),
+    (["--dist-reduce-ops=product"], "'product': not a reduction; choose from sum, max, min, avg"),
+    (["--dist-placements=sideways"], "'sideways': not a placement"),
+    (["--dist-ops-per-round=0"], "'0' is not a number of ops per round; give auto or a whole number"),
+])
+def test_collective_options_refuse_what_cannot_run_here(pytester, monkeypatch, args, message):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile(test_bench=VARIANT_BENCHMARK)
+    result = _run(pytester, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str() and "Traceback" not in result.stderr.str()

@@ -265,3 +265,43 @@ def test_gpu_runs_name_their_gpus_and_ranks_sharing_a_gpu_get_their_own_rows(tmp
     assert sorted((r[2], r[3]) for r in rows) == [("1", "nccl"), ("2", "gloo"), ("2", "gloo (cuda)")]
     assert ("machine box (Test CPU, 2 cores), 1 x NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, CUDA 13.0, "
             "NCCL 2.28.9)._") in text
+
+
+def _variant_case(op, dtype="float32", reduce_op="sum", placement=None, ops=1, straggler=None):
+    own = {"all_reduce": "in-place", "broadcast": "in-place"}.get(op, "out-of-place")
+    info = {"backend": "gloo", "world_size": 2, "device": "cpu", "op": op, "size_bytes": MB,
+            "algbw_GBps": 1.0, "busbw_GBps": 1.0, "dtype": dtype, "placement": placement or own,
+            "ops_per_round": ops}
+    if op in ("all_reduce", "reduce_scatter"):
+        info["reduce_op"] = reduce_op
+    if straggler:
+        info.update(straggler_rank=straggler[0], straggler_share=straggler[1], straggler_excess_pct=straggler[2])
+    name = f"test_{op}[gloo-2p-1MB-{dtype}-{reduce_op}-{placement or own}]"
+    return bench(name, [0.001, 0.001, 0.002], info)
+
+
+def _collectives_table(tmp_path, cases):
+    return report.collectives_tables(list(load_run(write(tmp_path / "v.json", run_doc(cases))).cases.values()))
+
+
+def test_variant_columns_appear_only_when_a_run_varies_them(tmp_path):
+    default = _collectives_table(tmp_path, [_variant_case(op) for op in ("all_reduce", "all_gather", "broadcast")])
+    assert "| Backend | Processes | Size | Avg Time (ms) |" in default  # the seed's shape, unchanged
+    for header in ("Dtype", "Reduction", "Placement", "Ops per round"):
+        assert header not in default
+    varied = _collectives_table(tmp_path, [
+        _variant_case("all_reduce", "bfloat16", "max"), _variant_case("all_reduce", "float32", "sum"),
+        _variant_case("all_gather", placement="in-place"), _variant_case("all_gather", ops=8)])
+    assert "| Backend | Processes | Dtype | Reduction | Placement | Ops per round | Size |" in varied
+    assert "| gloo | 2 | bfloat16 | max | in-place | 1 | 1MB |" in varied
+    assert "| gloo | 2 | float32 | - | in-place | 1 | 1MB |" in varied  # all_gather does not reduce
+    one_setting = _collectives_table(tmp_path, [_variant_case("all_reduce", "bfloat16")])
+    assert "| Backend | Processes | Dtype | Size |" in one_setting  # not the default: shown
+
+
+def test_a_straggler_line_names_the_rank_that_was_slowest_most_often(tmp_path):
+    table = _collectives_table(tmp_path, [_variant_case("all_reduce", straggler=(1, 0.55, 2.0)),
+                                          _variant_case("all_reduce", "bfloat16", straggler=(0, 0.9, 12.5))])
+    assert ("_Straggler: in test_all_reduce[gloo-2p-1MB-bfloat16-sum-in-place], rank 0 was the slowest rank in "
+            "90% of the rounds, by 12.5% over the other ranks (median of those rounds)._") in table
+    assert "Straggler" not in _collectives_table(tmp_path, [_variant_case("all_reduce")])

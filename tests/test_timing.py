@@ -235,3 +235,84 @@ def test_refresh_builds_the_state_anew_and_warms_it_up_untimed():
     assert len(times) == 3
     session.finish(check=False)
     assert log["teardown"] == 2  # the last state is torn down once
+
+
+# ----------------------------------------------------------------------------------------------
+# Ops per round (--dist-ops-per-round): several ops between the timers, recorded per op
+# ----------------------------------------------------------------------------------------------
+
+from ddpbench.timing import AUTO_MAX_OPS, choose_ops_per_round  # noqa: E402
+
+
+def _linear(fixed_s, per_op_s):
+    return lambda k: fixed_s + k * per_op_s
+
+
+@pytest.mark.parametrize("fixed_s,per_op_s,expected", [
+    (20e-6, 10e-6, 256),  # a small NCCL message: 20 us of launch and timer dwarf a 10 us op
+    (20e-6, 1e-3, 2),  # 1 ms ops: two of them put 20 us under 1% of the round
+    (5e-6, 10e-3, 1),  # a long op: one is enough
+    (0.0, 1e-3, 1),  # nothing fixed (gloo's synchronous ops, noise aside)
+    (1e-3, 1e-9, AUTO_MAX_OPS),  # never more than the cap
+])
+def test_auto_ops_per_round_puts_the_fixed_cost_under_one_percent(fixed_s, per_op_s, expected):
+    ops, fixed, per_op = choose_ops_per_round(_linear(fixed_s, per_op_s))
+    assert ops == expected
+    assert fixed == pytest.approx(fixed_s, abs=1e-12) and per_op == pytest.approx(per_op_s)
+    if ops < AUTO_MAX_OPS:
+        assert fixed <= 0.01 * (fixed + ops * per_op)  # the goal holds at the chosen count...
+        if ops > 1:  # ...and not at half of it: the smallest power of two that meets it
+            assert fixed > 0.01 * (fixed + ops // 2 * per_op)
+
+
+def test_auto_ops_per_round_keeps_a_round_under_its_time_cap():
+    ops, _, _ = choose_ops_per_round(_linear(20e-3, 0.3), max_round_s=1.0)
+    assert ops == 2  # 1% would need 7 ops, but 3 would be past one second; a power of two
+    calls = []
+    choose_ops_per_round(lambda k: calls.append(k) or 1e-6 + k * 1e-3)
+    assert calls == [1, 2]  # the search stops as soon as the goal is met
+
+
+def test_a_round_of_k_ops_calls_the_workload_k_times_and_records_the_time_per_op():
+    log = {"setup": 0, "teardown": 0}
+    session = RankSession(_FakeCtx(), _Counting(log), RoundPlan(warmup=1, rounds=3, ops_per_round=4))
+    session._time_round = lambda ctx, run_round, state: (run_round(state), 0.008)[1]  # the whole round
+    session._agree = lambda ctx, values: list(values)
+    session.start()
+    times, _ = session.record(3)
+    assert times == [0.002] * 3  # 8 ms for 4 ops
+    assert len(log["rounds_by_generation"]) == 4 * (1 + 3)
+    assert session.round_estimate_s == pytest.approx(0.008)  # rounds are sized by the whole round
+    metrics = session.finish(check=False)
+    assert metrics["ops_per_round"] == 4 and "round_fixed_cost_s" not in metrics
+
+
+def test_auto_ops_per_round_in_a_session_measures_and_records_what_it_chose():
+    log = {"setup": 0, "teardown": 0}
+    session = RankSession(_FakeCtx(), _Counting(log), RoundPlan(warmup=1, rounds=2, ops_per_round="auto"))
+
+    def round_with_a_fixed_cost(ctx, run_round, state):
+        before = len(log.get("rounds_by_generation", []))
+        run_round(state)
+        ops = len(log["rounds_by_generation"]) - before
+        return 50e-6 + ops * 100e-6  # 50 us fixed, 100 us an op
+
+    session._time_round = round_with_a_fixed_cost
+    session._agree = lambda ctx, values: list(values)
+    session.start()
+    assert session.ops_per_round == 64  # 50 us <= 1% of the round from 50 ops on
+    times, _ = session.record(2)
+    assert times == [pytest.approx((50e-6 + 64 * 100e-6) / 64)] * 2
+    metrics = session.finish(check=False)
+    assert metrics["ops_per_round"] == 64 and metrics["round_fixed_cost_s"] == pytest.approx(50e-6)
+
+
+def test_cuda_graph_mode_refuses_cpu_cases_and_workloads_it_cannot_capture():
+    with pytest.raises(ValueError, match="CUDA graph mode captures GPU work; this case runs on the CPU"):
+        RankSession(_FakeCtx(), _Nothing(), RoundPlan(cuda_graphs=True))
+
+    class _CudaCtx(_FakeCtx):
+        device_type = "cuda"
+
+    with pytest.raises(ValueError, match="_Nothing cannot be captured in a CUDA graph"):
+        RankSession(_CudaCtx(), _Nothing(), RoundPlan(cuda_graphs=True))

@@ -100,3 +100,33 @@ def rounds_info(round_times: list[float], per_rank_cpus: list[list[int] | None],
     if nodes == 1:
         info.update(placement_info(round_times, per_rank_cpus))
     return info
+
+
+def rank_aggregates(per_rank_times: list[list[float]]) -> dict[str, Any]:
+    """extra_info on the ranks' own times (nccl-tests -a): each rank's median round, their
+    average, minimum and maximum, and the straggler: the rank that set the round's time (was the
+    slowest) most often, the share of rounds it did, and by how much it exceeded the other ranks'
+    median in those rounds (median over them, in %). Nothing for a single rank."""
+    ranks = [list(times) for times in per_rank_times if times]
+    if len(ranks) < 2 or len({len(times) for times in ranks}) != 1:
+        return {}
+    medians = [statistics.median(times) for times in ranks]
+    slowest: list[int] = []
+    excess: dict[int, list[float]] = {}
+    for round_times in zip(*ranks):
+        rank = max(range(len(round_times)), key=round_times.__getitem__)
+        slowest.append(rank)
+        others = statistics.median(t for r, t in enumerate(round_times) if r != rank)
+        if others > 0:
+            excess.setdefault(rank, []).append(round_times[rank] / others - 1)
+    counts = {rank: slowest.count(rank) for rank in set(slowest)}
+    straggler = max(sorted(counts), key=counts.__getitem__)
+    return {
+        "rank_median_s": medians,
+        "rank_median_avg_s": statistics.fmean(medians),
+        "rank_median_min_s": min(medians),
+        "rank_median_max_s": max(medians),
+        "straggler_rank": straggler,
+        "straggler_share": round(counts[straggler] / len(slowest), 4),
+        "straggler_excess_pct": round(100 * statistics.median(excess.get(straggler, [0.0])), 3),
+    }

@@ -164,3 +164,30 @@ def parse_percent(text: str, allow_zero: bool = False) -> float:
         raise argparse.ArgumentTypeError(
             f"{text!r}: the percentage must be {'0 or more' if allow_zero else 'above 0'} (e.g. 5%)")
     return number / 100.0
+
+
+def parse_ops_per_round(text: str) -> int | str:
+    """'auto' or a whole number of ops each round launches back to back (1 to 100000)."""
+    value = text.strip().lower()
+    if value == "auto":
+        return "auto"
+    if not value.isdigit() or not 1 <= int(value) <= 100_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ops per round; give auto or a whole "
+                                         f"number from 1 to 100000, e.g. --dist-ops-per-round=auto")
+    return int(value)
+
+
+def name_list(valid, what: str, example: str):
+    """A parser of comma lists of names out of ``valid`` (order kept, duplicates dropped)."""
+
+    def parse(text: str) -> list[str]:
+        items = [item.strip().lower() for item in text.split(",") if item.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"needs at least one {what}, e.g. {example}")
+        wrong = [item for item in items if item not in valid]
+        if wrong:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, wrong))}: not a {what}; choose from "
+                                             f"{', '.join(valid)} (e.g. {example})")
+        return list(dict.fromkeys(items))
+
+    return parse

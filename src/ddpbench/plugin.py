@@ -24,7 +24,7 @@ import pytest
 
 from . import options as opts
 from .ab.heap import DEFAULT_HEAP, HEAP_MODES, heap_env
-from .modes import rounds_info
+from .modes import rank_aggregates, rounds_info
 from .pool import PoolRegistry, PoolSpec, cores_available
 from .timing import RoundPlan, combine_rank_metrics, max_over_ranks, measure_workload
 
@@ -108,6 +108,26 @@ def pytest_addoption(parser):
                       "pool allocates the same way every round (identical pools otherwise drifted "
                       "apart by whole cases on the dev machine); adaptive: glibc's defaults, as a "
                       "plain script. A side's own --dist-*-env setting wins. Default: steady")
+    group.addoption("--dist-ops-per-round", type=opts.parse_ops_per_round, default=None, metavar="N|auto",
+                    help="ops each round launches back to back, timed together and recorded per op; "
+                         "auto: enough that the round's fixed cost (timer, launch, barrier exit) is "
+                         "at most 1%% of it. Default: auto for CUDA cases, 1 on the CPU (gloo's ops "
+                         "are synchronous: nothing to hide)")
+    group.addoption("--dist-cuda-graphs", action="store_true",
+                    help="capture each round's ops in a CUDA graph and replay it between the timing "
+                         "events (nccl-tests -G); CUDA cases only")
+    from .workloads.collectives import DTYPES, PLACEMENTS, REDUCE_OPS
+
+    group.addoption("--dist-dtypes", type=opts.name_list(tuple(DTYPES), "data type", "float32,bfloat16"),
+                    default=None, help=f"collective data types ({', '.join(DTYPES)}); cases gain a "
+                                       f"dtype id part. Default: float32")
+    group.addoption("--dist-reduce-ops", type=opts.name_list(REDUCE_OPS, "reduction", "sum,max"),
+                    default=None, help="reductions of all_reduce and reduce_scatter (sum, max, min, avg); "
+                                       "cases gain an id part. Default: sum")
+    group.addoption("--dist-placements", type=opts.name_list(PLACEMENTS, "placement", "out-of-place,in-place"),
+                    default=None, help="collective buffers out-of-place or in-place (as nccl-tests' two "
+                                       "column groups); cases gain an id part. Default: each op's own "
+                                       "(all_reduce and broadcast in place, the others out of place)")
     group.addoption("--dist-precision", type=opts.parse_precision, default=0.01,
                     help="with --dist-rounds=0: stop recording once the median's 95%% interval is "
                          "within +-this fraction of it (e.g. 1%%; checked after 20 rounds, then every "
@@ -127,6 +147,13 @@ def pytest_configure(config):
             raise pytest.UsageError("--dist-controller serves one external pool: run without -n (xdist)")
     _configure_ab(config)
     _check_compare_target(config)
+    if config.getoption("dist_cuda_graphs", False) and not cuda_device_count():
+        broken = cuda_probe()[1]
+        raise pytest.UsageError(
+            "--dist-cuda-graphs: CUDA graphs capture and replay GPU work, and "
+            + (f"CUDA is broken here: {broken}" if broken else
+               "this machine has no CUDA device (the CPU cases' gloo ops run synchronously on the "
+               "CPU: there is nothing to capture)"))
     config.addinivalue_line("markers", "gpu: needs at least one CUDA device; skipped with a reason otherwise")
     config.addinivalue_line("markers", "multi_gpu: needs at least two CUDA devices; skipped with a reason otherwise")
     config.addinivalue_line("markers", "slow: large sizes and long loops, run with -m slow")
@@ -445,6 +472,12 @@ def pytest_generate_tests(metafunc):
         else:
             params += [pytest.param(s, id=opts.format_size(s)) for s in sizes]
         metafunc.parametrize("dist_message_size", params)
+    # Collective variants: an id part each only when asked for, so default case ids never change.
+    for name, option in (("dist_dtype", "dist_dtypes"), ("dist_reduce_op", "dist_reduce_ops"),
+                         ("dist_placement", "dist_placements")):
+        values = config.getoption(option, None)
+        if name in metafunc.fixturenames and values and not _parametrizes_itself(metafunc, name):
+            metafunc.parametrize(name, values, ids=values)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -616,13 +649,34 @@ def dist_pool(dist_pools, dist_spec, request):
 
 
 @pytest.fixture
+def dist_dtype() -> str:
+    """The case's collective data type: float32, or each of --dist-dtypes (an id part each)."""
+    return "float32"
+
+
+@pytest.fixture
+def dist_reduce_op() -> str:
+    """The case's reduction: sum, or each of --dist-reduce-ops (an id part each)."""
+    return "sum"
+
+
+@pytest.fixture
+def dist_placement() -> str | None:
+    """The case's buffer placement: None (the op's own), or each of --dist-placements."""
+    return None
+
+
+@pytest.fixture
 def dist_round_plan(request) -> RoundPlan:
+    """The options' round plan; ops_per_round None until a case resolves it for its device."""
     config = request.config
     return RoundPlan(
         warmup=config.getoption("dist_warmup"),
         rounds=config.getoption("dist_rounds"),
         min_time_s=config.getoption("dist_min_time"),
         precision=config.getoption("dist_precision"),
+        ops_per_round=config.getoption("dist_ops_per_round", None),
+        cuda_graphs=config.getoption("dist_cuda_graphs", False),
     )
 
 
@@ -730,7 +784,8 @@ class DistBenchmark:
         summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
         self.benchmark.extra_info["ab"] = summary
         self.ab.results.append((self.case_id, summary, statistics.median(outcome.candidate.round_times)))
-        return outcome.candidate.round_times, outcome.candidate_metrics, outcome.candidate.rank_cpus, []
+        return (outcome.candidate.round_times, outcome.candidate_metrics, outcome.candidate.rank_cpus,
+                outcome.candidate.rank_round_times)
 
     def _lost(self, failure) -> None:
         """The candidate lost a case the baseline ran (crashed, hung): a verdict of its own that
@@ -756,17 +811,29 @@ class DistBenchmark:
         return (times, [m.metrics for m in measurements], [m.round_cpus for m in measurements],
                 [list(m.round_times) for m in measurements])
 
+    def _skip_reason(self, workload, plan: RoundPlan) -> str | None:
+        reason = workload.skip_reason(self.spec)
+        if reason is None and plan.cuda_graphs:
+            if self.spec.device != "cuda":
+                reason = ("--dist-cuda-graphs captures GPU work, and this case runs on the CPU (gloo's "
+                          "ops are synchronous there)")
+            elif not getattr(workload, "cuda_graph_safe", False):
+                reason = (f"--dist-cuda-graphs: {type(workload).__name__}'s rounds do more than GPU work, "
+                          f"which a CUDA graph cannot capture")
+        return reason
+
     def __call__(self, workload, *, rounds: int | None = None, warmup: int | None = None) -> CaseResult:
         plan = self.plan
+        if plan.ops_per_round is None:  # the default: auto for CUDA cases, 1 on the CPU
+            plan = dataclasses.replace(plan, ops_per_round="auto" if self.spec.device == "cuda" else 1)
         if self.benchmark.disabled:
             plan = RoundPlan(warmup=0, rounds=1)
         elif rounds is not None or warmup is not None:
-            plan = RoundPlan(
-                warmup=plan.warmup if warmup is None else warmup,
-                rounds=plan.rounds if rounds is None else rounds,
-                min_time_s=plan.min_time_s, min_rounds=plan.min_rounds, max_rounds=plan.max_rounds,
-                precision=plan.precision,
-            )
+            plan = dataclasses.replace(plan, warmup=plan.warmup if warmup is None else warmup,
+                                       rounds=plan.rounds if rounds is None else rounds)
+        reason = self._skip_reason(workload, plan)
+        if reason:
+            pytest.skip(reason)
         if self.ab is not None and not self.benchmark.disabled and plan.warmup == 0 and plan.rounds:
             raise ValueError("dist_benchmark(..., warmup=0) with fixed rounds in A/B mode: A/B mode sizes "
                              "its blocks from a timed warm-up round; pass warmup=1 or more")
@@ -786,6 +853,7 @@ class DistBenchmark:
             info["ranks_outnumber_cores"] = True
         info.update(combine_rank_metrics(rank_metrics))
         info.update(rounds_info(round_times, cpus, self.pool.nodes))
+        info.update(rank_aggregates(rank_round_times))
         info.update(workload.extra_info(self.spec.world_size, median_s))
         replay_into_pytest_benchmark(self.benchmark, round_times)
         return CaseResult(round_times, rank_metrics, dict(info), rank_round_times)

@@ -14,6 +14,9 @@ ddpbench (A/B mode's baseline side): these arguments, the task and reply message
 results (``ddpbench.timing.RoundPlan``, round times, metrics) and what a round means
 (``ddpbench.timing``'s timing rule). Raise it whenever one of them changes in a way the other side
 cannot follow; an A/B run refuses sides whose protocols differ. A ddpbench without it speaks 1.
+
+2: rounds time ``RoundPlan.ops_per_round`` ops and record the time per op; ``RoundPlan`` carries
+``ops_per_round`` and ``cuda_graphs``; the A/B task ``start`` returns ``{estimate_s, ops_per_round}``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import argparse
 import os
 import sys
 
-RANK_PROTOCOL = 1
+RANK_PROTOCOL = 2
 
 
 def main(argv: list[str] | None = None) -> int:

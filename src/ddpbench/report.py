@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .compare import Case, Comparison, Run
 from .options import format_size, usual_device
-from .workloads.collectives import OPS, bandwidths_gbps
+from .workloads.collectives import COLLECTIVES, OPS, bandwidths_gbps
 
 
 class MatplotlibMissing(RuntimeError):
@@ -165,16 +165,62 @@ def backend_label(info: dict) -> str:
     return backend if device in (None, usual_device(backend)) else f"{backend} ({device})"
 
 
+# Columns a collectives table gains when a case's value differs from the default or between cases:
+# (extra_info key, header, default). Runs of the default options keep the seed's table shape.
+VARIANT_COLUMNS = (("dtype", "Dtype", "float32"), ("reduce_op", "Reduction", "sum"),
+                   ("placement", "Placement", None), ("ops_per_round", "Ops per round", 1))
+
+
+def variant_columns(cases: list[Case]) -> list[tuple[str, str]]:
+    """(key, header) of the VARIANT_COLUMNS these cases need: values that vary, or one that is not
+    the default (placement: any case not at its op's own, which the default options give)."""
+    wanted = []
+    for key, header, default in VARIANT_COLUMNS:
+        if key == "placement":
+            needed = any("placement" in c.extra_info and c.extra_info["placement"] != _own_placement(c)
+                         for c in cases)
+        else:
+            values = {case.extra_info.get(key) for case in cases if key in case.extra_info}
+            needed = len(values) > 1 or (len(values) == 1 and values != {default})
+        if needed:
+            wanted.append((key, header))
+    return wanted
+
+
+def _own_placement(case: Case) -> str | None:
+    spec = COLLECTIVES.get(case.extra_info.get("op"))
+    return spec.placements[0] if spec else None
+
+
+def straggler_line(cases: list[Case]) -> str | None:
+    """The case whose slowest rank was most often the same rank: which, how often, by how much."""
+    known = [c for c in cases if isinstance(c.extra_info.get("straggler_rank"), int)
+             and _is_number(c.extra_info.get("straggler_share"))]
+    if not known:
+        return None
+    case = max(known, key=lambda c: (c.extra_info["straggler_share"], c.extra_info.get("straggler_excess_pct") or 0))
+    info = case.extra_info
+    return (f"_Straggler: in {case.name}, rank {info['straggler_rank']} was the slowest rank in "
+            f"{info['straggler_share'] * 100:.0f}% of the rounds, by {_num(info.get('straggler_excess_pct'), '{:.1f}')}% "
+            f"over the other ranks (median of those rounds)._")
+
+
+def _with_straggler(table: str, cases: list[Case]) -> str:
+    line = straggler_line(cases)
+    return table if line is None else f"{table}\n\n{line}"
+
+
 def collectives_tables(cases: list[Case]) -> str:
     per_op: dict[str, list[Case]] = defaultdict(list)
     for case in cases:
         per_op[case.extra_info["op"]].append(case)
+    extra = variant_columns(cases)
     parts = []
     for op in sorted(per_op):
         rows = []
-        ordered = sorted(per_op[op], key=lambda c: (str(c.extra_info.get("backend")),
-                                                     c.extra_info.get("world_size") or 0,
-                                                     c.extra_info["size_bytes"]))
+        ordered = sorted(per_op[op], key=lambda c: _sort_key(
+            str(c.extra_info.get("backend")), c.extra_info.get("world_size") or 0,
+            *[str(c.extra_info.get(key)) for key, _ in extra], c.extra_info["size_bytes"]))
         for case in ordered:
             info = case.extra_info
             mean_s = _mean(case)
@@ -184,12 +230,13 @@ def collectives_tables(cases: list[Case]) -> str:
                 bus_cell = f"{busbw:.3f}"
             else:
                 algbw, bus_cell = info["size_bytes"] / mean_s / 1e9, "n/a"
-            rows.append([backend_label(info), str(world_size or "?"),
-                         format_size(int(info["size_bytes"])), f"{mean_s * 1e3:.3f}", f"{algbw:.3f}",
-                         bus_cell])
-        parts.append(f"### {op}\n\n" + _table(
-            ["Backend", "Processes", "Size", "Avg Time (ms)", "Effective Bandwidth (GB/s)",
-             "Bus Bandwidth (GB/s)"], rows))
+            rows.append([backend_label(info), str(world_size or "?")]
+                        + [str(info.get(key, "-")) for key, _ in extra]
+                        + [format_size(int(info["size_bytes"])), f"{mean_s * 1e3:.3f}", f"{algbw:.3f}",
+                           bus_cell])
+        parts.append(_with_straggler(f"### {op}\n\n" + _table(
+            ["Backend", "Processes"] + [header for _, header in extra]
+            + ["Size", "Avg Time (ms)", "Effective Bandwidth (GB/s)", "Bus Bandwidth (GB/s)"], rows), per_op[op]))
     return "\n\n".join(parts)
 
 
@@ -212,7 +259,7 @@ def syncbn_table(cases: list[Case]) -> str:
             row += ["-", "-"] if case is None else [f"{case.median * 1e3:.3f}",
                                                      _mem(case.extra_info.get("peak_memory_bytes"))]
         rows.append(row)
-    return _table(headers, rows)
+    return _with_straggler(_table(headers, rows), cases)
 
 
 def training_tables(cases: list[Case]) -> str:
@@ -231,9 +278,9 @@ def training_tables(cases: list[Case]) -> str:
                          f"{case.median * 1e3:.3f}", _num(info.get("samples_per_second"), "{:.1f}"),
                          _num(info.get("scaling_efficiency"), "{:.2f}"),
                          _num(info.get("final_loss"), "{:.4f}"), _mem(info.get("peak_memory_bytes"))])
-        parts.append(f"### {impl}\n\n" + _table(
+        parts.append(_with_straggler(f"### {impl}\n\n" + _table(
             ["Ranks", "Model", "grad_accum", "batch_size", "Time per round (ms)", "Samples/s",
-             "Scaling efficiency", "Final loss", "Max Memory Allocated"], rows))
+             "Scaling efficiency", "Final loss", "Max Memory Allocated"], rows), per_impl[impl]))
     return "\n\n".join(parts)
 
 
@@ -256,9 +303,10 @@ def datasets_table(cases: list[Case]) -> str:
                      str(info.get("sharing_strategy", "-")), _num(info.get("share_seconds"), "{:.3f}"),
                      f"{median:.3f}", f"{q3 - q1:.3f}", _num(info.get("open_fds"), "{:.0f}"),
                      _mem(info.get("peak_memory_bytes"))])
-    return _table(["layout", "num_samples", "sample size", "data", "workers", "worker start", "persistent",
-                   "sharing strategy", "share time (s)", "epoch time (s)", "epoch IQR (s)", "open fds",
-                   "memory"], rows)
+    return _with_straggler(_table(
+        ["layout", "num_samples", "sample size", "data", "workers", "worker start", "persistent",
+         "sharing strategy", "share time (s)", "epoch time (s)", "epoch IQR (s)", "open fds", "memory"], rows),
+        cases)
 
 
 def other_table(cases: list[Case]) -> str:
@@ -310,6 +358,7 @@ def collectives_series(cases: list[Case], metric: str) -> dict[str, dict[tuple, 
     value is the median (``metric`` "time": ms; "bw": bus bandwidth in GB/s) and low / high the
     value at the quartiles of the rounds (for bandwidth, the third quartile gives the low end)."""
     series: dict[str, dict[tuple, list]] = defaultdict(lambda: defaultdict(list))
+    extra = variant_columns(cases)
     for case in cases:
         info = case.extra_info
         size = int(info["size_bytes"])
@@ -320,7 +369,9 @@ def collectives_series(cases: list[Case], metric: str) -> dict[str, dict[tuple, 
             bus = info.get("busbw_GBps")  # from the median, with the op's bus factor
             at_median = bus if _is_number(bus) else size / median / 1e9
             value, low, high = at_median, at_median * median / q3, at_median * median / q1
-        series[info["op"]][(backend_label(info), info.get("world_size"))].append((size, value, low, high))
+        variant = " ".join(str(info.get(key)) for key, _ in extra)
+        label = backend_label(info) + (f" {variant}" if variant else "")
+        series[info["op"]][(label, info.get("world_size"))].append((size, value, low, high))
     for lines in series.values():
         for points in lines.values():
             points.sort()

@@ -1,8 +1,18 @@
 """Rounds: the timing engine that runs a workload inside every rank, and the cross-rank reduction.
 
-A round is: barrier -> start timer -> workload.run_round -> (CUDA: end event + synchronize) ->
-stop timer, inside every rank. The round's time is the maximum over ranks (the slowest rank is
-what a training step waits for). Warm-up rounds are run but not recorded.
+A round is: barrier -> start timer -> workload.run_round, ``ops_per_round`` times back to back ->
+(CUDA: end event + synchronize) -> stop timer, inside every rank; it records the time per op
+(elapsed / ops_per_round). The round's time is the maximum over ranks (the slowest rank is what a
+training step waits for). Warm-up rounds are run but not recorded.
+
+Ops per round (RoundPlan.ops_per_round): one by default on the CPU, where gloo's collectives are
+synchronous (the op is done when the call returns, so there is no launch to hide and one op per
+round measures what a plain script measures); ``"auto"`` (the default for CUDA cases) grows the
+count until the round's fixed cost — timer, launch latency, the barrier's exit skew — is at most
+:data:`AUTO_OVERHEAD_SHARE` of the round (:func:`choose_ops_per_round`), as nccl-tests times many
+iterations back to back and torch.utils.benchmark's blocked_autorange grows its block. With
+``cuda_graphs`` the round's ops are captured once into a CUDA graph and each round replays it
+between the events (nccl-tests -G).
 
 ``measure_workload`` is the task the controller sends to every rank; it never knows what the
 workload does. ``max_over_ranks`` runs in the controller.
@@ -22,6 +32,13 @@ from typing import Any
 # The stopping rule's first look at the rounds, and how much the count grows between looks.
 PRECISION_FIRST_LOOK = 20
 PRECISION_GROWTH = 1.5
+# ops_per_round="auto": the round's fixed cost may be at most this share of it; the count stays a
+# power of two up to AUTO_MAX_OPS and a round at most AUTO_MAX_ROUND_S; each count is timed this
+# many rounds (the median of their cross-rank maxima).
+AUTO_OVERHEAD_SHARE = 0.01
+AUTO_MAX_OPS = 1024
+AUTO_MAX_ROUND_S = 1.0
+AUTO_PROBE_ROUNDS = 5
 # z for the 95% distribution-free interval of the median (order statistics).
 _Z95 = 1.959964
 
@@ -42,6 +59,10 @@ class RoundPlan:
     min_rounds: int = 5
     max_rounds: int = 1000
     precision: float = 0.01
+    # Ops each round launches back to back: a count, or "auto" (choose_ops_per_round).
+    ops_per_round: int | str = 1
+    # Capture each round's ops in a CUDA graph once and replay it (CUDA cases only).
+    cuda_graphs: bool = False
 
     def rounds_for(self, seconds_per_round: float) -> int:
         """The recorded-round count that fills ``min_time_s`` within [min_rounds, max_rounds]."""
@@ -143,6 +164,42 @@ def _time_round_cuda(ctx, run_round, state) -> float:
     return start.elapsed_time(stop) / 1000.0
 
 
+def _repeated(run_round, ops: int):
+    """``run_round`` ``ops`` times back to back, as one call (one timed region)."""
+    if ops == 1:
+        return run_round
+
+    def ops_back_to_back(state):
+        for _ in range(ops):
+            run_round(state)
+
+    return ops_back_to_back
+
+
+def choose_ops_per_round(round_time, share: float = AUTO_OVERHEAD_SHARE, max_ops: int = AUTO_MAX_OPS,
+                         max_round_s: float = AUTO_MAX_ROUND_S) -> tuple[int, float, float]:
+    """(ops per round, fixed cost s, per-op time s) so that the round's fixed cost is at most
+    ``share`` of the round. ``round_time(k)`` is the time of a round of k ops back to back.
+
+    Rounds of 1, 2, 4, ... ops fit ``T(k) = fixed + k * per_op`` (the slope between the last two
+    counts); the count is the smallest power of two with ``fixed <= share * T(k)``, searched no
+    further than needed, at most ``max_ops`` and ``max_round_s`` of work per round."""
+    previous_k, previous_t = 1, round_time(1)
+    k = 2
+    while True:
+        t = round_time(k)
+        per_op = max((t - previous_t) / (k - previous_k), t * 1e-9)
+        fixed = max(t - k * per_op, 0.0)
+        need = math.ceil(fixed * (1 - share) / (share * per_op)) if fixed > 0 else 1
+        if need <= k or k >= max_ops or t >= max_round_s:
+            break
+        previous_k, previous_t = k, t
+        k *= 2
+    fits = max(1, int(max_round_s // per_op))
+    chosen = 1 << max(0, math.ceil(math.log2(max(need, 1))))
+    return max(1, min(chosen, max_ops, 1 << int(math.log2(fits)))), fixed, per_op
+
+
 def _agreed_max(ctx, values: list[float]) -> list[float]:
     """Element-wise maximum of ``values`` over all ranks (every rank gets the same list)."""
     import torch
@@ -172,7 +229,52 @@ class RankSession:
         self.state = None
         self._set_up = False
         self._peak_reset = False
-        self.round_estimate_s = 0.0
+        self.round_estimate_s = 0.0  # a whole round's time (all its ops), for sizing rounds
+        self.ops_per_round = plan.ops_per_round if isinstance(plan.ops_per_round, int) else 1
+        self.fixed_cost_s: float | None = None  # what "auto" measured
+        self._graph = None
+        if plan.cuda_graphs and not self.on_cuda:
+            raise ValueError("CUDA graph mode captures GPU work; this case runs on the CPU")
+        if plan.cuda_graphs and not getattr(workload, "cuda_graph_safe", False):
+            raise ValueError(f"{type(workload).__name__} cannot be captured in a CUDA graph (its rounds "
+                             f"do more than GPU work); run it without --dist-cuda-graphs")
+
+    def _round(self) -> float:
+        """One timed round of this session's ops; returns the time per op."""
+        if self._graph is not None:
+            return self._time_round(self.ctx, _replay, self._graph) / self.ops_per_round
+        return self._time_round(self.ctx, _repeated(self.workload.run_round, self.ops_per_round),
+                                self.state) / self.ops_per_round
+
+    def _choose_ops_per_round(self) -> None:
+        """``ops_per_round="auto"``: the count at which the round's fixed cost is at most
+        AUTO_OVERHEAD_SHARE of it (every rank takes the same decision: agreed maxima)."""
+        import statistics as st
+
+        def round_time(k: int) -> float:
+            run = _repeated(self.workload.run_round, k)
+            times = [self._time_round(self.ctx, run, self.state) for _ in range(AUTO_PROBE_ROUNDS)]
+            return st.median(self._agree(self.ctx, times))
+
+        self.ops_per_round, self.fixed_cost_s, _ = choose_ops_per_round(round_time)
+
+    def _capture(self) -> None:
+        """Capture ops_per_round ops into a CUDA graph (warmed up on a side stream first, as CUDA
+        graph capture requires)."""
+        import torch
+
+        stream = torch.cuda.Stream(self.ctx.device)
+        stream.wait_stream(torch.cuda.current_stream(self.ctx.device))
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                self.workload.run_round(self.state)
+        torch.cuda.current_stream(self.ctx.device).wait_stream(stream)
+        torch.cuda.synchronize(self.ctx.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            _repeated(self.workload.run_round, self.ops_per_round)(self.state)
+        torch.cuda.synchronize(self.ctx.device)
+        self._graph = graph
 
     @contextlib.contextmanager
     def _pinned(self):
@@ -191,27 +293,36 @@ class RankSession:
             set_process_affinity(previous)
 
     def _build(self, warmup: int) -> list[float]:
-        """Set the workload up and run ``warmup`` unrecorded rounds; returns their times."""
+        """Set the workload up and run ``warmup`` unrecorded rounds; returns their per-op times."""
         clock = time.perf_counter
         phase_start = clock()
         self.state = self.workload.setup(self.ctx)
         self._set_up = True
+        self._graph = None
         self.phases["engine_setup_s"] += clock() - phase_start
         phase_start = clock()
-        times = [self._time_round(self.ctx, self.workload.run_round, self.state) for _ in range(warmup)]
+        times = [self._round() for _ in range(warmup)]
         self.phases["engine_warmup_s"] += clock() - phase_start
         return times
 
     def start(self) -> None:
-        """Set-up and warm-up; leaves the fastest warm-up round (max over ranks) as the estimate."""
+        """Set-up, warm-up and (with "auto") the ops per round; leaves the fastest warm-up round
+        (max over ranks, all its ops) as the estimate."""
         with self._pinned():
-            # Choosing the round count from min_time needs at least one timed warm-up round.
-            times = self._build(max(self.plan.warmup, 1 if self.plan.rounds == 0 else 0))
+            # Choosing the round count or the ops per round needs at least one timed warm-up round.
+            auto = self.plan.ops_per_round == "auto"
+            times = self._build(max(self.plan.warmup, 1 if self.plan.rounds == 0 or auto else 0))
+            phase_start = time.perf_counter()
+            if auto:
+                self._choose_ops_per_round()
+                times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
+            if self.plan.cuda_graphs:
+                self._capture()
+                times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
             if times:
                 # The fastest warm-up round estimates a round best: one stall must not cut the count.
-                phase_start = time.perf_counter()
-                self.round_estimate_s = self._agree(self.ctx, [min(times)])[0]
-                self.phases["engine_warmup_s"] += time.perf_counter() - phase_start
+                self.round_estimate_s = self._agree(self.ctx, [min(times)])[0] * self.ops_per_round
+            self.phases["engine_warmup_s"] += time.perf_counter() - phase_start
 
     def refresh(self, warmup: int = 1) -> None:
         """Tear the workload's state down and build it anew (untimed), then ``warmup`` unrecorded
@@ -223,6 +334,8 @@ class RankSession:
             self.close()
             self.phases["engine_setup_s"] += time.perf_counter() - phase_start
             self._build(warmup)
+            if self.plan.cuda_graphs:
+                self._capture()
 
     def record(self, rounds: int, stop_when_precise: bool = False) -> tuple[list[float], list]:
         """Up to ``rounds`` recorded rounds; with ``stop_when_precise``, fewer once the median of
@@ -241,7 +354,7 @@ class RankSession:
                 phase_start = time.perf_counter()
                 while len(times) < rounds:
                     for _ in range(min(look, rounds) - len(times)):
-                        times.append(self._time_round(self.ctx, self.workload.run_round, self.state))
+                        times.append(self._round())
                         cpus.append(cpu.read())
                     if len(times) >= rounds:
                         break
@@ -249,7 +362,8 @@ class RankSession:
                         break
                     look = math.ceil(len(times) * PRECISION_GROWTH)
                 # The untimed part of the recorded phase: barriers, CUDA syncs, the stopping rule.
-                self.phases["engine_between_rounds_s"] += max(0.0, time.perf_counter() - phase_start - sum(times))
+                timed = sum(times) * self.ops_per_round
+                self.phases["engine_between_rounds_s"] += max(0.0, time.perf_counter() - phase_start - timed)
                 return times, (cpus if None not in cpus else None)
         finally:
             cpu.close()
@@ -273,12 +387,22 @@ class RankSession:
         # Where a case's untimed seconds go (max over ranks in extra_info); see benchmarks/raw/overhead.py.
         metrics.update({key: round(value, 6) for key, value in self.phases.items()})
         metrics["pinned_cores"] = self.pin  # each rank on a core of its own while measuring
+        metrics["ops_per_round"] = self.ops_per_round
+        if self.fixed_cost_s is not None:
+            metrics["round_fixed_cost_s"] = self.fixed_cost_s
+        if self.plan.cuda_graphs:
+            metrics["cuda_graphs"] = True
         return metrics
 
     def close(self) -> None:
+        self._graph = None
         if self._set_up:
             self._set_up = False
             self.workload.teardown(self.state)
+
+
+def _replay(graph) -> None:
+    graph.replay()
 
 
 def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:

@@ -7,6 +7,7 @@ The engine knows sides only as lists of pools; it never knows what the workload 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -71,6 +72,7 @@ class SideRounds:
     blocks: list[list[float]] = field(default_factory=list)
     cpus: list[list[list[int] | None]] = field(default_factory=list)  # per block, per rank
     pools: list[int] = field(default_factory=list)  # per block, which of the side's pools ran it
+    rank_blocks: list[list[list[float]]] = field(default_factory=list)  # per block, per rank: its own times
 
     @property
     def round_times(self) -> list[float]:
@@ -91,6 +93,12 @@ class SideRounds:
     def block_minima(self) -> list[float]:
         """Each block's fastest round: a change must move these too (stats' module docstring)."""
         return [min(b) for b in self.blocks]
+
+    @property
+    def rank_round_times(self) -> list[list[float]]:
+        """Per rank, its own round times over all blocks (round_times is their max per round)."""
+        ranks = len(self.rank_blocks[0]) if self.rank_blocks else 0
+        return [[t for block in self.rank_blocks for t in block[r]] for r in range(ranks)]
 
     @property
     def rank_cpus(self) -> list[list[int] | None]:
@@ -203,8 +211,10 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         for j in range(pool_pairs):
             for name in names:
                 live.append(pools[name][j])
-                estimates.append(max(_on(name, j, pools[name][j], tasks.start, key, workload, plan,
-                                         timeout_s=timeout_s)))
+                replies = _on(name, j, pools[name][j], tasks.start, key, workload, plan, timeout_s=timeout_s)
+                estimates.append(max(reply["estimate_s"] for reply in replies))
+                # Every pool times the ops per round the first one chose ("auto" chooses once).
+                plan = dataclasses.replace(plan, ops_per_round=replies[0]["ops_per_round"])
         if not all(math.isfinite(e) and e > 0 for e in estimates):
             raise ValueError(
                 f"ddpbench A/B: the warm-up gave no round time to size the blocks by (estimates "
@@ -227,6 +237,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                     fresh = settings.fresh_state_per_block and j in side.pools
                     per_rank = _on(name, j, pools[name][j], tasks.block, key, rounds, fresh, timeout_s=timeout_s)
                     side.blocks.append(max_over_ranks([times for times, _ in per_rank]))
+                    side.rank_blocks.append([list(times) for times, _ in per_rank])
                     side.cpus.append([cpus for _, cpus in per_rank])
                     side.pools.append(j)
             orders += stage

@@ -7,8 +7,9 @@ from __future__ import annotations
 from ..timing import RankSession
 
 
-def start(ctx, key: str, workload, plan) -> float:
-    """Set-up and warm-up; returns the fastest warm-up round (max over ranks)."""
+def start(ctx, key: str, workload, plan) -> dict:
+    """Set-up and warm-up; returns ``estimate_s`` (the fastest warm-up round, max over ranks, all
+    its ops) and ``ops_per_round`` (what "auto" chose)."""
     stop(ctx, key)  # a session a failed case left behind
     session = RankSession(ctx, workload, plan)
     ctx.scratch[key] = session
@@ -18,7 +19,7 @@ def start(ctx, key: str, workload, plan) -> float:
         ctx.scratch.pop(key, None)
         session.close()
         raise
-    return session.round_estimate_s
+    return {"estimate_s": session.round_estimate_s, "ops_per_round": session.ops_per_round}
 
 
 def block(ctx, key: str, rounds: int, fresh_state: bool = False) -> tuple[list[float], list | None]:

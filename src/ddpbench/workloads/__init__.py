@@ -29,6 +29,8 @@ class Workload:
     #: On pools with --dist-pin-cores=auto, keep each rank on its own core while measuring.
     #: Workloads that start processes of their own (DataLoader workers) set this to False.
     pin_to_core: bool = True
+    #: Whether its rounds are GPU work only, which --dist-cuda-graphs can capture and replay.
+    cuda_graph_safe: bool = False
 
     def setup(self, ctx) -> Any:
         """Build this rank's state (tensors, models...) outside the timed rounds."""
@@ -51,6 +53,12 @@ class Workload:
     def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
         """Case-level extra_info computed in the controller from the median round time."""
         return {}
+
+    def skip_reason(self, spec) -> str | None:
+        """Why this workload cannot run on ``spec`` (backend, world_size, device), or None: the
+        case is skipped with this reason before any rank runs it (e.g. a data type the backend
+        lacks)."""
+        return None
 
 
 class FunctionWorkload(Workload):

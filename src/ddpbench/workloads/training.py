@@ -668,7 +668,55 @@ def _full_float32(device_type: str):
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def reference_step(workload: "Training", state_dict, inputs, targets, momentum):
+@contextlib.contextmanager
+def max_pool_routing(model):
+    """While active, records which element of each window every ``nn.MaxPool2d`` of ``model``
+    picks, per forward call; yields one list of index tensors per pooling layer (in module order).
+
+    The float64 reference must route the gradient through the same elements as the float32 step:
+    where two values of a window are within float32 rounding of each other, float64 can pick the
+    other one and send that window's gradient elsewhere (cnn, CPU: 0.6% off on the first
+    convolution's weight after one particular number of training steps)."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    pools = [m for m in model.modules() if isinstance(m, nn.MaxPool2d)]
+    routes: list[list] = [[] for _ in pools]
+
+    def recorder(k, pool):
+        def hook(module, args, output):
+            _, indices = F.max_pool2d(args[0].detach(), pool.kernel_size, pool.stride, pool.padding,
+                                      pool.dilation, pool.ceil_mode, return_indices=True)
+            routes[k].append(indices)
+        return hook
+
+    handles = [pool.register_forward_hook(recorder(k, pool)) for k, pool in enumerate(pools)]
+    try:
+        yield routes
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class _RoutedMaxPool:
+    """A max-pooling layer that takes the elements ``indices`` name (from max_pool_routing)."""
+
+    def __new__(cls, indices):
+        import torch.nn as nn
+
+        class RoutedMaxPool(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.indices = indices
+
+            def forward(self, x):
+                picked = x.flatten(2).gather(2, self.indices.flatten(2).to(x.device))
+                return picked.view(self.indices.shape)
+
+        return RoutedMaxPool()
+
+
+def reference_step(workload: "Training", state_dict, inputs, targets, momentum, pool_routes=None):
     """One single-process SGD step in float64 from ``state_dict`` on the global batch
     (``inputs``, ``targets``: every rank's micro-batches of the step, concatenated).
 
@@ -676,12 +724,20 @@ def reference_step(workload: "Training", state_dict, inputs, targets, momentum):
     loss over the global batch (what the average over ranks of the average over equal-sized
     micro-batches must equal) and ``-lr * (momentum * buffer + gradient)`` (torch's SGD with
     momentum; the buffers are the implementation's from before the step, None where it had none).
+    ``pool_routes``: per max-pooling layer, the indices the implementation's step picked for the
+    whole global batch; the reference pools the same elements.
     """
     import torch
+    import torch.nn as nn
 
     model = build_model(workload.model).to(torch.float64)
     model.load_state_dict({k: v.to(torch.float64) if v.is_floating_point() else v
                            for k, v in state_dict.items()})
+    if pool_routes:
+        parents = [(parent, name) for parent in model.modules()
+                   for name, child in parent.named_children() if isinstance(child, nn.MaxPool2d)]
+        for (parent, name), indices in zip(parents, pool_routes):
+            setattr(parent, name, _RoutedMaxPool(indices))
     model.to(inputs.device)
     x = inputs.to(torch.float64) if inputs.is_floating_point() else inputs
     loss_fn(model(x), targets).backward()
@@ -911,18 +967,24 @@ class Training(Workload):
         # reduction. Fresh batches give O(1) losses and gradients.
         fresh = make_data(self.model, loop.inputs.shape[1], self.grad_accum, self.seed + CHECK_DATA_SEED_OFFSET,
                           ctx.rank)
-        with loop.training_on(*(t.to(loop.inputs.device) for t in fresh)), _full_float32(ctx.device_type):
+        # DataParallel's replicas run the pooling on several threads: no single routing to follow.
+        routing = max_pool_routing(model) if self.impl != "dataparallel" else contextlib.nullcontext([])
+        with loop.training_on(*(t.to(loop.inputs.device) for t in fresh)), _full_float32(ctx.device_type), \
+                routing as routes:
             loop.step()
         batches = loop.last_step_batches
         if not batches:
             raise AssertionError(f"{who}: the optimizer step recorded no micro-batches")
         inputs = torch.cat([x for x, _ in batches])
         targets = torch.cat([y for _, y in batches])
+        pool_routes = [torch.cat(calls) for calls in routes if calls]
         if distributed:
             inputs, targets = _gather_cat(inputs), _gather_cat(targets)
+            pool_routes = [_gather_cat(indices) for indices in pool_routes]
         sizes = [p.numel() for p in params]
         if not distributed or ctx.rank == 0:
-            grad_ref, update_ref = reference_step(self, start_state, inputs, targets, momentum)
+            grad_ref, update_ref = reference_step(self, start_state, inputs, targets, momentum,
+                                                  pool_routes if len(pool_routes) == len(routes) else None)
             packed = torch.cat([grad_ref, update_ref]).to(inputs.device)
         else:
             packed = torch.empty(2 * sum(sizes), dtype=torch.float64, device=inputs.device)

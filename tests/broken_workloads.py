@@ -259,7 +259,7 @@ def moved_boundaries(packed):
     early: shapes, element count and total sum unchanged)."""
     import torch
 
-    from ddpbench.packed import PackedTensorDataset
+    from ddpbench.data.packed import PackedTensorDataset
 
     data = torch.cat([packed.data[1:], packed.data[:1]])
     return PackedTensorDataset(data, packed.offsets, packed.shapes, packed.ndims)
@@ -267,7 +267,7 @@ def moved_boundaries(packed):
 
 def transposed_shapes(packed):
     """A packed layout of 3 x H x W samples that records them as 3 x W x H (same elements)."""
-    from ddpbench.packed import PackedTensorDataset
+    from ddpbench.data.packed import PackedTensorDataset
 
     shapes = packed.shapes.clone()
     shapes[:, [1, 2]] = shapes[:, [2, 1]]

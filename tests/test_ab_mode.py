@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from ddpbench.ab.heap import STEADY_HEAP_ENV, heap_env
-from ddpbench.ab.sides import SideError, make_side, parse_env_assignments, probe
+from ddpbench.gates.ab.heap import STEADY_HEAP_ENV, heap_env
+from ddpbench.gates.ab.sides import SideError, make_side, parse_env_assignments, probe
 from ddpbench.pool import PoolSpec, RankLaunch, RankPool
 from ddpbench.rank_process import RANK_PROTOCOL
 
@@ -132,7 +132,7 @@ def _engine_copy(tmp_path, note="# another engine: same protocol, other source\n
 
 
 def test_another_engine_of_the_same_protocol_is_named_not_refused(tmp_path):
-    from ddpbench.ab.sides import engine_lines, engines_differ, local_facts
+    from ddpbench.gates.ab.sides import engine_lines, engines_differ, local_facts
 
     ours = local_facts()
     baseline = probe(make_side("baseline", None, [str(_engine_copy(tmp_path))], {}), ours["rank_protocol"])
@@ -186,7 +186,7 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert ab["ratio_of_block_minima"] > 1.3  # the fastest rounds moved too
     assert ab["sides"]["candidate"]["env"] == {"SLEEP_FACTOR": "1.5"} and ab["sides"]["baseline"]["env"] == {}
     # --dist-ab-seed repeats a run's order: the first stage is the one the seed draws for this case.
-    from ddpbench.ab import schedule
+    from ddpbench.gates.ab import schedule
 
     first = schedule.pairs_over_pools(6, 2, schedule.case_rng(case["fullname"], 4242))
     assert ab["seed"] == 4242 and ab["order"].split()[:12] == ["AB" if f == "baseline" else "BA" for f, _, _ in first]
@@ -371,7 +371,7 @@ def test_a_case_the_candidate_lost_fails_the_run_and_one_the_baseline_lacks_is_n
     lost = pytester.runpytest_subprocess("--dist-candidate-env", "CRASH_IN_ROUND=1", *common, timeout=300)
     assert lost.ret == 1, lost.stdout.str()
     lost.stdout.fnmatch_lines(["*the candidate lost this case (the baseline ran it): ddpbench: candidate pool 0: "
-                               "task ddpbench.ab.tasks.* raised on rank(s)*",
+                               "task ddpbench.gates.ab.tasks.* raised on rank(s)*",
                                "*--- candidate pool 0, rank 0 traceback ---*",
                                "*RuntimeError: the step broke*",
                                "*test_crashy*missing (candidate pool 0 failed)*",

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from ddpbench.ab.engine import ABSettings
+from ddpbench.gates.ab.engine import ABSettings
 from raw_scripts import load_raw_script
 
 

@@ -7,8 +7,9 @@ import statistics
 import numpy as np
 import pytest
 
-from ddpbench.ab import schedule, stats
-from ddpbench.ab.engine import ABSettings, SideRounds
+from ddpbench.gates import stats
+from ddpbench.gates.ab import schedule
+from ddpbench.gates.ab.engine import ABSettings, SideRounds
 
 
 def _pairs(rng, n, shift=0.0, noise=0.05):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
-from ddpbench.timing import RoundPlan, measure_workload
+from ddpbench.engine.timing import RoundPlan, measure_workload
 from ddpbench.workloads.collectives import (OPS, PATTERN_PERIODS, Collective, bandwidths_gbps,
                                             bus_bandwidth_factor, element_count, fill_pattern,
                                             pattern_tables, summed_tables)

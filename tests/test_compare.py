@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from benchjson import bench, run_doc, write
-from ddpbench import calibration, cli
-from ddpbench import compare as cmp
+from ddpbench import cli
+from ddpbench.gates import calibration
+from ddpbench.gates import compare as cmp
 
 ROUNDS = 30
 NOISE = 0.05  # lognormal sigma: 5% round-to-round noise

@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from ddpbench.ab import tasks as ab_tasks
+from ddpbench.gates.ab import tasks as ab_tasks
 from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
-from ddpbench.timing import RoundPlan, measure_workload
+from ddpbench.engine.timing import RoundPlan, measure_workload
 from ddpbench.workloads import datasets as D
 
 from broken_workloads import (UnshardedEpoch, moved_boundaries, swapped_rows, swapped_samples, transposed_data,
@@ -308,7 +308,7 @@ def test_a_failed_mmap_write_leaves_nothing_in_the_temporary_folder(tmp_path, mo
     import errno
     import tempfile
 
-    from ddpbench.packed import PackedTensorDataset
+    from ddpbench.data.packed import PackedTensorDataset
 
     real_from_tensors = PackedTensorDataset.from_tensors
 

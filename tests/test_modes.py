@@ -1,9 +1,9 @@
-"""Mode detection and rank placement in extra_info (ddpbench.modes)."""
+"""Mode detection and rank placement in extra_info (ddpbench.engine.modes)."""
 
 import math
 import random
 
-from ddpbench.modes import placement_info, round_modes, rounds_info
+from ddpbench.engine.modes import placement_info, round_modes, rounds_info
 
 
 def _lognormal(rng, n, centre, sigma):
@@ -39,7 +39,7 @@ def test_placement_splits_rounds_by_whether_the_ranks_shared_a_cpu():
 
 
 def test_rank_aggregates_give_each_ranks_median_their_spread_and_the_straggler():
-    from ddpbench.modes import rank_aggregates
+    from ddpbench.engine.modes import rank_aggregates
 
     rng = random.Random(3)
     rank0 = [1e-3 * (1 + 0.01 * rng.random()) for _ in range(100)]

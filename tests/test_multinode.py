@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 import netns
-from ddpbench.controller import SecretError, _Listener, load_secret, parse_address
-from ddpbench.rendezvous import loopback_interface
+from ddpbench.pool.external import SecretError, _Listener, load_secret, parse_address
+from ddpbench.pool.rendezvous import loopback_interface
 
 SECRET = "a-test-secret-that-is-long-enough"
 
@@ -105,7 +105,7 @@ def _closed_by_server(sock, within_s):
 
 
 def test_silent_clients_are_dropped_after_the_handshake_timeout_and_ranks_still_join():
-    from ddpbench.controller import gather_ranks
+    from ddpbench.pool.external import gather_ranks
 
     listener = _Listener(("127.0.0.1", 0), SECRET.encode(), handshake_timeout_s=1.0)
     silent = _silent_connections(listener.address, 50)
@@ -147,7 +147,7 @@ def test_accept_errors_are_logged_and_retried_never_a_dead_listener(caplog):
             self._sock.close()
 
     try:
-        with caplog.at_level("WARNING", logger="ddpbench.controller"):
+        with caplog.at_level("WARNING", logger="ddpbench.pool.external"):
             listener._sock = OutOfDescriptors(listener._sock, 3)
             deadline = time.monotonic() + 20
             while listener.accept_errors.get("EMFILE", 0) < 3 and time.monotonic() < deadline:
@@ -304,7 +304,7 @@ def test_losing_a_node_mid_task_fails_the_case_and_the_controller_finishes(tmp_p
 
 
 def test_the_worker_picks_the_interface_that_reaches_the_controller_unless_told():
-    from ddpbench.worker import AUTO_SOURCE, choose_socket_interface, interface_of
+    from ddpbench.pool.worker import AUTO_SOURCE, choose_socket_interface, interface_of
 
     lo = loopback_interface()
     assert interface_of("127.0.0.1") == lo and interface_of("::ffff:127.0.0.1") == lo
@@ -332,7 +332,7 @@ def test_the_worker_picks_the_interface_that_reaches_the_controller_unless_told(
 
 def _joining(master_addr="hostA", master_ips=("10.0.0.1",), ifname="eth0", address="10.0.0.1",
              source="auto (route to controller)"):
-    from ddpbench.controller import _is_loopback
+    from ddpbench.pool.external import _is_loopback
 
     return {"backend": "gloo", "device": "cpu", "master_addr": master_addr, "master_port": "29500",
             "master_ips": list(master_ips), "master_is_loopback": all(map(_is_loopback, master_ips)),
@@ -355,7 +355,7 @@ def _fake_rank(address, rank, world_size, phases, host="hostA", node_rank=0, loc
 
 
 def test_the_wait_error_says_where_each_rank_is_and_what_to_check():
-    from ddpbench.controller import gather_ranks
+    from ddpbench.pool.external import gather_ranks
     from ddpbench.pool import PoolStartError
 
     listener = _Listener(("127.0.0.1", 0), SECRET.encode())

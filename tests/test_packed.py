@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ddpbench
-from ddpbench.packed import PackedTensorDataset, pack_tensors
+from ddpbench.data.packed import PackedTensorDataset, pack_tensors
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8, torch.bool,

@@ -27,7 +27,7 @@ import sys
 import pytest
 
 from ddpbench import cli
-from ddpbench.controller import load_secret
+from ddpbench.pool.external import load_secret
 
 pytest_plugins = ["pytester"]
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
-from ddpbench.timing import RoundPlan, measure_workload
+from ddpbench.engine.timing import RoundPlan, measure_workload
 from ddpbench.workloads.syncbn import (
     FusedSyncBatchNorm,
     NaiveSyncBatchNorm,

@@ -3,7 +3,7 @@
 import pytest
 
 from ddpbench.pool import PoolRegistry, PoolSpec
-from ddpbench.timing import RoundPlan, combine_rank_metrics, max_over_ranks, measure_workload
+from ddpbench.engine.timing import RoundPlan, combine_rank_metrics, max_over_ranks, measure_workload
 from ddpbench.workloads import Workload
 
 
@@ -134,7 +134,7 @@ def test_pinned_pools_keep_each_rank_on_its_own_core_while_measuring(pool):
 # The stopping rule (--dist-precision): fake rounds, no process group
 # ----------------------------------------------------------------------------------------------
 
-from ddpbench.timing import RankSession, median_interval, median_is_precise  # noqa: E402
+from ddpbench.engine.timing import RankSession, median_interval, median_is_precise  # noqa: E402
 
 
 class _FakeCtx:
@@ -241,7 +241,7 @@ def test_refresh_builds_the_state_anew_and_warms_it_up_untimed():
 # Ops per round (--dist-ops-per-round): several ops between the timers, recorded per op
 # ----------------------------------------------------------------------------------------------
 
-from ddpbench.timing import AUTO_MAX_OPS, choose_ops_per_round  # noqa: E402
+from ddpbench.engine.timing import AUTO_MAX_OPS, choose_ops_per_round  # noqa: E402
 
 
 def _linear(fixed_s, per_op_s):

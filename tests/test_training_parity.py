@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddpbench.pool import PoolRegistry, PoolSpec, RankPool, TaskFailed
-from ddpbench.timing import RoundPlan, measure_workload
+from ddpbench.engine.timing import RoundPlan, measure_workload
 from ddpbench.workloads import training
 from ddpbench.workloads.training import Training, lightning_unavailable_reason, make_buckets, make_data, train_steps
 

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 import ddpbench
-from ddpbench.picklecheck import (LOAD_FAILURE_PREFIX, LoadFailure, TaskUnpickler, find_unpicklable,
+from ddpbench.pool.picklecheck import (LOAD_FAILURE_PREFIX, LoadFailure, TaskUnpickler, find_unpicklable,
                                   load_failure_message, unpicklable_message)
 
 pytest_plugins = ["pytester"]
@@ -119,7 +119,7 @@ def test_unpicklable_workloads_fail_their_case_with_the_object_and_the_fix(pytes
     assert "Fix: Write it as a function with def at module level" in lam
 
     held = _failure_section(output, "test_2_workload_holding_a_lambda")
-    assert "the HoldsALambda passed to task ddpbench.timing.measure_workload cannot be sent to the " \
+    assert "the HoldsALambda passed to task ddpbench.engine.timing.measure_workload cannot be sent to the " \
            "ranks: its part .make_batch is a lambda in module test_mistakes" in held
 
     local = _failure_section(output, "test_3_class_defined_in_the_test")
@@ -131,7 +131,7 @@ def test_unpicklable_workloads_fail_their_case_with_the_object_and_the_fix(pytes
     assert (f"{LOAD_FAILURE_PREFIX}hidden_work.setup (ModuleNotFoundError: No module named "
             f"'hidden_work')") in hidden
     assert "Module 'hidden_work' cannot be imported in the rank processes" in hidden
-    assert "Reported by every rank for task ddpbench.timing.measure_workload" in hidden
+    assert "Reported by every rank for task ddpbench.engine.timing.measure_workload" in hidden
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Replay recorded A/B cases under two rules for the looks: Bonferroni (alpha / K at every look, the
-rule before 2026-11-22) and the group-sequential levels ddpbench uses now (ddpbench.ab.stats.
+rule before 2026-11-22) and the group-sequential levels ddpbench uses now (ddpbench.gates.stats.
 sequential_levels; a case the time cap ended early tests its last look at stats.level_for_last_look,
 which the replay applies where the recorded case ended before its last planned look without the
 planned level: inconclusive, or decided at a level the cap raised).
@@ -28,8 +28,8 @@ import os
 import statistics
 from typing import NamedTuple
 
-from ddpbench.ab import stats
-from ddpbench.ab.engine import BLOCK_SUMMARY, ABSettings, SideRounds
+from ddpbench.gates import stats
+from ddpbench.gates.ab.engine import BLOCK_SUMMARY, ABSettings, SideRounds
 
 BLOCK_SUMMARIES = {
     "mean": lambda rounds: rounds.block_means,  # the engine's

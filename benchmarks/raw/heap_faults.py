@@ -1,5 +1,5 @@
 """Minor page faults per all_gather round in a plain 2-rank gloo script (the ``adaptive`` vs
-``steady`` heap of A/B mode, ddpbench.ab.heap): do identical processes fault in fresh pages every
+``steady`` heap of A/B mode, ddpbench.gates.ab.heap): do identical processes fault in fresh pages every
 round alike?
 
 Each rank runs four "cases" one after another, each with its own tensors (10, 5, 3.3 and 2.5 MB

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from ddpbench.packed import PackedTensorDataset
+from ddpbench.data.packed import PackedTensorDataset
 
 
 class ListDataset(torch.utils.data.Dataset):

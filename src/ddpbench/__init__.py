@@ -21,8 +21,8 @@ _EXPORTS = {
     "RankContext": "ddpbench.pool",
     "CaseResult": "ddpbench.plugin",
     "DistBenchmark": "ddpbench.plugin",
-    "PackedTensorDataset": "ddpbench.packed",
-    "pack_tensors": "ddpbench.packed",
+    "PackedTensorDataset": "ddpbench.data.packed",
+    "pack_tensors": "ddpbench.data.packed",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

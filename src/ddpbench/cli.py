@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import compare as cmp
+from .gates import compare as cmp
 from . import options as opts
 
 DEFAULT_STORAGE = ".benchmarks"
@@ -93,7 +93,7 @@ def _error(command: str, message: str) -> int:
 
 def run_ab_verdicts(args, run) -> int:
     """``ddpbench compare AB_RUN.json``: the verdicts an A/B run measured (exit 1 on a regression)."""
-    from .ab import report as ab_report
+    from .gates import verdicts as ab_report
 
     cases = [ab_report.CaseVerdict(case.fullname, case.extra_info["ab"], case.median)
              for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from . import options as opts
-from .ab.heap import DEFAULT_HEAP, HEAP_MODES, heap_env
-from .modes import rank_aggregates, rounds_info
+from .gates.ab.heap import DEFAULT_HEAP, HEAP_MODES, heap_env
+from .engine.modes import rank_aggregates, rounds_info
 from .pool import PoolRegistry, PoolSpec, cores_available
-from .timing import RoundPlan, combine_rank_metrics, max_over_ranks, measure_workload
+from .engine.timing import RoundPlan, combine_rank_metrics, max_over_ranks, measure_workload
 
 DEFAULT_SIZES = "1MB,10MB,100MB"
 SLOW_SIZES = (1024**3,)  # 1 GB: collected with the `slow` marker when --dist-sizes is not given
@@ -136,7 +136,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     if config.getoption("dist_controller", None):
-        from .controller import SecretError, load_secret, parse_address
+        from .pool.external import SecretError, load_secret, parse_address
 
         try:
             config._ddpbench_controller = (parse_address(config.getoption("dist_controller")),
@@ -169,7 +169,7 @@ def _check_compare_target(config) -> None:
         return
     from pytest_benchmark.utils import get_machine_id
 
-    from .compare import compare_target_problem
+    from .gates.compare import compare_target_problem
 
     problem = compare_target_problem(str(config.getoption("benchmark_storage", "file://./.benchmarks")),
                                      get_machine_id(), compare)
@@ -188,7 +188,7 @@ class ABConfig:
     baseline: Any
     candidate: Any
     settings: Any
-    heap: str = DEFAULT_HEAP  # --dist-ab-heap (ddpbench.ab.heap)
+    heap: str = DEFAULT_HEAP  # --dist-ab-heap (ddpbench.gates.ab.heap)
     seed: int = 0  # --dist-ab-seed, or drawn for this run
     allow_missing: bool = False  # --dist-ab-allow-missing
     fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
@@ -218,9 +218,9 @@ def _configure_ab(config) -> None:
     starts; where each side imports the code under test from is checked after collection."""
     if not any(config.getoption(name, None) for name in AB_OPTIONS):
         return
-    from .ab.engine import ABSettings
-    from .ab.schedule import new_seed
-    from .ab.sides import SideError, local_facts, make_side, parse_env_assignments, probe
+    from .gates.ab.engine import ABSettings
+    from .gates.ab.schedule import new_seed
+    from .gates.ab.sides import SideError, local_facts, make_side, parse_env_assignments, probe
 
     _ab_usage_error(config)
     heap = config.getoption("dist_ab_heap", DEFAULT_HEAP)
@@ -259,11 +259,11 @@ def _configure_ab(config) -> None:
 
 def _resolve_ab_modules(session) -> None:
     """After collection: where each side's ranks import the modules under test from; stop when a
-    baseline that names other code would import the candidate's (ddpbench.ab.sides)."""
+    baseline that names other code would import the candidate's (ddpbench.gates.ab.sides)."""
     ab = getattr(session.config, "_ddpbench_ab", None)
     if ab is None:
         return
-    from .ab.sides import SideError, check_modules_differ, module_lines, modules_under_test, resolve_modules
+    from .gates.ab.sides import SideError, check_modules_differ, module_lines, modules_under_test, resolve_modules
 
     test_modules = {item.module for item in session.items if getattr(item, "module", None) is not None}
     project = {str(session.config.rootpath)} | {os.path.dirname(m.__file__) for m in test_modules
@@ -397,7 +397,7 @@ def pytest_report_header(config):
         lines.append(f"ddpbench A/B: block order seed {ab.seed} (--dist-ab-seed {ab.seed} repeats it)")
         lines.append(f"ddpbench A/B: baseline  = {ab.baseline.short()}")
         lines.append(f"ddpbench A/B: candidate = {ab.candidate.short()}")
-        from .ab.sides import engine_lines
+        from .gates.ab.sides import engine_lines
 
         lines += [f"ddpbench A/B: {line}" for line in engine_lines(ab.baseline, ab.candidate)]
         alive = 2 * s.pools_per_side * max(world_sizes)
@@ -602,7 +602,7 @@ def dist_pools(request):
     """
     controller = getattr(request.config, "_ddpbench_controller", None)
     if controller is not None:
-        from .controller import ExternalPoolRegistry
+        from .pool.external import ExternalPoolRegistry
 
         address, secret = controller
         registry = ExternalPoolRegistry(address, secret, request.config.getoption("dist_controller_wait"),
@@ -631,7 +631,7 @@ def _announce(config, lines: list[str]) -> None:
 @pytest.fixture
 def dist_pool(dist_pools, dist_spec, request):
     """A live pool for this case's spec (tasks: ``dist_pool.run(fn, *args, timeout_s=...)``)."""
-    from .controller import ExternalPoolRegistry, PoolUnavailable
+    from .pool.external import ExternalPoolRegistry, PoolUnavailable
     from .pool import PoolError
 
     ab = getattr(request.config, "_ddpbench_ab", None)
@@ -765,7 +765,7 @@ class DistBenchmark:
             measurements = self.pool.run(measure_workload, workload, plan, timeout_s=self.timeout_s)
             return (max_over_ranks([m.round_times for m in measurements]), [m.metrics for m in measurements],
                     [m.round_cpus for m in measurements], [list(m.round_times) for m in measurements])
-        from .ab.engine import SideFailed, run_case
+        from .gates.ab.engine import SideFailed, run_case
 
         # The candidate's pool 0 is the case's own (self.pool): the registry hands back the same
         # one. Each side owns its pools, even when both sides' launches are identical (A/A).
@@ -874,7 +874,7 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools,
 
 
 def _ab_cases(ab):
-    from .ab.report import CaseVerdict
+    from .gates.verdicts import CaseVerdict
 
     return [CaseVerdict(name, summary, median) for name, summary, median in ab.results]
 
@@ -883,7 +883,7 @@ def _ab_cases(ab):
 def pytest_sessionfinish(session, exitstatus):
     ab = getattr(session.config, "_ddpbench_ab", None)
     if ab is not None and exitstatus == pytest.ExitCode.OK:
-        from .ab.report import gate_outcome
+        from .gates.verdicts import gate_outcome
 
         status, _ = gate_outcome(_ab_cases(ab), ab.allow_missing, ab.fail_on_inconclusive, "--dist-ab-")
         if status:
@@ -902,7 +902,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     ab = getattr(config, "_ddpbench_ab", None)
     if ab is None:
         return
-    from .ab.report import describe, format_text, gate_outcome
+    from .gates.verdicts import describe, format_text, gate_outcome
 
     cases = _ab_cases(ab)
     terminalreporter.write_sep("-", "ddpbench A/B")
@@ -923,7 +923,7 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     ab = getattr(config, "_ddpbench_ab", None)
     if ab is None:
         return
-    from .ab.report import LOST_CASES_KEY
+    from .gates.verdicts import LOST_CASES_KEY
 
     output_json[LOST_CASES_KEY] = [{"name": name, "ab": summary} for name, summary, _ in ab.results
                                    if summary.get("verdict") == "missing"]
@@ -936,9 +936,9 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config, machine_info):
-    """Store a short local probe (:mod:`ddpbench.calibration`) that ``ddpbench compare`` uses to
+    """Store a short local probe (:mod:`ddpbench.gates.calibration`) that ``ddpbench compare`` uses to
     normalise a uniformly slower or faster machine. Runs once per saved run, a few hundred ms."""
-    from .calibration import MACHINE_INFO_KEY, run_probe
+    from .gates.calibration import MACHINE_INFO_KEY, run_probe
 
     try:
         machine_info[MACHINE_INFO_KEY] = run_probe()

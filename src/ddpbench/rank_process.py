@@ -10,9 +10,9 @@ never by hand: FD is the rank's end of a socket pair to the controller.
 
 :data:`RANK_PROTOCOL` names the contract between a controller and ranks that may run another
 ddpbench (A/B mode's baseline side): these arguments, the task and reply messages of
-``ddpbench.pool.serve_tasks``, the A/B tasks of ``ddpbench.ab.tasks`` with their arguments and
-results (``ddpbench.timing.RoundPlan``, round times, metrics) and what a round means
-(``ddpbench.timing``'s timing rule). Raise it whenever one of them changes in a way the other side
+``ddpbench.pool.serve_tasks``, the A/B tasks of ``ddpbench.gates.ab.tasks`` with their arguments and
+results (``ddpbench.engine.timing.RoundPlan``, round times, metrics) and what a round means
+(``ddpbench.engine.timing``'s timing rule). Raise it whenever one of them changes in a way the other side
 cannot follow; an A/B run refuses sides whose protocols differ. A ddpbench without it speaks 1.
 
 2: rounds time ``RoundPlan.ops_per_round`` ops and record the time per op; ``RoundPlan`` carries

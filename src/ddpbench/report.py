@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from .compare import Case, Comparison, Run
+from .gates.compare import Case, Comparison, Run
 from .options import format_size, usual_device
 from .workloads.collectives import COLLECTIVES, OPS, bandwidths_gbps
 

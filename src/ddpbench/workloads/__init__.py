@@ -1,7 +1,7 @@
 """Benchmark workloads, one module per family, and the public base classes.
 
 A workload is a small picklable descriptor (the nccl-tests model): the engine in
-:mod:`ddpbench.timing` calls ``setup`` once per rank, ``run_round`` once per round, then
+:mod:`ddpbench.engine.timing` calls ``setup`` once per rank, ``run_round`` once per round, then
 ``rank_metrics``, ``check`` and ``teardown``; the controller calls ``extra_info`` with the measured
 median. A workload never times itself and the engine never knows what a workload does.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..picklecheck import unpicklable_message
+from ..pool.picklecheck import unpicklable_message
 
 
 class Workload:

@@ -330,7 +330,7 @@ def build_dataset(spec: DatasetSpec, *, checksums: bool = True) -> BuiltDataset:
     ``checksums``, fingerprint every sample as built."""
     import torch
 
-    from ..packed import PackedTensorDataset
+    from ..data.packed import PackedTensorDataset
 
     if spec.layout == "stacked":
         data = torch.empty((spec.num_samples,) + spec.shape, dtype=torch.float32)
@@ -377,7 +377,7 @@ class MappedPackedDataset:
         if self._packed is None:
             import torch
 
-            from ..packed import PackedTensorDataset
+            from ..data.packed import PackedTensorDataset
 
             data = torch.from_file(self.path, shared=False, size=self.numel, dtype=getattr(torch, self.dtype))
             self._packed = PackedTensorDataset(data, torch.from_numpy(self.offsets),

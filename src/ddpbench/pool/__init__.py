@@ -105,7 +105,7 @@ def project_folders(entries: list[str]) -> list[str]:
 class RankLaunch:
     """How a pool's rank processes are started when not by plain multiprocessing spawn: with this
     interpreter (None: the controller's), these entries first on sys.path and these environment
-    overrides. The pool knows nothing else about why (see ddpbench.ab).
+    overrides. The pool knows nothing else about why (see ddpbench.gates.ab).
 
     A rank's import path, in order: ``paths``; then, with the controller's interpreter, the
     controller's own sys.path (as a spawned rank gets it); with another interpreter, that
@@ -163,7 +163,7 @@ class RankContext:
     # The rank's index on its node (torchrun's LOCAL_RANK); None for single-node pools.
     local_rank: int | None = None
     # The CPU the engine pins this rank to while it measures (None: not pinned); see
-    # ddpbench.timing.measure_workload and --dist-pin-cores.
+    # ddpbench.engine.timing.measure_workload and --dist-pin-cores.
     core: int | None = None
 
     @property

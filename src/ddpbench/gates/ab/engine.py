@@ -1,6 +1,6 @@
 """One A/B case: both sides' pools alive (``pools_per_side`` independent pools each), warm-up on
-each, then blocks of rounds in a balanced random order (ddpbench.ab.schedule), paired statistics
-(ddpbench.ab.stats) after every stage, and more pairs while the answer is unclear, up to a time cap.
+each, then blocks of rounds in a balanced random order (ddpbench.gates.ab.schedule), paired statistics
+(ddpbench.gates.stats) after every stage, and more pairs while the answer is unclear, up to a time cap.
 
 The engine knows sides only as lists of pools; it never knows what the workload does.
 """
@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..modes import placement_info
-from ..timing import max_over_ranks
-from . import schedule, stats, tasks
+from ...engine.modes import placement_info
+from ...engine.timing import max_over_ranks
+from . import schedule
+from .. import stats
+from . import tasks
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ class SideFailed(Exception):
 
 def _on(side: str, j: int, pool, fn, *args, timeout_s: float):
     """``pool.run(fn, *args)``, a failure raised as SideFailed naming the side and pool."""
-    from ..pool import PoolError
+    from ...pool import PoolError
 
     try:
         return pool.run(fn, *args, timeout_s=timeout_s)

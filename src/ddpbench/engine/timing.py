@@ -213,7 +213,7 @@ def _agreed_max(ctx, values: list[float]) -> list[float]:
 class RankSession:
     """One workload on one rank: set-up, warm-up, blocks of recorded rounds, finish.
 
-    :func:`measure_workload` runs all of it in one task; A/B mode (:mod:`ddpbench.ab`) runs the
+    :func:`measure_workload` runs all of it in one task; A/B mode (:mod:`ddpbench.gates.ab`) runs the
     steps as separate tasks, so that blocks of two sides' rounds can alternate while each side's
     state stays alive in its ranks. The engine never knows what the workload does.
     """
@@ -283,7 +283,7 @@ class RankSession:
         if not self.pin:
             yield
             return
-        from .pool import set_process_affinity
+        from ..pool import set_process_affinity
 
         previous = sorted(os.sched_getaffinity(0))
         set_process_affinity([self.ctx.core])

@@ -19,13 +19,13 @@ to the medians with an interval from the IQR and round counts (normal approximat
 standard error) and says so; :attr:`Comparison.summary_only` is set (the CLI exits 2 unless
 ``--allow-summary-stats``).
 
-Machine drift: every run saved by ddpbench carries a calibration probe (:mod:`ddpbench.calibration`)
+Machine drift: every run saved by ddpbench carries a calibration probe (:mod:`ddpbench.gates.calibration`)
 in ``machine_info``. The probe times this machine's CPU, so it corrects only CPU cases measured on
 the controller's own machine (extra_info ``device`` cpu, one node); CUDA and multi-node cases are
 compared raw. With ``calibration="auto"`` (default) those cases' ratios are divided by
 current_probe / baseline_probe when that factor is outside 1 +- :data:`DRIFT_TOLERANCE` (inside it,
 the probe's own noise would only add noise) and both probes were steady (median repetition at most
-:data:`ddpbench.calibration.MAX_PROBE_SPREAD` x the fastest: an unsteady probe means a busy machine,
+:data:`ddpbench.gates.calibration.MAX_PROBE_SPREAD` x the fastest: an unsteady probe means a busy machine,
 whose load a probe cannot tell from drift); ``"always"`` / ``"never"`` force it. A run saved while
 the load average exceeded the CPU count gets a warning: load that changes between runs is not in
 the rounds' noise, so no within-run statistic can guard against it.
@@ -97,7 +97,7 @@ class Run:
     commit_info: dict[str, Any]
     datetime: str | None
     cases: dict[str, Case]
-    # A/B runs: the cases the candidate lost, which have no benchmark entry (ddpbench.ab.report).
+    # A/B runs: the cases the candidate lost, which have no benchmark entry (ddpbench.gates.verdicts).
     lost_ab_cases: list = field(default_factory=list)
 
     @property
@@ -159,7 +159,7 @@ def load_run(path: str | Path) -> Run:
         raise CompareError(f"{path}: the run holds no benchmarks (were they all skipped or deselected?)")
     machine_info = doc.get("machine_info") if isinstance(doc.get("machine_info"), dict) else {}
     commit_info = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
-    from .ab.report import LOST_CASES_KEY
+    from .verdicts import LOST_CASES_KEY
 
     lost = doc.get(LOST_CASES_KEY) if isinstance(doc.get(LOST_CASES_KEY), list) else []
     return Run(path, machine_info, commit_info, doc.get("datetime"), cases, lost)

@@ -31,7 +31,7 @@ from typing import Callable
 from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
                                         deliver_challenge, wait)
 
-from .pool import SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError
+from . import SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError
 
 SECRET_ENV = "DDPBENCH_SECRET"
 MIN_SECRET_LENGTH = 16
@@ -86,7 +86,7 @@ def authenticate_as_server(conn: Connection, secret: bytes) -> None:
 
 # How long the listener backs off after accept() failed for lack of resources (EMFILE...).
 ACCEPT_RETRY_S = 0.5
-log = logging.getLogger("ddpbench.controller")
+log = logging.getLogger("ddpbench.pool.external")
 
 
 def _set_io_timeout(sock: socket.socket, seconds: float) -> None:

@@ -44,7 +44,7 @@ Why every pool pair must agree: identical sides measured A/A on the dev machine 
 to ~15% between two pools of processes that lasted many seconds (whole cases), with tight
 intervals and p < 0.001; pairing blocks cannot cancel an offset that belongs to one pool. A real
 change moves every pool of the candidate side; a pool's own offset moves one (docs/results.md).
-A/B ranks now run with glibc malloc's thresholds fixed (:mod:`ddpbench.ab.heap`), which shrank
+A/B ranks now run with glibc malloc's thresholds fixed (:mod:`ddpbench.gates.ab.heap`), which shrank
 those offsets at 10 MB (with the OS placing the ranks too, tau 4.5% -> 0.4% under load) but not
 at 100 MB (docs/results.md).
 How much each pool pair must show is ``pool_pair_share`` of the threshold (default 1: all of it).

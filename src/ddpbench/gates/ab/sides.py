@@ -16,7 +16,7 @@ Two checks keep a verdict from comparing other code than each side names:
 
 The pool only learns "start ranks with this interpreter and this environment" from a side
 (:class:`ddpbench.pool.RankLaunch`); what the two sides mean is decided here and in
-:mod:`ddpbench.ab.engine`.
+:mod:`ddpbench.gates.ab.engine`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sysconfig
 import types
 from dataclasses import dataclass, field
 
-from ..pool import RankLaunch
+from ...pool import RankLaunch
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROBE_TIMEOUT_S = 120.0
@@ -129,7 +129,7 @@ class Side:
     python: str | None = None  # None: the interpreter running pytest
     paths: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
-    # Set for both sides' ranks by A/B mode itself (ddpbench.ab.heap); the side's own env wins.
+    # Set for both sides' ranks by A/B mode itself (ddpbench.gates.ab.heap); the side's own env wins.
     common_env: tuple[tuple[str, str], ...] = ()
     # Filled by probe(): what the side's ranks import.
     facts: dict = field(default_factory=dict, compare=False, hash=False)
@@ -240,7 +240,7 @@ def local_facts() -> dict:
 
     import ddpbench
 
-    from .. import rank_process
+    from ... import rank_process
 
     try:
         torch_version = version("torch")

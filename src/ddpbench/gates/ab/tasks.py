@@ -1,10 +1,10 @@
-"""Rank-side tasks of an A/B case: the steps of :class:`ddpbench.timing.RankSession` as separate
+"""Rank-side tasks of an A/B case: the steps of :class:`ddpbench.engine.timing.RankSession` as separate
 pool tasks, so that the two sides' blocks can alternate while each side's workload state stays
 alive in its ranks (ctx.scratch, under the case's key)."""
 
 from __future__ import annotations
 
-from ..timing import RankSession
+from ...engine.timing import RankSession
 
 
 def start(ctx, key: str, workload, plan) -> dict:

@@ -86,9 +86,10 @@ def _reported_path():
 
 
 @pytest.mark.parametrize("spec, source, loader", list(_reported_path()))
-def test_reported_path(dist_benchmark, spec, source, loader):
+def test_reported_path(dist_benchmark, pytestconfig, spec, source, loader):
+    timeout_s = pytestconfig.getoption("dist_timeout")
     if spec.num_samples == SLOW_SAMPLES:
-        dist_benchmark.timeout_s = max(dist_benchmark.timeout_s, SLOW_TIMEOUT_S)
+        timeout_s = max(timeout_s, SLOW_TIMEOUT_S)
     make = DatasetEpoch.handed_over if source == "handover" else DatasetEpoch.built_in_ranks
     with make(spec, "file_descriptor", **loader) as epoch:
-        dist_benchmark(epoch, warmup=1)
+        dist_benchmark(epoch, warmup=1, timeout_s=timeout_s)

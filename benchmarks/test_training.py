@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 
-from ddpbench.plugin import DistBenchmark
 from ddpbench.pool import PoolSpec
 from ddpbench.workloads.training import MODELS, Training, lightning_unavailable_reason
 
@@ -59,10 +58,8 @@ def test_training(dist_benchmark, dist_spec, training_reference, model, impl, gr
 @pytest.mark.multi_gpu
 @pytest.mark.parametrize("grad_accum", ACCUMS, ids=lambda k: f"accum{k}")
 @pytest.mark.parametrize("model", MODELS)
-def test_training_dataparallel(benchmark, dist_pools, dist_round_plan, request, model, grad_accum):
-    """torch.nn.DataParallel in one process over every GPU (per-GPU batch 32), for the GIL comparison
-    with the ddp cases at the same world size."""
-    spec = PoolSpec("nccl", 1, "cuda")
-    bench = DistBenchmark(benchmark, dist_pools.get(spec), spec, dist_round_plan,
-                          request.config.getoption("dist_timeout"))
-    bench(Training(model, "dataparallel", batch_size=32, grad_accum=grad_accum))
+@pytest.mark.parametrize("dist_spec", [pytest.param(PoolSpec("nccl", 1, "cuda"), id="nccl-1p")])
+def test_training_dataparallel(dist_benchmark, model, grad_accum):
+    """torch.nn.DataParallel in one process (a world of one rank) over every GPU (per-GPU batch
+    32), for the GIL comparison with the ddp cases at the same world size."""
+    dist_benchmark(Training(model, "dataparallel", batch_size=32, grad_accum=grad_accum))

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from ddpbench.workloads.collectives import Collective
 from ddpbench.workloads.datasets import DatasetEpoch
 from ddpbench.workloads.syncbn import SyncBNCase
-from ddpbench.workloads.training import Training, _ManualLoop, reduce_gradients
+from ddpbench.workloads.training import Training
+from ddpbench.workloads.training.loops import _ManualLoop, reduce_gradients
 
 # ----------------------------------------------------------------------------------------------
 # Collectives
@@ -119,7 +120,7 @@ class _BrokenSyncBNCase:
 
 def _unsynced_fused(hidden_dim):
     """The fused module with its all-reduces switched off: each rank normalises by its own batch."""
-    from ddpbench.workloads.syncbn import FusedSyncBatchNorm, FusedSyncBatchNormFunction
+    from ddpbench.nn.syncbn import FusedSyncBatchNorm, FusedSyncBatchNormFunction
 
     class UnsyncedFused(FusedSyncBatchNorm):
         def _training_forward(self, input, track, factor):
@@ -135,7 +136,7 @@ def _grad_scaled_fused(hidden_dim, scale=2.0):
     count where the global one belongs): the output is right."""
     import torch
 
-    from ddpbench.workloads.syncbn import FusedSyncBatchNorm
+    from ddpbench.nn.syncbn import FusedSyncBatchNorm
 
     class ScaleGrad(torch.autograd.Function):
         @staticmethod
@@ -225,20 +226,17 @@ class _SkippedStepLoop(_ManualLoop):
 
 @dataclass(frozen=True)
 class MissingDivideTraining(Training):
-    def _loop_class(self):
-        return _MissingDivideLoop
+    loops = {**Training.loops, "manual": _MissingDivideLoop}
 
 
 @dataclass(frozen=True)
 class ZeroedGradsTraining(Training):
-    def _loop_class(self):
-        return _ZeroedGradsLoop
+    loops = {**Training.loops, "manual": _ZeroedGradsLoop}
 
 
 @dataclass(frozen=True)
 class SkippedStepTraining(Training):
-    def _loop_class(self):
-        return _SkippedStepLoop
+    loops = {**Training.loops, "manual": _SkippedStepLoop}
 
 
 # ----------------------------------------------------------------------------------------------

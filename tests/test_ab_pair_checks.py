@@ -1,4 +1,4 @@
-"""benchmarks/raw/ab_pair_checks.py: order effect, side bias and correlation of recorded A/A pairs."""
+"""lab/reference/ab_pair_checks.py: order effect, side bias and correlation of recorded A/A pairs."""
 
 import json
 import math
@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from raw_scripts import load_raw_script
+from lab_scripts import load_lab_script
 
 
 @pytest.fixture(scope="module")
 def checks():
-    return load_raw_script("ab_pair_checks")
+    return load_lab_script("ab_pair_checks")
 
 
 def _case(name, slower, pairs=40, per_block=5, seed=1):

@@ -1,13 +1,13 @@
-"""benchmarks/raw/ab_reliability.py: which recorded cases the pool-pair rule or the block-minima rule held back."""
+"""lab/reference/ab_reliability.py: which recorded cases the pool-pair rule or the block-minima rule held back."""
 
 import pytest
 
-from raw_scripts import load_raw_script
+from lab_scripts import load_lab_script
 
 
 @pytest.fixture(scope="module")
 def reliability():
-    return load_raw_script("ab_reliability")
+    return load_lab_script("ab_reliability")
 
 
 def _ab(ratio, interval, each, p=0.001, verdict="inconclusive", minima=None):

@@ -1,4 +1,4 @@
-"""benchmarks/raw/ab_replay.py: recorded A/B cases analysed again, look by look, under both rules."""
+"""lab/reference/ab_replay.py: recorded A/B cases analysed again, look by look, under both rules."""
 
 import json
 import random
@@ -6,12 +6,12 @@ import random
 import pytest
 
 from ddpbench.gates.ab.engine import ABSettings
-from raw_scripts import load_raw_script
+from lab_scripts import load_lab_script
 
 
 @pytest.fixture(scope="module")
 def replay_script():
-    return load_raw_script("ab_replay")
+    return load_lab_script("ab_replay")
 
 
 def _recorded_case(name, slower, pairs=48, per_block=5, seed=1, verdict=None, alpha_per_look=None):

@@ -20,7 +20,7 @@ import json
 import pytest
 
 from ddpbench import cli
-from ddpbench.workloads.collectives import Collective, INJECT_ENV, parse_injected_slowdown
+from ddpbench.testing import INJECT_ENV, parse_injected_slowdown
 
 pytest_plugins = ["pytester"]
 
@@ -134,13 +134,35 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert "| test_sleepy[gloo-2p] |" in capsys.readouterr().out
 
 
-def test_injected_slowdown_knob(monkeypatch):
+def test_injected_slowdown_knob():
     assert parse_injected_slowdown("all_reduce:10%") == {"all_reduce": 0.10}
     assert parse_injected_slowdown(" all_reduce:10, broadcast:2.5% ") == {"all_reduce": 0.10, "broadcast": 0.025}
     assert parse_injected_slowdown("") == {} and parse_injected_slowdown(None) == {}
     for bad in ("all_reduce", "allreduce:10%", "all_reduce:-5%", "all_reduce:ten"):
         with pytest.raises(ValueError, match=INJECT_ENV):
             parse_injected_slowdown(bad)
+
+
+KNOB_BENCHMARK = """
+from ddpbench.workloads.collectives import Collective
+
+def test_all_reduce(dist_benchmark):
+    dist_benchmark(Collective("all_reduce", 4096), rounds=3, warmup=1)
+
+def test_broadcast(dist_benchmark):
+    dist_benchmark(Collective("broadcast", 4096), rounds=3, warmup=1)
+"""
+
+
+def test_the_knob_slows_only_the_named_op_and_only_with_the_testing_plugin(pytester, monkeypatch):
+    # The product's timed path never reads the variable: without -p ddpbench.testing it does nothing.
     monkeypatch.setenv(INJECT_ENV, "all_reduce:10%")
-    assert Collective("all_reduce", 1024).extra_info(2, 0.001)["injected_slowdown_pct"] == 10.0
-    assert "injected_slowdown_pct" not in Collective("broadcast", 1024).extra_info(2, 0.001)
+    pytester.makepyfile(test_knob=KNOB_BENCHMARK)
+    for plugin, expected in ((["-p", "ddpbench.testing"], 10.0), ([], None)):
+        result = pytester.runpytest_subprocess(*plugin, "-m", "not gpu", "-p", "no:cacheprovider",
+                                               "--benchmark-json=knob.json", timeout=120)
+        assert result.ret == 0, result.stdout.str()
+        cases = {c["name"]: c["extra_info"] for c in json.loads((pytester.path / "knob.json").read_text())["benchmarks"]}
+        assert cases["test_all_reduce[gloo-2p]"].get("injected_slowdown_pct") == expected
+        assert "injected_slowdown_pct" not in cases["test_broadcast[gloo-2p]"]
+        assert cases["test_all_reduce[gloo-2p]"]["op"] == "all_reduce"  # the wrapper keeps the case's extra_info

@@ -1,16 +1,16 @@
-"""benchmarks/raw/broadcast_modes.py: the two round times of a large broadcast in a plain script."""
+"""lab/investigations/broadcast_modes.py: the two round times of a large broadcast in a plain script."""
 
 import subprocess
 import sys
 
 import pytest
 
-from raw_scripts import RAW, load_raw_script
+from lab_scripts import lab_script_path, load_lab_script
 
 
 @pytest.fixture(scope="module")
 def modes_script():
-    return load_raw_script("broadcast_modes")
+    return load_lab_script("broadcast_modes")
 
 
 def test_rounds_over_one_and_a_half_times_the_fastest_tenth_count_as_slow(modes_script):
@@ -23,8 +23,8 @@ def test_rounds_over_one_and_a_half_times_the_fastest_tenth_count_as_slow(modes_
 
 
 def test_a_small_run_prints_a_line_per_group():
-    command = [sys.executable, str(RAW / "broadcast_modes.py"), "--mb", "1", "--rounds", "4", "--runs", "1",
-               "--groups", "2"]
+    command = [sys.executable, str(lab_script_path("broadcast_modes")), "--mb", "1", "--rounds", "4",
+               "--runs", "1", "--groups", "2"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()

@@ -2,6 +2,7 @@
 fd-limit error, the stacked layout's round trip, the loader settings of the reported path, and no
 leaks once a case ends."""
 
+import dataclasses
 import gc
 import os
 import resource
@@ -13,7 +14,9 @@ import torch
 from ddpbench.gates.ab import tasks as ab_tasks
 from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
 from ddpbench.engine.timing import RoundPlan, measure_workload
+from ddpbench import testing
 from ddpbench.workloads import datasets as D
+from ddpbench.workloads.datasets import handover
 
 from broken_workloads import (UnshardedEpoch, moved_boundaries, swapped_rows, swapped_samples, transposed_data,
                               transposed_shapes)
@@ -35,7 +38,7 @@ def pool():
 
 
 def _rank_states(pool):
-    return pool.run(D.rank_state)
+    return pool.run(testing.rank_state)
 
 
 def _shm_files(pool):
@@ -44,7 +47,7 @@ def _shm_files(pool):
 
 
 def _sharer_pending():
-    cache = D._resource_sharer_cache()
+    cache = handover._resource_sharer_cache()
     return 0 if cache is None else len(cache)
 
 
@@ -184,7 +187,7 @@ def test_fd_limit_is_a_clear_error_not_a_hang(pool, preflight):
     # The sender's resource-sharer thread keeps one listening socket once it has started.
     sharer_listening = getattr(resource_sharer._resource_sharer, "_listener", None) is not None
     controller_fds = D.open_fd_count() + (0 if sharer_listening else 1)
-    old = pool.run(D.set_fd_limit, limit)
+    old = pool.run(testing.set_fd_limit, limit)
     try:
         with D.DatasetEpoch.handed_over(D.DatasetSpec("list", n), "file_descriptor", preflight=preflight) as epoch:
             start = time.monotonic()
@@ -204,19 +207,19 @@ def test_fd_limit_is_a_clear_error_not_a_hang(pool, preflight):
         assert pool.alive
         del info, epoch
     finally:
-        pool.run(D.set_fd_limit, old[0])
+        pool.run(testing.set_fd_limit, old[0])
     # Nothing stays pending in the controller's resource sharer, nothing stays open in the ranks.
     assert _sharer_pending() == 0
     assert [s["open_fds"] for s in _rank_states(pool)] == rank_fds
     gc.collect()
     assert D.open_fd_count() <= controller_fds
     # The next handover on the same pool works (packed: far below the limit).
-    old = pool.run(D.set_fd_limit, limit)
+    old = pool.run(testing.set_fd_limit, limit)
     try:
         with D.DatasetEpoch.handed_over(D.DatasetSpec("packed", n), "file_descriptor", preflight=preflight) as epoch:
             assert [m["received_samples"] for m in _measure(pool, epoch)] == [n, n]
     finally:
-        pool.run(D.set_fd_limit, old[0])
+        pool.run(testing.set_fd_limit, old[0])
 
 
 def test_controller_side_fd_limit_is_checked_before_sending(pool):
@@ -292,7 +295,8 @@ def test_sample_checksums_tell_apart_what_a_total_sum_cannot():
 ], ids=["swapped-samples", "swapped-rows", "moved-boundaries", "transposed-shapes", "transposed-data"])
 def test_the_epoch_check_catches_a_corrupted_dataset(pool, layout, variable, corrupt, workers, message):
     built = D.build_dataset(D.DatasetSpec(layout, 1000, variable=variable))
-    with D.DatasetEpoch.handed_over(built, "file_system", data=corrupt(built.data), num_workers=workers) as epoch:
+    corrupted = dataclasses.replace(built, data=corrupt(built.data))  # the checksums stay the built data's
+    with D.DatasetEpoch.handed_over(corrupted, "file_system", num_workers=workers) as epoch:
         with pytest.raises(TaskFailed, match=rf"rank 0: the {layout} dataset's check epoch .* found .*" + message):
             _measure(pool, epoch)
 

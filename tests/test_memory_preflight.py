@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddpbench.plugin import check_memory
+from ddpbench.workloads.collective_cases import check_memory
 from ddpbench.pool import PoolSpec
 
 GIB = 1024**3

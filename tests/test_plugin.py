@@ -85,10 +85,10 @@ def test_gpu_cases_skip_with_a_reason_without_cuda(pytester, monkeypatch):
 
 
 BROKEN_CUDA_CONFTEST = """
-import ddpbench.plugin
+import ddpbench.devices
 
 # This machine "has" an NVIDIA GPU, but the installed torch is the CPU build: broken, not GPU-less.
-ddpbench.plugin._nvidia_gpus_present = lambda: ["/dev/nvidia0"]
+ddpbench.devices._nvidia_gpus_present = lambda: ["/dev/nvidia0"]
 """
 
 

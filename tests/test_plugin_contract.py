@@ -1,7 +1,7 @@
 """The pytest-benchmark internals that ddpbench relies on (pyproject.toml cites this file).
 
 pytest-benchmark has no public API for timings measured elsewhere, so
-``ddpbench.plugin.replay_into_pytest_benchmark`` sets the fixture's ``_timer`` and runs
+``ddpbench.fixture.replay_into_pytest_benchmark`` sets the fixture's ``_timer`` and runs
 ``pedantic`` once per recorded round. These tests fail loudly when a pytest-benchmark release
 changes that: the recorded rounds must be exactly the given times, in the JSON too, with ddpbench's
 timer named; ``--benchmark-disable`` must still run; and the installed release must be inside the
@@ -18,7 +18,7 @@ import pytest
 import pytest_benchmark
 from packaging.specifiers import SpecifierSet
 
-from ddpbench.plugin import replay_into_pytest_benchmark
+from ddpbench.fixture import replay_into_pytest_benchmark
 
 pytest_plugins = ["pytester"]
 
@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMES = [0.0031, 0.0012, 0.0027, 0.0019, 0.0022]
 
 REPLAY = f'''
-from ddpbench.plugin import replay_into_pytest_benchmark
+from ddpbench.fixture import replay_into_pytest_benchmark
 
 TIMES = {TIMES!r}
 

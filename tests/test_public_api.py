@@ -16,7 +16,7 @@ def test_the_public_names_resolve_and_are_listed():
     for name in PUBLIC:
         assert getattr(ddpbench, name) is not None
         assert name in dir(ddpbench)
-    from ddpbench.plugin import CaseResult, DistBenchmark
+    from ddpbench.fixture import CaseResult, DistBenchmark
     from ddpbench.pool import RankContext
     from ddpbench.workloads import FunctionWorkload, Workload
 

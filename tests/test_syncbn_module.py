@@ -19,13 +19,8 @@ import torch
 
 from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
 from ddpbench.engine.timing import RoundPlan, measure_workload
-from ddpbench.workloads.syncbn import (
-    FusedSyncBatchNorm,
-    NaiveSyncBatchNorm,
-    SyncBNCase,
-    build_variant,
-    reference_batch_norm,
-)
+from ddpbench.nn.syncbn import FusedSyncBatchNorm, NaiveSyncBatchNorm
+from ddpbench.workloads.syncbn import SyncBNCase, build_variant, reference_batch_norm
 
 from broken_workloads import GradScaledSyncBN, NoXhatTermSyncBN, UnsyncedSyncBN
 

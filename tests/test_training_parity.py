@@ -14,7 +14,9 @@ import torch
 from ddpbench.pool import PoolRegistry, PoolSpec, RankPool, TaskFailed
 from ddpbench.engine.timing import RoundPlan, measure_workload
 from ddpbench.workloads import training
-from ddpbench.workloads.training import Training, lightning_unavailable_reason, make_buckets, make_data, train_steps
+from ddpbench.workloads.training import lightning, loops
+from ddpbench.testing import train_steps
+from ddpbench.workloads.training import Training, lightning_unavailable_reason, make_buckets, make_data
 
 from broken_workloads import MissingDivideTraining, SkippedStepTraining, ZeroedGradsTraining
 
@@ -45,12 +47,12 @@ def _broken_reduction(buckets, world_size):
 
 
 def _train_with_broken_reduction(ctx, workload, steps):
-    original = training.reduce_gradients
-    training.reduce_gradients = _broken_reduction
+    original = loops.reduce_gradients
+    loops.reduce_gradients = _broken_reduction
     try:
         return train_steps(ctx, workload, steps)
     finally:
-        training.reduce_gradients = original
+        loops.reduce_gradients = original
 
 
 @pytest.mark.parametrize("model,accum", [("mlp", 1), ("mlp", 4), ("lstm", 4)])
@@ -118,7 +120,7 @@ def test_the_reference_pools_the_elements_the_float32_step_picked(pool):
 def test_max_pool_routing_records_and_replays_the_picked_elements():
     import torch
 
-    from ddpbench.workloads.training import _RoutedMaxPool, max_pool_routing
+    from ddpbench.workloads.training.reference import _RoutedMaxPool, max_pool_routing
 
     model = torch.nn.Sequential(torch.nn.MaxPool2d(2), torch.nn.Flatten())
     x = torch.randn(3, 2, 4, 4)
@@ -167,12 +169,12 @@ def test_benchmark_check_at_world_size_1_catches_a_skipped_step():
 
 
 def _measure_with_broken_reduction(ctx, workload):
-    original = training.reduce_gradients
-    training.reduce_gradients = _broken_reduction
+    original = loops.reduce_gradients
+    loops.reduce_gradients = _broken_reduction
     try:
         return measure_workload(ctx, workload, RoundPlan(warmup=0, rounds=2))
     finally:
-        training.reduce_gradients = original
+        loops.reduce_gradients = original
 
 
 def test_cpu_peak_memory_is_measured(pool):
@@ -220,12 +222,12 @@ def _lightning_attachment(ctx):
                 if c.status == psutil.CONN_LISTEN}
 
     group_before, listen_before = dist.group.WORLD, listeners()
-    env_before = {k: os.environ.get(k) for k in training.LIGHTNING_ENV_KEYS}
+    env_before = {k: os.environ.get(k) for k in lightning.LIGHTNING_ENV_KEYS}
     train_steps(ctx, Training("mlp", "lightning", batch_size=8, measure_memory=False), 1)
     return {
         "same_group": dist.group.WORLD is group_before and dist.is_initialized(),
         "new_listeners": sorted(listeners() - listen_before),
-        "env_restored": env_before == {k: os.environ.get(k) for k in training.LIGHTNING_ENV_KEYS},
+        "env_restored": env_before == {k: os.environ.get(k) for k in lightning.LIGHTNING_ENV_KEYS},
     }
 
 

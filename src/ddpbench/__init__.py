@@ -19,8 +19,8 @@ _EXPORTS = {
     "Workload": "ddpbench.workloads",
     "FunctionWorkload": "ddpbench.workloads",
     "RankContext": "ddpbench.pool",
-    "CaseResult": "ddpbench.plugin",
-    "DistBenchmark": "ddpbench.plugin",
+    "CaseResult": "ddpbench.fixture",
+    "DistBenchmark": "ddpbench.fixture",
     "PackedTensorDataset": "ddpbench.data.packed",
     "pack_tensors": "ddpbench.data.packed",
 }

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     authkey = os.environ.pop("DDPBENCH_RANK_AUTHKEY", None)
     if authkey:
         current_process().authkey = bytes.fromhex(authkey)
-    from .pool import PoolSpec, _rank_main
+    from .pool.base import PoolSpec
+    from .pool.ranks import _rank_main
 
     _rank_main(PoolSpec(args.backend, args.world_size, args.device), args.rank, args.store_dir,
                Connection(args.fd), args.parent_pid, args.pg_timeout, args.pin)

@@ -26,7 +26,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 # The stopping rule's first look at the rounds, and how much the count grows between looks.
@@ -283,7 +283,7 @@ class RankSession:
         if not self.pin:
             yield
             return
-        from ..pool import set_process_affinity
+        from ..pool.ranks import set_process_affinity
 
         previous = sorted(os.sched_getaffinity(0))
         set_process_affinity([self.ctx.core])
@@ -379,8 +379,8 @@ class RankSession:
                     metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.ctx.device))
                 phase_start = time.perf_counter()
                 metrics.update(self.workload.rank_metrics(self.state) or {})
-                if check:
-                    self.workload.check(self.state)
+                if check:  # a check may report what it measured while checking (e.g. its peak memory)
+                    metrics.update(self.workload.check(self.state) or {})
                 self.phases["engine_check_s"] = time.perf_counter() - phase_start
         finally:
             self.close()
@@ -421,6 +421,21 @@ def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:
         raise
     metrics = session.finish()
     return RankMeasurement(ctx.rank, times, metrics, cpus)
+
+
+class CaseRounds(NamedTuple):
+    """A case's rounds as the controller keeps them: per round the max over ranks, and per rank its
+    metrics, its CPU after each round and its own round times."""
+
+    round_times: list[float]
+    rank_metrics: list[dict[str, Any]]
+    rank_cpus: list[list[int] | None]
+    rank_round_times: list[list[float]]
+
+    @classmethod
+    def of(cls, measurements: list[RankMeasurement]) -> "CaseRounds":
+        return cls(max_over_ranks([m.round_times for m in measurements]), [m.metrics for m in measurements],
+                   [m.round_cpus for m in measurements], [list(m.round_times) for m in measurements])
 
 
 def max_over_ranks(per_rank_times: list[list[float]]) -> list[float]:

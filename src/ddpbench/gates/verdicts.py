@@ -39,6 +39,11 @@ def verdicts_of_run(data: dict) -> list[CaseVerdict]:
     return out
 
 
+def ab_verdicts(results: list[tuple[str, dict, float | None]]) -> list[CaseVerdict]:
+    """The verdicts of an A/B run in progress: (case id, extra_info["ab"], candidate median)."""
+    return [CaseVerdict(name, summary, median) for name, summary, median in results]
+
+
 def _ms(seconds) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f}"
 

@@ -31,7 +31,7 @@ from typing import Callable
 from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
                                         deliver_challenge, wait)
 
-from . import SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError
+from .base import SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError
 
 SECRET_ENV = "DDPBENCH_SECRET"
 MIN_SECRET_LENGTH = 16

@@ -37,7 +37,8 @@ import psutil
 
 from .external import SecretError, load_secret, parse_address
 from ..options import parse_timeout
-from . import RankContext, serve_tasks
+from .base import RankContext
+from .ranks import serve_tasks
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # The variable each backend's transport reads its interface from.

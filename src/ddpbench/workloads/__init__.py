@@ -44,8 +44,10 @@ class Workload:
         """Extra numbers measured on this rank (numbers are combined as the max over ranks)."""
         return {}
 
-    def check(self, state: Any) -> None:
-        """Raise (AssertionError with a message) if the workload computed a wrong result."""
+    def check(self, state: Any) -> dict[str, Any] | None:
+        """Raise (AssertionError with a message) if the workload computed a wrong result. Runs
+        after ``rank_metrics``, untimed; it may return numbers it measured while checking (the
+        peak memory of a check epoch), which join the rank's metrics."""
 
     def teardown(self, state: Any) -> None:
         """Free what setup made; runs even when a round or the check raised."""

@@ -28,17 +28,10 @@ so that every sum over ranks is an exact integer in that type (integer types wra
 sides of the comparison). Every fill is two broadcast copies of the tables (copy speed, no index
 tensor), and the expected sum over ranks is the tiling of the tables' sums.
 
-Test knob for measuring the regression gate's power (docs/results.md, gate reliability):
-``DDPBENCH_INJECT_SLOWDOWN="all_reduce:10%"`` (comma list of ``op:percent``) makes every timed
-round of those ops ``percent`` slower: after the op, the rank busy-waits for that fraction of the
-op's own duration in this round. Read in the rank processes at set-up, so it must be in the
-environment of the pytest process. Cases run with it record ``injected_slowdown_pct`` in extra_info.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,7 +40,6 @@ from . import Workload
 PATTERN_PERIODS = (65521, 65537)
 PATTERN_VALUES = 64  # table entries in 0..63 at most: a rank's value is at most 126
 PATTERN_SEED = 0x5EED
-INJECT_ENV = "DDPBENCH_INJECT_SLOWDOWN"
 
 # Element size and the largest integer every smaller one of which the type holds exactly.
 DTYPES: dict[str, tuple[int, int]] = {
@@ -312,32 +304,6 @@ def collective_spec(op: str) -> CollectiveSpec:
         raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}") from None
 
 
-def parse_injected_slowdown(text: str | None) -> dict[str, float]:
-    """``"all_reduce:10%,broadcast:5"`` -> ``{"all_reduce": 0.10, "broadcast": 0.05}``."""
-    result: dict[str, float] = {}
-    for item in (text or "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        op, sep, pct = item.partition(":")
-        op, pct = op.strip(), pct.strip().rstrip("%")
-        try:
-            value = float(pct)
-        except ValueError:
-            value = -1.0
-        if not sep or op not in OPS or not value >= 0:
-            raise ValueError(f"{INJECT_ENV}={text!r}: expected a comma list of op:percent with op in "
-                             f"{', '.join(OPS)} and percent >= 0, e.g. all_reduce:10%")
-        result[op] = value / 100.0
-    return result
-
-
-def _busy_wait(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def bus_bandwidth_factor(op: str, world_size: int) -> float:
     """nccl-tests' busbw / algbw factor."""
     return collective_spec(op).bus_factor(world_size)
@@ -434,17 +400,10 @@ class Collective(Workload):
         }
         self.spec.buffers(state, lambda count: torch.empty(count, dtype=dtype, device=ctx.device))
         self.spec.fill(state)
-        state["inject"] = parse_injected_slowdown(os.environ.get(INJECT_ENV)).get(self.op, 0.0)
         return state
 
     def run_round(self, state) -> None:
-        inject = state.get("inject", 0.0)
-        if inject:  # test knob (module docstring): this round takes (1 + inject) x the op's time
-            start = time.perf_counter()
-            self._run_op(state)
-            _busy_wait((time.perf_counter() - start) * inject)
-        else:
-            self._run_op(state)
+        self._run_op(state)
 
     def _run_op(self, state) -> None:
         self.spec.run(state)
@@ -552,7 +511,4 @@ class Collective(Workload):
         }
         if self.spec.reduces:
             info["reduce_op"] = self.reduce_op
-        inject = parse_injected_slowdown(os.environ.get(INJECT_ENV)).get(self.op, 0.0)
-        if inject:
-            info["injected_slowdown_pct"] = round(inject * 100, 3)
         return info

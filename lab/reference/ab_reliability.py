@@ -9,9 +9,9 @@ Runs ``--runs`` pytest A/B runs of the same cases and counts each case's verdict
   injected case is a miss.
 * ``--load``: a background process keeps one core busy ~3 s, then idle ~3 s, for the whole run.
 
-    .venv/bin/python benchmarks/raw/ab_reliability.py --runs 10
-    .venv/bin/python benchmarks/raw/ab_reliability.py --runs 10 --load
-    .venv/bin/python benchmarks/raw/ab_reliability.py --runs 10 --inject all_reduce:10% --cases all_reduce
+    .venv/bin/python lab/reference/ab_reliability.py --runs 10
+    .venv/bin/python lab/reference/ab_reliability.py --runs 10 --load
+    .venv/bin/python lab/reference/ab_reliability.py --runs 10 --inject all_reduce:10% --cases all_reduce
 
 Prints, per case, the verdict counts, the ratio (median, min-max) and the wall time per case in
 A/B mode (median, IQR); writes each run's JSON to --out (default /tmp/ddpbench-ab-reliability).
@@ -55,8 +55,8 @@ def run_once(index, args, out_dir):
     files, expr = CASE_SETS[args.cases]
     command = [sys.executable, "-m", "pytest", *files.split(), "-q", "-p", "no:cacheprovider", "-k", expr,
                f"--dist-baseline-python={sys.executable}", f"--benchmark-json={path}", *args.pytest_args]
-    if args.inject:
-        command.append(f"--dist-candidate-env=DDPBENCH_INJECT_SLOWDOWN={args.inject}")
+    if args.inject:  # the testing plugin reads it in the candidate's ranks only
+        command += ["-p", "ddpbench.testing", f"--dist-candidate-env=DDPBENCH_INJECT_SLOWDOWN={args.inject}"]
     started = time.monotonic()
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     with open(os.path.join(out_dir, f"run{index:02d}.log"), "w") as fh:

@@ -2,7 +2,7 @@
 # How reliable is the stored-baseline gate? (docs/results.md): false alarms and power of
 # `ddpbench compare` on this machine.
 #
-#   benchmarks/raw/gate_reliability.sh [RERUNS] [TRIALS]      (defaults 10 and 5)
+#   lab/reference/gate_reliability.sh [RERUNS] [TRIALS]      (defaults 10 and 5)
 #
 # 1. one baseline run of the default collective cases (autosave + raw data);
 # 2. RERUNS unchanged reruns, each compared with the baseline (false alarms: any flagged case);
@@ -21,7 +21,7 @@ STORAGE="$GATE_DIR/.benchmarks"
 mkdir -p "$GATE_DIR"
 run() {  # run LABEL [env...]
   local label=$1; shift
-  env "$@" "$PY" -m pytest benchmarks/test_collectives.py -q -p no:cacheprovider \
+  env "$@" "$PY" -m pytest benchmarks/test_collectives.py -q -p no:cacheprovider -p ddpbench.testing \
     --benchmark-autosave --benchmark-save-data --benchmark-storage="file://$STORAGE" \
     --benchmark-save="$label" ${PYTEST_ARGS:-} > "$GATE_DIR/$label.log" 2>&1
 }

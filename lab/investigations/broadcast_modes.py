@@ -9,9 +9,9 @@ rounds, the median fast and slow round, and in each kind of round the median of:
 voluntary context switches (a sender blocks when the receiver falls behind) and the receiver's CPU
 time (os.times, so in clock ticks of 10 ms).
 
-    .venv/bin/python benchmarks/raw/broadcast_modes.py                    # 3 runs, 100 MB, 60 rounds
-    .venv/bin/python benchmarks/raw/broadcast_modes.py --groups 3         # is the share per connection?
-    .venv/bin/python benchmarks/raw/broadcast_modes.py --pin apart        # rank r on CPU r (or: same, CPU 0)
+    .venv/bin/python lab/investigations/broadcast_modes.py                    # 3 runs, 100 MB, 60 rounds
+    .venv/bin/python lab/investigations/broadcast_modes.py --groups 3         # is the share per connection?
+    .venv/bin/python lab/investigations/broadcast_modes.py --pin apart        # rank r on CPU r (or: same, CPU 0)
 """
 
 import argparse

@@ -9,9 +9,9 @@ them alike), with the garbage collector off during a pass, after one untimed pas
 Prints, per layout, the median and IQR of the nanoseconds per item over the repeats, and the ratio
 to the list's: the ratio of the medians, and the median and min-max of the per-repeat ratios.
 
-    .venv/bin/python benchmarks/raw/item_access.py                       # 5000 x 3x32x32, 31 repeats
-    .venv/bin/python benchmarks/raw/item_access.py --num-samples 2048 --shape 3,224,224
-    .venv/bin/python benchmarks/raw/item_access.py --quick               # a functional check only
+    .venv/bin/python lab/investigations/item_access.py                       # 5000 x 3x32x32, 31 repeats
+    .venv/bin/python lab/investigations/item_access.py --num-samples 2048 --shape 3,224,224
+    .venv/bin/python lab/investigations/item_access.py --quick               # a functional check only
 
 Run it on a quiet machine; numbers from a busy one say little.
 """

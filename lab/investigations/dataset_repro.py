@@ -10,10 +10,10 @@ The table: per configuration, each layout's median epoch over all recorded epoch
 (with their IQR), and the ratio list / stacked of the two cases' medians within each repeat: its
 median and min-max over the repeats.
 
-    .venv/bin/python benchmarks/raw/dataset_repro.py                    # full grid, 5 repeats (slow)
-    .venv/bin/python benchmarks/raw/dataset_repro.py --repeats 7 --only fork
-    .venv/bin/python benchmarks/raw/dataset_repro.py --quick            # functional check: 256 samples, 2 short repeats
-    .venv/bin/python benchmarks/raw/dataset_repro.py -- --dist-pin-cores=auto   # after --: more pytest options
+    .venv/bin/python lab/investigations/dataset_repro.py                    # full grid, 5 repeats (slow)
+    .venv/bin/python lab/investigations/dataset_repro.py --repeats 7 --only fork
+    .venv/bin/python lab/investigations/dataset_repro.py --quick            # functional check: 256 samples, 2 short repeats
+    .venv/bin/python lab/investigations/dataset_repro.py -- --dist-pin-cores=auto   # after --: more pytest options
 
 Run it on a quiet machine; the JSON files stay in --out (default reports/dataset_repro/<time>/).
 """
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     print()
     print("Medians and IQRs over every recorded epoch of all repeats; each repeat's ratio is the two "
           "cases' median epochs in that session.")
-    print(f"Command: {shlex.join([Path(args.python).name, 'benchmarks/raw/dataset_repro.py', *sys.argv[1:]])}")
+    print(f"Command: {shlex.join([Path(args.python).name, 'lab/investigations/dataset_repro.py', *sys.argv[1:]])}")
     print(f"JSON: {out}/repeat*.json")
     for line in failed:
         print(f"WARNING: {line} (its cases may be missing above)")

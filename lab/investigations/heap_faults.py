@@ -6,9 +6,9 @@ Each rank runs four "cases" one after another, each with its own tensors (10, 5,
 per rank for ``--mb 10``): 3 untimed rounds, then 20 rounds, each timed with the minor faults it
 cost (getrusage). Prints, per rank and case, the median faults per round and the median round.
 
-    .venv/bin/python benchmarks/raw/heap_faults.py --mb 10
+    .venv/bin/python lab/investigations/heap_faults.py --mb 10
     MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TOP_PAD_=0 MALLOC_TRIM_THRESHOLD_=68719476736 \\
-        .venv/bin/python benchmarks/raw/heap_faults.py --mb 10      # the steady heap's settings
+        .venv/bin/python lab/investigations/heap_faults.py --mb 10      # the steady heap's settings
 """
 
 import argparse

@@ -17,7 +17,7 @@ After every round each rank reads the CPU its main thread is on (outside the tim
 also gives the share of rounds in which both ranks' main threads shared a CPU (on the 2-core VM the
 ~1.3 ms mode) and the median of the rounds apart (the ~3.7 ms mode).
 
-    .venv/bin/python benchmarks/raw/suite_vs_plain_1mb.py --repeats 8
+    .venv/bin/python lab/investigations/suite_vs_plain_1mb.py --repeats 8
 """
 
 import argparse

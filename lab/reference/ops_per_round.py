@@ -5,7 +5,7 @@ Each repeat runs the suite's all_reduce cases once per setting, each in a fresh 
 used and the fixed cost "auto" measured. Prints, per size, the median of the per-run medians
 (min-max) of each setting and the median (min-max) of the per-repeat ratios other / 1.
 
-    .venv/bin/python benchmarks/raw/ops_per_round.py --repeats 7 --sizes 1MB,10MB [--other auto|8] [--out DIR]
+    .venv/bin/python lab/reference/ops_per_round.py --repeats 7 --sizes 1MB,10MB [--other auto|8] [--out DIR]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ placement can be split by whether the two ranks' main threads shared a CPU.
 Placements: ``os`` (nothing set: what a plain script gets), ``split`` (rank r on CPU r, as
 --dist-pin-cores=auto), ``shared`` (both ranks on CPU 0). They run in turn, ``--repeats`` times.
 
-    .venv/bin/python benchmarks/raw/placement_1mb.py --repeats 3
+    .venv/bin/python lab/investigations/placement_1mb.py --repeats 3
 """
 
 import argparse

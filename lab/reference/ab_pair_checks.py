@@ -24,7 +24,7 @@ ab_reliability.py runs it prints:
   its twin for a whole case makes it positive. A case's own estimate carries tau / sqrt(K) of it.
   With a 95% interval from resampling cases; with several folders, also pooled over all of them.
 
-    .venv/bin/python benchmarks/raw/ab_pair_checks.py DIR [DIR ...]
+    .venv/bin/python lab/reference/ab_pair_checks.py DIR [DIR ...]
 """
 
 from __future__ import annotations

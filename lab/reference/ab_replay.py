@@ -10,11 +10,11 @@ look, exactly as the engine would have, up to the pairs the recorded run took: a
 early ("same" or "regression") cannot be continued, so a rule that would have looked further is
 judged on fewer pairs than it would have had.
 
-    .venv/bin/python benchmarks/raw/ab_replay.py /tmp/ddpbench-ab-reliability   # ab_reliability.py's --out
-    .venv/bin/python benchmarks/raw/ab_replay.py DIR --scale 1.10   # candidate blocks 10% slower
-    .venv/bin/python benchmarks/raw/ab_replay.py DIR --block-summary median
-    .venv/bin/python benchmarks/raw/ab_replay.py DIR --pool-pair-share 0.5   # each pool pair over half the threshold
-    .venv/bin/python benchmarks/raw/ab_replay.py DIR --without-minima-rule   # block minima need not move
+    .venv/bin/python lab/reference/ab_replay.py /tmp/ddpbench-ab-reliability   # ab_reliability.py's --out
+    .venv/bin/python lab/reference/ab_replay.py DIR --scale 1.10   # candidate blocks 10% slower
+    .venv/bin/python lab/reference/ab_replay.py DIR --block-summary median
+    .venv/bin/python lab/reference/ab_replay.py DIR --pool-pair-share 0.5   # each pool pair over half the threshold
+    .venv/bin/python lab/reference/ab_replay.py DIR --without-minima-rule   # block minima need not move
 
 --scale multiplies the candidate's block summaries (a slowdown with the recorded noise, not a real
 one; ab_reliability.py --inject measures the real thing).

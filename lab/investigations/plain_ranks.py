@@ -1,4 +1,4 @@
-"""Start a plain torch.distributed job for the scripts of benchmarks/raw: ``world_size`` spawned
+"""Start a plain torch.distributed job for the scripts of lab/investigations: ``world_size`` spawned
 processes, each calling ``target(rank, world_size, store_path, results, *args)`` (``store_path``: a
 file for ``init_method=f"file://{store_path}"``; ``results``: a queue to put one ``(rank, value)``
 on). Returns ``{rank: value}`` once every process has ended."""

@@ -1,0 +1,209 @@
+"""A/B mode in a pytest run: the sides and settings the options ask for (checked before any rank
+starts, and after collection where each side gets the code under test), each case measured on
+both sides, and the run's verdict table and exit status. The plugin only wires pytest's hooks to
+these."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from ...engine.timing import CaseRounds, measure_workload
+from ..verdicts import LOST_CASES_KEY, ab_verdicts, describe, format_text, gate_outcome
+from .engine import ABSettings, SideFailed, run_case
+from .heap import DEFAULT_HEAP, heap_env
+from .schedule import new_seed
+from .sides import (Side, SideError, check_modules_differ, engine_lines, local_facts, make_side, module_lines,
+                    modules_under_test, parse_env_assignments, probe, resolve_modules)
+
+# Any of these turns A/B mode on.
+AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
+OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
+
+
+@dataclass
+class ABSession:
+    """A/B mode's sides and settings for one pytest run; verdicts collect in ``results`` as
+    (case id, extra_info["ab"], candidate median or None)."""
+
+    baseline: Side
+    candidate: Side
+    settings: ABSettings
+    heap: str = DEFAULT_HEAP  # --dist-ab-heap (ddpbench.gates.ab.heap)
+    seed: int = 0  # --dist-ab-seed, or drawn for this run
+    allow_missing: bool = False  # --dist-ab-allow-missing
+    fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
+    results: list = field(default_factory=list)
+
+    # -- before any rank starts -----------------------------------------------------------------
+
+    @classmethod
+    def from_options(cls, config) -> "ABSession | None":
+        """The run's A/B session, or None when no A/B option is given. Each side's interpreter is
+        run once now: it must import torch and a ddpbench of this run's rank protocol."""
+        if not any(config.getoption(name, None) for name in AB_OPTIONS):
+            return None
+        _refuse_what_ab_cannot_measure(config)
+        heap = config.getoption("dist_ab_heap", DEFAULT_HEAP)
+        common = heap_env(heap)
+        try:
+            baseline = make_side("baseline", config.getoption("dist_baseline_python"),
+                                 config.getoption("dist_baseline_path"),
+                                 parse_env_assignments(config.getoption("dist_baseline_env"), "--dist-baseline-env"),
+                                 common)
+            candidate = make_side("candidate", None, None,
+                                  parse_env_assignments(config.getoption("dist_candidate_env"),
+                                                        "--dist-candidate-env"), common)
+            ours = local_facts()
+            baseline = probe(baseline, ours["rank_protocol"])
+            candidate = (probe(candidate, ours["rank_protocol"]) if candidate.env
+                         else dataclasses.replace(candidate, facts=ours))
+        except SideError as exc:
+            raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
+        settings = ABSettings(threshold=config.getoption("dist_ab_threshold"),
+                              max_time_s=config.getoption("dist_ab_max_time"),
+                              block_time_s=config.getoption("dist_ab_block_time"),
+                              pools_per_side=config.getoption("dist_ab_pools_per_side"))
+        first_stage_blocks = 2 * settings.stage_sizes(settings.pools_per_side)[0]
+        if first_stage_blocks * settings.block_time_s > settings.max_time_s:
+            raise pytest.UsageError(
+                f"--dist-ab-block-time {settings.block_time_s:g} s: a case's first stage alone (always "
+                f"run, {first_stage_blocks} blocks) takes about {first_stage_blocks * settings.block_time_s:g} "
+                f"s, past --dist-ab-max-time {settings.max_time_s:g} s. Use a shorter block time or a "
+                f"longer cap (defaults: 0.1 s and 60 s)")
+        seed = config.getoption("dist_ab_seed")
+        return cls(baseline, candidate, settings, heap, seed=new_seed() if seed is None else seed,
+                   allow_missing=config.getoption("dist_ab_allow_missing"),
+                   fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"))
+
+    def sides(self) -> dict:
+        return {"baseline": self.baseline.describe(), "candidate": self.candidate.describe()}
+
+    def header_lines(self, world_sizes: list[int], cores: int, pinned: bool) -> list[str]:
+        s = self.settings
+        common = ", ".join(f"{k}={v}" for k, v in self.baseline.common_env) or "glibc's defaults"
+        lines = [f"threshold {s.threshold * 100:g}%, blocks of ~{s.block_time_s:g} s, {s.first_pairs} pairs "
+                 f"first, more up to {s.max_time_s:g} s per case, {s.pools_per_side} pool(s) per side, ranks "
+                 f"{'pinned one core each' if pinned else 'placed by the OS'} (--dist-pin-cores)",
+                 f"heap {self.heap}, both sides' ranks: {common} (--dist-ab-heap)",
+                 f"block order seed {self.seed} (--dist-ab-seed {self.seed} repeats it)",
+                 f"baseline  = {self.baseline.short()}",
+                 f"candidate = {self.candidate.short()}",
+                 *engine_lines(self.baseline, self.candidate)]
+        alive = 2 * s.pools_per_side * max(world_sizes)
+        if alive > cores:
+            lines.append(f"both sides' pools are alive at once ({alive} rank processes on {cores} cores); "
+                         f"only the pool measuring a block is busy")
+        return [f"ddpbench A/B: {line}" for line in lines]
+
+    # -- after collection -------------------------------------------------------------------------
+
+    def resolve_modules(self, session) -> list[str]:
+        """Where each side's ranks import the modules under test from (lines for the terminal);
+        a usage error when a baseline that names other code would import the candidate's."""
+        test_modules = {item.module for item in session.items if getattr(item, "module", None) is not None}
+        project = {str(session.config.rootpath)} | {os.path.dirname(m.__file__) for m in test_modules
+                                                     if getattr(m, "__file__", None)}
+        names = modules_under_test(test_modules, project)
+        try:
+            self.baseline = resolve_modules(self.baseline, names)
+            self.candidate = resolve_modules(self.candidate, names)
+            check_modules_differ(self.baseline, self.candidate)
+        except SideError as exc:
+            raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
+        lines = module_lines(self.baseline, self.candidate)
+        if not lines:
+            return []
+        return (["ddpbench A/B: where each side's ranks import the code under test from:"]
+                + [f"ddpbench A/B: {line}" for line in lines])
+
+    # -- each case --------------------------------------------------------------------------------
+
+    def measure(self, pool_for: Callable[[str, Any, int], Any], own_pool, workload, plan, timeout_s: float,
+                case_id: str, extra_info: dict) -> CaseRounds:
+        """The case on both sides, interleaved; returns the candidate's rounds (the case's own) and
+        puts the verdict's figures in ``extra_info["ab"]``. ``pool_for(side, launch, index)``
+        gives a side's pools: each side owns its own, even when both sides launch alike (A/A)."""
+        pools = {name: [pool_for(name, side.launch, j) for j in range(self.settings.pools_per_side)]
+                 for name, side in (("baseline", self.baseline), ("candidate", self.candidate))}
+        try:
+            outcome = run_case(pools, workload, plan, self.settings, timeout_s, case_id, self.seed)
+        except SideFailed as failure:
+            if failure.side == "candidate":
+                self._lost(case_id, failure)
+            return self._new(own_pool, workload, plan, timeout_s, case_id, extra_info, failure)
+        summary = outcome.summary(self.sides())
+        summary["heap"] = self.heap
+        summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
+        extra_info["ab"] = summary
+        self.results.append((case_id, summary, statistics.median(outcome.candidate.round_times)))
+        candidate = outcome.candidate
+        return CaseRounds(candidate.round_times, outcome.candidate_metrics, candidate.rank_cpus,
+                          candidate.rank_round_times)
+
+    def _lost(self, case_id: str, failure: SideFailed) -> None:
+        """The candidate lost a case the baseline ran (crashed, hung): a verdict of its own that
+        fails the run, or skips the case with --dist-ab-allow-missing."""
+        summary = {"verdict": "missing", "reason": f"candidate pool {failure.pool} failed",
+                   "error": str(failure), "seed": self.seed, "sides": self.sides()}
+        self.results.append((case_id, summary, None))
+        message = f"ddpbench A/B: the candidate lost this case (the baseline ran it): {failure}"
+        if self.allow_missing:
+            pytest.skip(f"{message.splitlines()[0]} (allowed by --dist-ab-allow-missing)")
+        pytest.fail(message, pytrace=False)
+
+    def _new(self, own_pool, workload, plan, timeout_s, case_id, extra_info, failure) -> CaseRounds:
+        """The baseline could not run this case (it fails or lacks it there): nothing to compare
+        with, so the candidate is measured alone and the verdict is ``new``."""
+        summary = {"verdict": "new", "reason": f"baseline pool {failure.pool} failed",
+                   "error": str(failure), "seed": self.seed, "sides": self.sides()}
+        extra_info["ab"] = summary
+        rounds = CaseRounds.of(own_pool.run(measure_workload, workload, plan, timeout_s=timeout_s))
+        self.results.append((case_id, summary, statistics.median(rounds.round_times)))
+        return rounds
+
+    # -- the run's end ----------------------------------------------------------------------------
+
+    def verdicts(self) -> list:
+        return ab_verdicts(self.results)
+
+    def exit_status(self) -> int:
+        return gate_outcome(self.verdicts(), self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)[0]
+
+    def summary_lines(self) -> list[tuple[str, bool]]:
+        """(line, whether it reports a failure) of the verdict table and the gate's outcome."""
+        cases = self.verdicts()
+        sides = {name: describe(desc) for name, desc in self.sides().items()}
+        lines = [(line, " regression" in line or " missing" in line)
+                 for line in format_text(cases, self.settings.threshold, sides).splitlines()]
+        _, outcome = gate_outcome(cases, self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)
+        lines += [(f"ddpbench A/B: {line}", "exit status 1" in line) for line in outcome]
+        lines.append((f"ddpbench A/B: block order seed {self.seed} (--dist-ab-seed {self.seed} repeats it)", False))
+        return lines
+
+    def lost_cases(self) -> list[dict]:
+        """The cases the candidate lost, for the run's JSON (they have no benchmark entry)."""
+        return [{"name": name, "ab": summary} for name, summary, _ in self.results
+                if summary.get("verdict") == "missing"]
+
+
+def _refuse_what_ab_cannot_measure(config) -> None:
+    """Option combinations A/B mode cannot measure, named with the fix."""
+    if config.getoption("dist_controller", None):
+        raise pytest.UsageError("A/B mode (--dist-baseline-* / --dist-candidate-env) runs local pools; "
+                                "it cannot be combined with --dist-controller")
+    if config.getoption("numprocesses", None):
+        raise pytest.UsageError("A/B mode interleaves both sides on this machine's cores: run without -n (xdist)")
+    if config.getoption("dist_warmup") == 0 and config.getoption("dist_rounds"):
+        raise pytest.UsageError(
+            "--dist-warmup=0 with --dist-rounds in A/B mode: A/B mode sizes its blocks of rounds "
+            "(--dist-ab-block-time) from a timed warm-up round, and fixed rounds skip the one it would "
+            "otherwise time. Use --dist-warmup=1 or more (--dist-rounds does not apply to A/B blocks)")
+
+
+__all__ = ["AB_OPTIONS", "ABSession", "LOST_CASES_KEY"]

@@ -1,0 +1,135 @@
+"""What only tests and the lab use: nothing here is on a timed path of the product.
+
+* **Slowdown injection**, to measure a gate's power: run pytest with ``-p ddpbench.testing`` and
+  ``DDPBENCH_INJECT_SLOWDOWN="all_reduce:10%"`` (a comma list of ``op:percent``) in the ranks'
+  environment — the whole run's, or one A/B side's through ``--dist-candidate-env``. Every
+  collective case is then wrapped in :class:`SlowedDown`, whose rounds busy-wait for that fraction
+  of the op's own time after the op where the variable names the op; such cases record
+  ``injected_slowdown_pct``. Never for real measurements.
+* **Rank probes** for the pool and dataset tests: :func:`rank_state`, :func:`set_fd_limit`.
+* **Training steps** outside the engine, for the parity tests: :func:`train_steps`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .workloads import Workload
+
+INJECT_ENV = "DDPBENCH_INJECT_SLOWDOWN"
+
+
+def parse_injected_slowdown(text: str | None) -> dict[str, float]:
+    """``"all_reduce:10%,broadcast:5"`` -> ``{"all_reduce": 0.10, "broadcast": 0.05}``."""
+    from .workloads.collectives import OPS
+
+    result: dict[str, float] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        op, sep, pct = item.partition(":")
+        op, pct = op.strip(), pct.strip().rstrip("%")
+        try:
+            value = float(pct)
+        except ValueError:
+            value = -1.0
+        if not sep or op not in OPS or not value >= 0:
+            raise ValueError(f"{INJECT_ENV}={text!r}: expected a comma list of op:percent with op in "
+                             f"{', '.join(OPS)} and percent >= 0, e.g. all_reduce:10%")
+        result[op] = value / 100.0
+    return result
+
+
+def _busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@dataclass(frozen=True)
+class SlowedDown(Workload):
+    """``inner`` (a collective), whose rounds take ``1 + fraction`` times the op's own time where
+    this rank's environment injects a slowdown for its op (:data:`INJECT_ENV`, read at set-up)."""
+
+    inner: Any
+
+    @property
+    def group(self):  # type: ignore[override]
+        return self.inner.group
+
+    @property
+    def pin_to_core(self):  # type: ignore[override]
+        return self.inner.pin_to_core
+
+    def skip_reason(self, spec):
+        return self.inner.skip_reason(spec)
+
+    def setup(self, ctx):
+        fraction = parse_injected_slowdown(os.environ.get(INJECT_ENV)).get(getattr(self.inner, "op", None), 0.0)
+        return {"inner": self.inner.setup(ctx), "fraction": fraction}
+
+    def run_round(self, state) -> None:
+        if not state["fraction"]:
+            self.inner.run_round(state["inner"])
+            return
+        start = time.perf_counter()
+        self.inner.run_round(state["inner"])
+        _busy_wait((time.perf_counter() - start) * state["fraction"])
+
+    def rank_metrics(self, state) -> dict[str, Any]:
+        metrics = dict(self.inner.rank_metrics(state["inner"]) or {})
+        if state["fraction"]:
+            metrics["injected_slowdown_pct"] = round(state["fraction"] * 100, 3)
+        return metrics
+
+    def check(self, state) -> None:
+        self.inner.check(state["inner"])
+
+    def teardown(self, state) -> None:
+        self.inner.teardown(state["inner"])
+
+    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
+        return self.inner.extra_info(world_size, median_s)
+
+
+def pytest_ddpbench_prepare_workload(workload, spec):
+    """With ``-p ddpbench.testing``: every collective case can be slowed down by the environment."""
+    from .workloads.collectives import Collective
+
+    return SlowedDown(workload) if isinstance(workload, Collective) else None
+
+
+def rank_state(ctx) -> dict[str, Any]:
+    """Pool task: open descriptors, mapped shm segments and sharing strategy of a rank."""
+    import torch.multiprocessing as tmp
+
+    from .workloads.datasets.resources import mapped_shm_segments, open_fd_count
+
+    return {"open_fds": open_fd_count(), "shm_segments": len(mapped_shm_segments()),
+            "strategy": tmp.get_sharing_strategy(), "pid": os.getpid()}
+
+
+def set_fd_limit(ctx, soft: int | None) -> int:
+    """Pool task: set this rank's soft RLIMIT_NOFILE (None: back to the hard limit); returns the
+    old soft limit."""
+    old_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if soft is None else soft, hard))
+    return old_soft
+
+
+def train_steps(ctx, workload, steps: int) -> dict[str, Any]:
+    """Pool task: set up a training ``workload`` on this rank, run ``steps`` optimizer steps, return
+    the per-step losses (after set-up) and the flattened final parameters."""
+    from .workloads.training.models import flat_parameters
+
+    state = workload.setup(ctx)
+    try:
+        losses = [state["loop"].step() for _ in range(steps)]
+        return {"losses": losses, "params": flat_parameters(state["loop"].module())}
+    finally:
+        workload.teardown(state)

@@ -1,0 +1,207 @@
+"""One rank's training loop per implementation (the rank side): ``manual`` (hand-written bucketed
+all-reduce), ``ddp`` (DistributedDataParallel), ``dataparallel`` (DataParallel over every GPU of
+one process). Lightning's loop is in :mod:`.lightning`."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from .models import build_model, loss_fn
+
+if TYPE_CHECKING:
+    from .workload import Training
+
+
+def _seed_model(workload: "Training", rank: int):
+    import torch
+
+    torch.manual_seed(workload.seed * 7919 + 104729 * rank + 1)  # rank-dependent on purpose
+    return build_model(workload.model)
+
+
+def _make_optimizer(workload: "Training", params):
+    import torch
+
+    return torch.optim.SGD(params, lr=workload.lr, momentum=workload.momentum)
+
+
+class _Loop:
+    """One rank's training loop; ``step()`` is one optimizer step over ``grad_accum`` micro-batches."""
+
+    def __init__(self, ctx, workload: "Training", data):
+        self.ctx = ctx
+        self.w = workload
+        self.inputs, self.targets = data
+        self.cursor = 0
+        self.losses: list[float] = []
+        # The (inputs, targets) micro-batches of the last finished optimizer step (Training.check).
+        self.last_step_batches: list = []
+        self.optimizer = None  # the torch optimizer (Training.check reads its momentum buffers)
+
+    def next_batch(self):
+        i = self.cursor % self.inputs.shape[0]
+        self.cursor += 1
+        return self.inputs[i], self.targets[i]
+
+    @contextlib.contextmanager
+    def training_on(self, inputs, targets):
+        """Take micro-batches from ``inputs`` / ``targets`` (shaped as the loop's data) until the
+        block ends, then go back to the loop's own data where it left off (Training.check)."""
+        saved = self.inputs, self.targets, self.cursor
+        self.inputs, self.targets, self.cursor = inputs, targets, 0
+        try:
+            yield
+        finally:
+            self.inputs, self.targets, self.cursor = saved
+
+    def module(self):
+        raise NotImplementedError
+
+    def step(self) -> float:
+        """One optimizer step: ``grad_accum`` micro-batches, each loss scaled by 1/grad_accum,
+        then ``_before_optimizer_step`` (where a loop reduces gradients itself) and the step."""
+        accum = self.w.grad_accum
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        batches = []
+        for i in range(accum):
+            x, y = self.next_batch()
+            batches.append((x, y))
+            total += self._micro_step(x, y, accum, last=i == accum - 1)
+        self._before_optimizer_step()
+        self.optimizer.step()
+        self.losses.append(total / accum)
+        self.last_step_batches = batches
+        return self.losses[-1]
+
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
+        """Forward and backward of one micro-batch; returns its (unscaled) loss."""
+        raise NotImplementedError
+
+    def _before_optimizer_step(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _broadcast_from_rank0(tensors) -> None:
+    import torch
+    import torch.distributed as dist
+
+    tensors = list(tensors)
+    if not tensors:
+        return
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    dist.broadcast(flat, src=0)
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
+def make_buckets(params, cap_bytes: int) -> list[list]:
+    """Group parameters (reverse registration order, as DDP does) into buckets of <= cap_bytes.
+
+    A parameter larger than the cap gets a bucket of its own.
+    """
+    buckets: list[list] = []
+    current: list = []
+    size = 0
+    for p in reversed([p for p in params if p.requires_grad]):
+        nbytes = p.numel() * p.element_size()
+        if current and size + nbytes > cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def reduce_gradients(buckets, world_size: int) -> None:
+    """Average gradients over ranks: per bucket, flatten, all_reduce (sum), divide, copy back."""
+    import torch
+    import torch.distributed as dist
+
+    for bucket in buckets:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat.div_(world_size)
+        offset = 0
+        for p, g in zip(bucket, grads):
+            n = g.numel()
+            if p.grad is None:
+                p.grad = g
+            p.grad.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+
+
+class _ManualLoop(_Loop):
+    def __init__(self, ctx, workload, data):
+        super().__init__(ctx, workload, data)
+        self.model = _seed_model(workload, ctx.rank).to(ctx.device)
+        _broadcast_from_rank0(list(self.model.parameters()) + list(self.model.buffers()))
+        self.buckets = make_buckets(self.model.parameters(), int(workload.bucket_cap_mb * 1024 * 1024))
+        self.optimizer = _make_optimizer(workload, self.model.parameters())
+
+    def module(self):
+        return self.model
+
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
+        loss = loss_fn(self.model(x), y)
+        (loss / accum).backward()  # gradients add up locally across micro-batches
+        return float(loss.detach())
+
+    def _before_optimizer_step(self) -> None:
+        reduce_gradients(self.buckets, self.ctx.world_size)  # once per optimizer step
+
+
+class _DDPLoop(_Loop):
+    def __init__(self, ctx, workload, data):
+        from torch.nn.parallel import DistributedDataParallel
+
+        super().__init__(ctx, workload, data)
+        model = _seed_model(workload, ctx.rank).to(ctx.device)
+        device_ids = [ctx.device.index] if ctx.device_type == "cuda" else None
+        self.ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=workload.bucket_cap_mb)
+        self.optimizer = _make_optimizer(workload, self.ddp.parameters())
+
+    def module(self):
+        return self.ddp.module
+
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
+        # DDP all-reduces during the last micro-batch's backward; no_sync() skips the others.
+        with contextlib.nullcontext() if last else self.ddp.no_sync():
+            loss = loss_fn(self.ddp(x), y)
+            (loss / accum).backward()
+        return float(loss.detach())
+
+
+class _DataParallelLoop(_Loop):
+    """Single process, every visible GPU; the data already holds batch_size x GPUs per micro-batch."""
+
+    def __init__(self, ctx, workload, data):
+        import torch
+
+        super().__init__(ctx, workload, data)
+        model = _seed_model(workload, 0).to(torch.device("cuda", 0))
+        self.dp = torch.nn.DataParallel(model)
+        self.optimizer = _make_optimizer(workload, self.dp.parameters())
+
+    def module(self):
+        return self.dp.module
+
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
+        out = self.dp(x)
+        loss = loss_fn(out, y.to(out.device))
+        (loss / accum).backward()
+        return float(loss.detach())
+
+
+# The loop of each implementation but Lightning (Training.loops; a subclass may swap one).
+LOOPS = {"manual": _ManualLoop, "ddp": _DDPLoop, "dataparallel": _DataParallelLoop}

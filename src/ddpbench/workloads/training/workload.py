@@ -1,0 +1,295 @@
+"""The training workload: one optimizer step per round, with its check against the reference step."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .. import Workload
+from .lightning import _LightningLoop, lightning_unavailable_reason
+from .loops import LOOPS
+from .memory import _CpuMemoryProbe
+from .models import CHECK_DATA_SEED_OFFSET, IMPLS, MODELS, SEQ_LEN, _parameter_bytes, flat_parameters, make_data
+from .reference import StepComparison, _full_float32, _gather_cat, check_rtol, max_pool_routing, reference_step
+
+
+@dataclass(frozen=True)
+class Training(Workload):
+    """One training configuration; a round is one optimizer step."""
+
+    model: str
+    impl: str
+    batch_size: int = 32  # per rank and micro-batch (dataparallel: per GPU)
+    grad_accum: int = 1
+    seed: int = 0
+    lr: float = 0.05
+    momentum: float = 0.9
+    data_batches: int = 8  # distinct micro-batches per rank, cycled
+    bucket_cap_mb: float = 25.0
+    measure_memory: bool = True  # CPU: one extra untimed step under the memory profiler
+    # The loop of each implementation but Lightning's (a subclass may swap one in).
+    loops: ClassVar[dict] = LOOPS
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; expected one of {', '.join(MODELS)}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"unknown training implementation {self.impl!r}; expected one of {', '.join(IMPLS)}")
+        for name in ("batch_size", "grad_accum", "data_batches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if not self.bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}")
+
+    @property
+    def group(self) -> str:  # type: ignore[override]
+        return f"training-{self.model}"
+
+    @property
+    def samples_per_step_per_rank(self) -> int:
+        return self.batch_size * self.grad_accum
+
+    def setup(self, ctx) -> dict[str, Any]:
+        import torch
+
+        started = time.perf_counter()
+        batch = self.batch_size
+        if self.impl == "dataparallel":
+            if ctx.device_type != "cuda" or ctx.world_size != 1:
+                raise ValueError("impl 'dataparallel' runs in a single process over every visible GPU: "
+                                 "it needs a CUDA pool of world size 1")
+            batch *= torch.cuda.device_count()
+        elif self.impl == "lightning":
+            reason = lightning_unavailable_reason()
+            if reason:
+                raise RuntimeError(reason)
+        inputs, targets = make_data(self.model, batch, self.data_batches, self.seed, ctx.rank)
+        device = torch.device("cuda", 0) if self.impl == "dataparallel" else ctx.device
+        data = (inputs.to(device), targets.to(device))
+        on_cpu = ctx.device_type != "cuda"
+        state: dict[str, Any] = {"ctx": ctx, "peak_memory_bytes": None}
+        if self.impl == "lightning":
+            loop = _LightningLoop(ctx, self, data, memory_probe=self.measure_memory)
+            state["peak_memory_bytes"] = loop.peak_memory_bytes
+        else:
+            probe = _CpuMemoryProbe().start() if (self.measure_memory and on_cpu) else None
+            loop = None
+            try:
+                loop = self.loops[self.impl](ctx, self, data)
+                if self.measure_memory:
+                    loop.step()  # the untimed memory step (same for every impl)
+            finally:
+                if probe is not None:
+                    floor = _parameter_bytes(loop.module()) if loop is not None else 0
+                    state["peak_memory_bytes"] = probe.stop(floor_bytes=floor)
+        state["loop"] = loop
+        state["setup_seconds"] = time.perf_counter() - started
+        return state
+
+    def run_round(self, state) -> None:
+        state["loop"].step()
+
+    def rank_metrics(self, state) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        ctx, loop = state["ctx"], state["loop"]
+        # final_loss: the last step's loss averaged over ranks (each rank saw different data).
+        last = torch.tensor([loop.losses[-1] if loop.losses else float("nan")], dtype=torch.float64,
+                            device=ctx.device)
+        if self.impl != "dataparallel":
+            dist.all_reduce(last, op=dist.ReduceOp.SUM)
+            last /= ctx.world_size
+        metrics: dict[str, Any] = {
+            "final_loss": float(last.item()),
+            "optimizer_steps": len(loop.losses),
+            "setup_seconds": round(state["setup_seconds"], 4),
+        }
+        if state["peak_memory_bytes"] is not None:  # CPU; on CUDA the engine reports it
+            metrics["peak_memory_bytes"] = state["peak_memory_bytes"]
+        return metrics
+
+    def check(self, state) -> None:
+        """The losses are finite, every rank holds rank 0's parameters, and one more optimizer step
+        (untimed, on fresh micro-batches the loop has not trained on) matches
+        :func:`reference_step`: a single-process step in float64 on the gathered micro-batches of
+        that step from every rank. The gradient the implementation left on each
+        parameter must be the reference's (the average over the global batch) and the parameters
+        must have moved from their start by the reference's SGD update, each within
+        :func:`check_rtol` of its size."""
+        ctx, loop = state["ctx"], state["loop"]
+        who = f"{self.impl}/{self.model} on rank {ctx.rank}"
+        distributed = self.impl != "dataparallel" and ctx.world_size > 1
+        _check_finite_losses(who, loop.losses)
+        if distributed:
+            _check_ranks_agree(who, ctx, loop.module())
+        step = self._checked_step(ctx, loop)
+        if not step.batches:
+            raise AssertionError(f"{who}: the optimizer step recorded no micro-batches")
+        comparison = step.compare_with(self._reference(ctx, step, distributed), check_rtol(ctx.device_type),
+                                       ctx.world_size if distributed else 1)
+        problems = [] if len(step.batches) == self.grad_accum else [
+            f"the step ran {len(step.batches)} micro-batches on this rank, expected grad_accum = {self.grad_accum}"]
+        problems += comparison.problems()
+        if problems:
+            raise AssertionError(
+                f"{who}: one optimizer step differs from a single-process float64 step on the "
+                f"{step.samples(distributed)} gathered samples of that step: " + "; ".join(problems))
+
+    def _checked_step(self, ctx, loop) -> "CheckedStep":
+        """One more optimizer step, on micro-batches the loop has never seen, labelled by another
+        teacher: after hundreds of timed steps a model fits its own few batches so closely that
+        float32 rounding alone puts its tiny gradient percents off the float64 reference (that
+        would test rounding, not the reduction); fresh batches give O(1) losses and gradients."""
+        model = loop.module()
+        step = CheckedStep.before(model, loop.optimizer)
+        fresh = make_data(self.model, loop.inputs.shape[1], self.grad_accum, self.seed + CHECK_DATA_SEED_OFFSET,
+                          ctx.rank)
+        # DataParallel's replicas run the pooling on several threads: no single routing to follow.
+        routing = max_pool_routing(model) if self.impl != "dataparallel" else contextlib.nullcontext([])
+        with loop.training_on(*(t.to(loop.inputs.device) for t in fresh)), _full_float32(ctx.device_type), \
+                routing as routes:
+            loop.step()
+        step.after(loop.last_step_batches, routes)
+        return step
+
+    def _reference(self, ctx, step: "CheckedStep", distributed: bool):
+        """(gradient, update) of the reference step on the global batch: computed on rank 0 (or
+        the only process) and broadcast, so every rank compares with the same numbers."""
+        import torch
+        import torch.distributed as dist
+
+        inputs, targets, routes = step.global_batch(distributed)
+        total = sum(step.sizes)
+        if not distributed or ctx.rank == 0:
+            grad_ref, update_ref = reference_step(self, step.start_state, inputs, targets, step.momentum, routes)
+            packed = torch.cat([grad_ref, update_ref]).to(inputs.device)
+        else:
+            packed = torch.empty(2 * total, dtype=torch.float64, device=inputs.device)
+        if distributed:
+            dist.broadcast(packed, src=0)
+        return packed.cpu().split(total)
+
+    def teardown(self, state) -> None:
+        loop = state.get("loop")
+        if loop is not None:
+            loop.close()
+        state.clear()
+
+    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "impl": self.impl,
+            "model": self.model,
+            "grad_accum": self.grad_accum,
+            "batch_size": self.batch_size,
+        }
+        replicas = world_size
+        if self.impl == "dataparallel":
+            try:
+                import torch
+
+                replicas = max(1, torch.cuda.device_count())
+            except Exception:  # pragma: no cover - no torch/CUDA in the controller
+                replicas = 1
+        samples = self.samples_per_step_per_rank * replicas
+        info["samples_per_second"] = round(samples / median_s, 3)
+        if self.model == "lstm":
+            info["characters_per_second"] = round(samples * SEQ_LEN / median_s, 1)
+        return info
+
+
+def _check_finite_losses(who: str, losses: list[float]) -> None:
+    import math
+
+    bad = [loss for loss in losses if not math.isfinite(loss)]
+    if bad:
+        raise AssertionError(f"{who}: non-finite loss {bad[0]}")
+
+
+def _check_ranks_agree(who: str, ctx, model) -> None:
+    """Every rank holds rank 0's parameters; every rank reaches the same verdict (a rank that
+    raised alone would leave the others waiting in the reference step's collectives)."""
+    import torch
+    import torch.distributed as dist
+
+    mine = flat_parameters(model).to(ctx.device)
+    reference = mine.clone()
+    dist.broadcast(reference, src=0)
+    off = (mine - reference).abs() - 1e-5 * reference.abs()
+    worst = torch.stack([off.max(), (mine - reference).abs().max()]).to(torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    if float(worst[0]) > 1e-6:
+        diff = float((mine - reference).abs().max())
+        raise AssertionError(
+            f"{who}: the ranks' parameters differ from rank 0's after training (max |diff| "
+            f"{float(worst[1]):.3g} over all ranks, {diff:.3g} on this rank); the gradient "
+            f"reduction is broken")
+
+
+@dataclass
+class CheckedStep:
+    """The check's optimizer step as this rank saw it: the model before it (parameters, state,
+    momentum buffers), then its micro-batches and the max-pooling routes it took."""
+
+    params: list
+    names: list[str]
+    start_state: dict
+    start: list
+    momentum: list
+    batches: list = field(default_factory=list)
+    routes: list = field(default_factory=list)
+
+    @classmethod
+    def before(cls, model, optimizer) -> "CheckedStep":
+        params = [p for p in model.parameters() if p.requires_grad]
+        state = optimizer.state if optimizer is not None else {}
+        momentum = [state.get(p, {}).get("momentum_buffer") for p in params]
+        return cls(params, [name for name, p in model.named_parameters() if p.requires_grad],
+                   {k: v.detach().clone() for k, v in model.state_dict().items()},
+                   [p.detach().clone() for p in params], [None if m is None else m.detach().clone() for m in momentum])
+
+    def after(self, batches: list, routes: list) -> None:
+        self.batches, self.routes = batches, routes
+
+    @property
+    def sizes(self) -> list[int]:
+        return [p.numel() for p in self.params]
+
+    def global_batch(self, distributed: bool):
+        """(inputs, targets, pooling routes or None) of the step over every rank, in rank order."""
+        import torch
+
+        inputs = torch.cat([x for x, _ in self.batches])
+        targets = torch.cat([y for _, y in self.batches])
+        routes = [torch.cat(calls) for calls in self.routes if calls]
+        if distributed:
+            inputs, targets = _gather_cat(inputs), _gather_cat(targets)
+            routes = [_gather_cat(indices) for indices in routes]
+        return inputs, targets, routes if len(routes) == len(self.routes) else None
+
+    def samples(self, distributed: bool) -> int:
+        per_rank = sum(x.shape[0] for x, _ in self.batches)
+        if not distributed:
+            return per_rank
+        import torch.distributed as dist
+
+        return per_rank * dist.get_world_size()
+
+    def compare_with(self, reference, rtol: float, world_size: int) -> StepComparison:
+        import torch
+
+        grad_ref, update_ref = reference
+        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                           .to("cpu", torch.float64) for p in self.params])
+        moved = torch.cat([(p.detach() - s0).reshape(-1).to("cpu", torch.float64)
+                           for p, s0 in zip(self.params, self.start)])
+        # A parameter is stored in float32: its new value is off the exact one by up to half an ulp.
+        rounding = [torch.finfo(s0.dtype).eps * float(s0.norm()) for s0 in self.start]
+        return StepComparison(self.names, self.sizes, grads, grad_ref, moved, update_ref, rounding, rtol, world_size)

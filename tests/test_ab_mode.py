@@ -211,7 +211,7 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert text.returncode == 1 and "regression" in text.stdout and "test_sleep" in text.stdout
     markdown = subprocess.run(cli + ["--markdown"], capture_output=True, text=True)
     assert markdown.returncode == 1
-    assert "| case | baseline median (ms) |" in markdown.stdout and "❌ regression" in markdown.stdout
+    assert "| case | baseline median (ms) |" in markdown.stdout and "❌ **regression**" in markdown.stdout
 
 
 def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
@@ -375,19 +375,19 @@ def test_a_case_the_candidate_lost_fails_the_run_and_one_the_baseline_lacks_is_n
                                "*--- candidate pool 0, rank 0 traceback ---*",
                                "*RuntimeError: the step broke*",
                                "*test_crashy*missing (candidate pool 0 failed)*",
-                               "*1 case(s) the baseline ran were lost on the candidate side (*test_crashy*)*"
-                               "exit status 1*"])
+                               "*1 case(s) the baseline has were lost by the candidate run (*test_crashy*)*"
+                               "Exit status 1*"])
     cli = [sys.executable, "-m", "ddpbench.cli", "compare", str(pytester.path / "run.json")]
     text = subprocess.run(cli, capture_output=True, text=True)
     assert text.returncode == 1, text.stdout + text.stderr
-    assert "test_crashy[gloo-2p]" in text.stdout and "lost on the candidate side" in text.stdout
+    assert "test_crashy[gloo-2p]" in text.stdout and "lost by the candidate run" in text.stdout
     allowed = subprocess.run(cli + ["--allow-missing"], capture_output=True, text=True)
     assert allowed.returncode == 0 and "allowed by --allow-missing" in allowed.stdout
 
     skipped = pytester.runpytest_subprocess("--dist-candidate-env", "CRASH_IN_ROUND=1", "-k", "crashy",
                                             "--dist-ab-allow-missing", *common, timeout=300)
     assert skipped.ret == 0, skipped.stdout.str()
-    skipped.stdout.fnmatch_lines(["*1 case(s) the baseline ran were lost on the candidate side*allowed by "
+    skipped.stdout.fnmatch_lines(["*1 case(s) the baseline has were lost by the candidate run*allowed by "
                                   "--dist-ab-allow-missing*"])
 
     new = pytester.runpytest_subprocess("--dist-baseline-env", "CRASH_IN_ROUND=1", "-k", "crashy", *common,

@@ -15,6 +15,7 @@ from benchjson import bench, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import calibration
 from ddpbench.gates import compare as cmp
+from ddpbench.gates import stats
 
 ROUNDS = 30
 NOISE = 0.05  # lognormal sigma: 5% round-to-round noise
@@ -39,18 +40,18 @@ def two_runs(tmp_path, base_cases, cur_cases, base_probe=0.001, cur_probe=0.001,
 
 def test_mann_whitney_matches_the_textbook_value():
     # fully separated samples of 10: U = 0, z = (50 - 0.5) / sqrt(175), two-sided p = 1.83e-4
-    assert cmp.mann_whitney_p(range(1, 11), range(11, 21)) == pytest.approx(1.83e-4, rel=0.02)
-    assert cmp.mann_whitney_p(range(11, 21), range(1, 11)) == pytest.approx(1.83e-4, rel=0.02)
-    assert cmp.mann_whitney_p([1.0] * 8, [1.0] * 8) == 1.0  # all ties: no evidence
-    assert cmp.mann_whitney_p([1, 3, 5, 7], [2, 4, 6, 8]) > 0.5
+    assert stats.mann_whitney_p(range(1, 11), range(11, 21)) == pytest.approx(1.83e-4, rel=0.02)
+    assert stats.mann_whitney_p(range(11, 21), range(1, 11)) == pytest.approx(1.83e-4, rel=0.02)
+    assert stats.mann_whitney_p([1.0] * 8, [1.0] * 8) == 1.0  # all ties: no evidence
+    assert stats.mann_whitney_p([1, 3, 5, 7], [2, 4, 6, 8]) > 0.5
 
 
 def test_bootstrap_interval_contains_the_point_ratio_and_is_deterministic():
     rng = np.random.default_rng(1)
     a, b = sample(rng, 1.0), sample(rng, 1.3)
-    lo, hi = cmp.bootstrap_ratio_ci(a, b)
+    lo, hi = stats.bootstrap_ratio_ci(a, b)
     assert lo < np.median(b) / np.median(a) < hi
-    assert (lo, hi) == cmp.bootstrap_ratio_ci(a, b)  # fixed seed: same files, same verdicts
+    assert (lo, hi) == stats.bootstrap_ratio_ci(a, b)  # fixed seed: same files, same verdicts
 
 
 def _trials(shift, trials, threshold=cmp.DEFAULT_THRESHOLD, seed=0, n=ROUNDS, sigma=NOISE):
@@ -105,7 +106,7 @@ def test_interval_covers_the_true_ratio_at_about_the_stated_rate():
     rng = np.random.default_rng(3)
     covered = 0
     for i in range(100):
-        lo, hi = cmp.bootstrap_ratio_ci(sample(rng, 1.0, n=40), sample(rng, 1.2, n=40), seed=i)
+        lo, hi = stats.bootstrap_ratio_ci(sample(rng, 1.0, n=40), sample(rng, 1.2, n=40), seed=i)
         covered += lo <= 1.2 <= hi
     assert covered >= 88
 
@@ -261,7 +262,8 @@ def test_cli_new_and_missing_cases(tmp_path, capsys):
     rc, out, err = _main(capsys, "compare", b, c, "--json")
     # A case the baseline has and the current run lost (crashed, hung, removed) fails the gate.
     assert rc == 1
-    assert "1 case(s) of the baseline are missing from the current run (benchmarks/test_x.py::test_broadcast[gloo-2p-1MB])" in err
+    assert ("1 case(s) the baseline has were lost by the current run (benchmarks/test_x.py::test_broadcast[gloo-2p-1MB]): "
+            "crashed, hung or removed") in err
     doc = json.loads(out)
     verdicts = {case["name"]: case["verdict"] for case in doc["cases"]}
     assert verdicts == {"test_all_reduce[gloo-2p-1MB]": "same", "test_new[x]": "new",

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .gates import compare as cmp
+from .gates import verdicts
 from . import options as opts
 
 DEFAULT_STORAGE = ".benchmarks"
@@ -91,29 +92,30 @@ def _error(command: str, message: str) -> int:
     return 2
 
 
-def run_ab_verdicts(args, run) -> int:
-    """``ddpbench compare AB_RUN.json``: the verdicts an A/B run measured (exit 1 on a regression)."""
-    from .gates import verdicts as ab_report
-
-    cases = [ab_report.CaseVerdict(case.fullname, case.extra_info["ab"], case.median)
-             for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
-    cases += [ab_report.CaseVerdict(str(lost.get("name", "?")), lost["ab"], None)
-              for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
-    threshold = None
-    for case in cases:
-        threshold = case.ab.get("threshold", threshold)
-    sides = ab_report.side_descriptions(cases)
-    status, lines = ab_report.gate_outcome(cases, args.allow_missing, args.fail_on_inconclusive)
+def _print_report(args, report) -> int:
+    """The report in the format asked for, then the gate's outcome; returns the exit status."""
+    status, lines = report.gate_status(args.allow_missing, args.fail_on_inconclusive)
     if args.json:
-        print(ab_report.format_json(cases))
+        print(verdicts.format_json(report))
     elif args.markdown:
-        print(ab_report.format_markdown(cases, threshold, sides))
-        print("\n".join(["", *[f"- {line}" for line in lines]]) if lines else "")
+        print(verdicts.format_markdown(report))
     else:
-        print(ab_report.format_text(cases, threshold, sides))
-        for line in lines:
-            print(line)
+        print(verdicts.format_text(report))
+    if lines and args.markdown:
+        print()
+    for line in lines:  # after JSON they go to stderr, so stdout stays one JSON document
+        print(("- " if args.markdown else "") + line, file=sys.stderr if args.json else sys.stdout)
     return status
+
+
+def run_ab_verdicts(args, run) -> int:
+    """``ddpbench compare AB_RUN.json``: the verdicts an A/B run measured (exit 1 on a regression
+    or a case the candidate lost)."""
+    cases = [verdicts.ab_verdict(case.fullname, case.extra_info["ab"], case.median)
+             for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
+    cases += [verdicts.ab_verdict(str(lost.get("name", "?")), lost["ab"], None)
+              for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
+    return _print_report(args, verdicts.ab_report(cases))
 
 
 def run_compare(args) -> int:
@@ -142,12 +144,7 @@ def run_compare(args) -> int:
                                   calibration=args.calibration)
     except cmp.CompareError as exc:
         return _error("compare", str(exc))
-    if args.json:
-        print(cmp.format_json(result))
-    elif args.markdown:
-        print(cmp.format_markdown(result))
-    else:
-        print(cmp.format_text(result))
+    status = _print_report(args, result)
     if args.chart:
         from .report import MatplotlibMissing, compare_chart
 
@@ -160,9 +157,6 @@ def run_compare(args) -> int:
         return _error("compare", "the runs lack raw round times, so the noise-aware gate could not run "
                                  "(verdicts above come from summary stats). Save runs with "
                                  "--benchmark-save-data, or pass --allow-summary-stats to accept them")
-    status, lines = result.gate_status(args.allow_missing, args.fail_on_inconclusive)
-    for line in lines:
-        print(line, file=sys.stderr if args.json else sys.stdout)
     return status
 
 

@@ -1,18 +1,8 @@
-"""Noise-aware regression verdicts over pytest-benchmark JSON (saved runs or --benchmark-json files).
-
-Per case (matched by pytest-benchmark's ``fullname``):
-
-* ``ratio`` = median(current rounds) / median(baseline rounds), divided by the machine-drift factor
-  when compare normalises (see below). >1 means slower.
-* a confidence interval of that ratio from the raw rounds: a percentile bootstrap of the ratio of
-  medians (fixed seed, so the same files always give the same verdicts), plus a two-sided
-  Mann-Whitney U test of the two samples (normal approximation with tie correction), as asv does.
-* verdict: ``regression`` when ratio > 1 + threshold AND the slowdown is significant (the interval
-  lies above 1 and the rank test rejects at 1 - confidence); ``improvement`` symmetrically (ratio <
-  1 / (1 + threshold), interval below 1, rank test rejects); ``same`` when the whole interval lies
-  within [1 / (1 + threshold), 1 + threshold]; ``inconclusive`` otherwise; ``new`` for cases only
-  in the current run; ``missing`` for cases the baseline has and the current run lost (it crashed,
-  hung or no longer has them): the gate fails on those unless told to allow them.
+"""The stored-baseline gate: noise-aware verdicts between two pytest-benchmark runs (saved runs or
+--benchmark-json files), case by case (matched by pytest-benchmark's ``fullname``), in the gates'
+one vocabulary (:mod:`.verdicts`) from the ratio of the medians, its bootstrap interval and the
+Mann-Whitney p (:mod:`.stats`). A case the baseline has and the current run lacks is ``missing``
+(it crashed, hung or was removed); one only the current run has is ``new``.
 
 Runs saved without ``--benchmark-save-data`` hold only summary statistics: compare then falls back
 to the medians with an interval from the IQR and round counts (normal approximation of the median's
@@ -36,19 +26,19 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import stats, verdicts
 from .calibration import MAX_PROBE_SPREAD, drift_factor, overload, probe_of, probe_spread
+from .verdicts import CaseVerdict, Column, GateReport
 
 DEFAULT_THRESHOLD = 0.10
-DEFAULT_CONFIDENCE = 0.95
+DEFAULT_CONFIDENCE = stats.DEFAULT_CONFIDENCE
 DRIFT_TOLERANCE = 0.10
-BOOTSTRAP_RESAMPLES = 2000
-VERDICTS = ("regression", "missing", "improvement", "inconclusive", "same", "new")
 # machine_info fields whose difference makes timings hard to compare
 MACHINE_FIELDS = ("node", "processor", "machine", "system", "release", "python_implementation",
                   "python_version", "ddpbench_gpus")
@@ -239,155 +229,28 @@ def default_runs(storage: str | Path) -> tuple[Path, Path]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Statistics
-# ----------------------------------------------------------------------------------------------
-
-
-def bootstrap_ratio_ci(baseline, current, confidence: float = DEFAULT_CONFIDENCE,
-                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
-    """Percentile-bootstrap interval of median(current) / median(baseline)."""
-    base = np.asarray(baseline, dtype=float)
-    cur = np.asarray(current, dtype=float)
-    rng = np.random.default_rng(seed)
-    base_medians = np.median(base[rng.integers(0, base.size, (resamples, base.size))], axis=1)
-    cur_medians = np.median(cur[rng.integers(0, cur.size, (resamples, cur.size))], axis=1)
-    ratios = cur_medians / base_medians
-    alpha = 1.0 - confidence
-    lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
-    return float(lo), float(hi)
-
-
-def mann_whitney_p(baseline, current) -> float:
-    """Two-sided Mann-Whitney U p-value (normal approximation, tie-corrected, continuity-corrected)."""
-    a = np.asarray(baseline, dtype=float)
-    b = np.asarray(current, dtype=float)
-    n1, n2 = a.size, b.size
-    if n1 == 0 or n2 == 0:
-        return 1.0
-    combined = np.concatenate([a, b])
-    order = np.argsort(combined, kind="mergesort")
-    ranks = np.empty(combined.size, dtype=float)
-    sorted_vals = combined[order]
-    # average ranks for ties
-    _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
-    avg = first + (counts + 1) / 2.0  # 1-based average rank of each tie block
-    ranks[order] = np.repeat(avg, counts)
-    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
-    mean_u = n1 * n2 / 2.0
-    n = n1 + n2
-    tie_term = float((counts ** 3 - counts).sum())
-    var_u = n1 * n2 / 12.0 * ((n + 1) - tie_term / (n * (n - 1))) if n > 1 else 0.0
-    if var_u <= 0:
-        return 1.0
-    z = (abs(u1 - mean_u) - 0.5) / math.sqrt(var_u)
-    if z <= 0:
-        return 1.0
-    return float(math.erfc(z / math.sqrt(2.0)))
-
-
-def _z(confidence: float) -> float:
-    """Two-sided normal quantile, by bisection on erfc (no scipy)."""
-    target = 1.0 - confidence
-    lo, hi = 0.0, 10.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if math.erfc(mid / math.sqrt(2.0)) > target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def summary_ratio_ci(base_stats: dict, cur_stats: dict,
-                     confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float]:
-    """(ratio, lo, hi) from summary stats only: the median's standard error ~ 1.253 * sigma / sqrt(n)
-    with sigma ~ IQR / 1.349, combined on the log scale."""
-    def rel_se(stats):
-        n = max(int(stats.get("rounds") or 1), 1)
-        iqr = stats.get("iqr") if _number(stats.get("iqr")) else 0.0
-        sigma = iqr / 1.349
-        return 1.2533 * sigma / math.sqrt(n) / float(stats["median"])
-
-    ratio = float(cur_stats["median"]) / float(base_stats["median"])
-    se = math.hypot(rel_se(base_stats), rel_se(cur_stats))
-    z = _z(confidence)
-    return ratio, ratio * math.exp(-z * se), ratio * math.exp(z * se)
-
-
-# ----------------------------------------------------------------------------------------------
 # Comparison
 # ----------------------------------------------------------------------------------------------
 
 
 @dataclass
-class CaseVerdict:
-    name: str
-    fullname: str
-    verdict: str
-    baseline_median_s: float | None = None
-    current_median_s: float | None = None
-    ratio: float | None = None  # normalised when Comparison.normalised
-    ci_low: float | None = None
-    ci_high: float | None = None
-    p_value: float | None = None
-    baseline_rounds: int | None = None
-    current_rounds: int | None = None
-    method: str | None = None  # "bootstrap+mann-whitney" or "summary-stats"
-    calibrated: bool = False  # the ratio was divided by the machine-drift factor
+class Comparison(GateReport):
+    """Two stored runs' verdicts (a :class:`GateReport`) and the machine drift between them."""
 
-
-@dataclass
-class Comparison:
-    baseline: str
-    current: str
-    threshold: float
-    confidence: float
-    cases: list[CaseVerdict]
+    baseline: str = ""
+    current: str = ""
     drift: float | None = None  # current / baseline calibration probe
-    normalised: bool = False
-    summary_only: bool = False
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def count(self, verdict: str) -> int:
-        return sum(1 for case in self.cases if case.verdict == verdict)
-
-    @property
-    def regressions(self) -> list[CaseVerdict]:
-        return [case for case in self.cases if case.verdict == "regression"]
-
-    def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False) -> tuple[int, list[str]]:
-        """(exit status, lines saying why): 1 for a regression or a lost case (unless
-        ``allow_missing``), and for an inconclusive case with ``fail_on_inconclusive``."""
-        status, lines = 0, []
-        if self.count("regression"):
-            status = 1
-            lines.append(f"{self.count('regression')} regression(s): exit status 1")
-        missing = [c.fullname for c in self.cases if c.verdict == "missing"]
-        if missing:
-            names = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            if allow_missing:
-                lines.append(f"{len(missing)} case(s) of the baseline are missing from the current run "
-                             f"({names}); allowed by --allow-missing")
-            else:
-                status = 1
-                lines.append(f"{len(missing)} case(s) of the baseline are missing from the current run "
-                             f"({names}): crashed, hung or removed. Exit status 1 (--allow-missing "
-                             f"accepts them)")
-        if self.count("inconclusive"):
-            if fail_on_inconclusive:
-                status = 1
-                lines.append(f"{self.count('inconclusive')} inconclusive case(s): exit status 1 "
-                             f"(--fail-on-inconclusive)")
-            else:
-                lines.append(f"{self.count('inconclusive')} inconclusive case(s): not a failure "
-                             f"(--fail-on-inconclusive makes them one)")
-        return status, lines
+    normalised: bool = False  # the CPU cases' ratios were divided by the drift
+    summary_only: bool = False  # a run lacks raw rounds: verdicts from summary statistics
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["counts"] = {v: self.count(v) for v in VERDICTS}
+        out = super().to_dict()
+        out.update(baseline=self.baseline, current=self.current, drift=self.drift, normalised=self.normalised,
+                   summary_only=self.summary_only)
         return out
+
+
+ROUNDS_COLUMN = Column("rounds", lambda c: "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}")
 
 
 def machine_differences(base: dict, cur: dict) -> list[str]:
@@ -411,7 +274,9 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         raise CompareError(f"--confidence must be between 0 and 1, got {confidence}")
     if calibration not in ("auto", "always", "never"):
         raise CompareError(f"--calibration must be auto, always or never, got {calibration!r}")
-    result = Comparison(str(base.path), str(cur.path), threshold, confidence, [])
+    result = Comparison("ddpbench compare", [], threshold, confidence, columns=[ROUNDS_COLUMN],
+                        preamble=[f"baseline: {base.path}", f"current:  {cur.path}"],
+                        baseline=str(base.path), current=str(cur.path))
 
     diffs = machine_differences(base.machine_info, cur.machine_info)
     if diffs:
@@ -465,27 +330,25 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
             f"no raw round times in {', '.join(missing)} (saved without --benchmark-save-data): verdicts "
             f"fall back to the summary stats (median, IQR, rounds) and are less reliable")
 
-    alpha = 1.0 - confidence
     for fullname, bcase in base.cases.items():
         if fullname not in cur.cases:
-            result.cases.append(CaseVerdict(bcase.name, fullname, "missing",
-                                            baseline_median_s=bcase.median))
+            result.cases.append(CaseVerdict(bcase.name, "missing", fullname, baseline_median_s=bcase.median))
     for fullname, ccase in cur.cases.items():
         bcase = base.cases.get(fullname)
         if bcase is None:
-            result.cases.append(CaseVerdict(ccase.name, fullname, "new", current_median_s=ccase.median))
+            result.cases.append(CaseVerdict(ccase.name, "new", fullname, current_median_s=ccase.median))
             continue
-        verdict = CaseVerdict(ccase.name, fullname, "inconclusive",
+        verdict = CaseVerdict(ccase.name, "inconclusive", fullname,
                               baseline_median_s=bcase.median, current_median_s=ccase.median)
         if bcase.data and ccase.data:
             verdict.method = "bootstrap+mann-whitney"
             ratio = ccase.median / bcase.median
-            lo, hi = bootstrap_ratio_ci(bcase.data, ccase.data, confidence, seed=seed)
-            p = mann_whitney_p(bcase.data, ccase.data)
+            lo, hi = stats.bootstrap_ratio_ci(bcase.data, ccase.data, confidence, seed=seed)
+            p = stats.mann_whitney_p(bcase.data, ccase.data)
             verdict.baseline_rounds, verdict.current_rounds = len(bcase.data), len(ccase.data)
         else:
             verdict.method = "summary-stats"
-            ratio, lo, hi = summary_ratio_ci(bcase.stats, ccase.stats, confidence)
+            ratio, lo, hi = stats.summary_ratio_ci(bcase.stats, ccase.stats, confidence)
             p = None
             verdict.baseline_rounds = bcase.stats.get("rounds")
             verdict.current_rounds = ccase.stats.get("rounds")
@@ -493,91 +356,16 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         verdict.calibrated = case_scale != 1.0
         ratio, lo, hi = ratio / case_scale, lo / case_scale, hi / case_scale
         verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio, lo, hi, p
-        rank_test_ok = p is None or p < alpha
-        if ratio > 1 + threshold and lo > 1 and rank_test_ok:
-            verdict.verdict = "regression"
-        elif ratio < 1 / (1 + threshold) and hi < 1 and rank_test_ok:
-            verdict.verdict = "improvement"
-        elif lo >= 1 / (1 + threshold) and hi <= 1 + threshold:
-            verdict.verdict = "same"
+        verdict.verdict = stats.decide_unpaired(ratio, lo, hi, p, threshold, confidence)
+        if result.normalised and not verdict.calibrated:
+            verdict.reason = "raw"
         result.cases.append(verdict)
-    order = {v: i for i, v in enumerate(VERDICTS)}
-    result.cases.sort(key=lambda c: (order[c.verdict], c.fullname))
+    result.cases = result.sorted_cases()
     return result
 
 
 # ----------------------------------------------------------------------------------------------
-# Output
+# Output: the gates' shared formatters (ddpbench.gates.verdicts)
 # ----------------------------------------------------------------------------------------------
 
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _rows(result: Comparison) -> list[list[str]]:
-    rows = []
-    for c in result.cases:
-        ci = "-" if c.ci_low is None else f"[{c.ci_low:.3f}, {c.ci_high:.3f}]"
-        p = "-" if c.p_value is None else f"{c.p_value:.2g}"
-        rounds = "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}"
-        ratio = _ratio(c.ratio) + ("" if c.calibrated or not result.normalised or c.ratio is None else " (raw)")
-        rows.append([c.name, _ms(c.baseline_median_s), _ms(c.current_median_s), ratio, ci, p,
-                     rounds, c.verdict])
-    return rows
-
-
-HEADERS = ["case", "baseline median (ms)", "current median (ms)", "ratio", "CI", "p", "rounds", "verdict"]
-
-
-def _summary_line(result: Comparison) -> str:
-    counts = ", ".join(f"{result.count(v)} {v}" for v in VERDICTS if result.count(v))
-    return (f"{counts or 'no cases'} (threshold {result.threshold * 100:g}%, "
-            f"{result.confidence * 100:g}% confidence)")
-
-
-def format_text(result: Comparison) -> str:
-    ci_head = f"{result.confidence * 100:g}% CI"
-    headers = [ci_head if h == "CI" else h for h in HEADERS]
-    rows = _rows(result)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = [f"baseline: {result.baseline}", f"current:  {result.current}"]
-    lines += [f"note: {n}" for n in result.notes]
-    lines += [f"WARNING: {w}" for w in result.warnings]
-    lines.append("")
-    lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        flag = "  <<" if row[-1] == "regression" else ""
-        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + flag)
-    lines.append("")
-    lines.append(_summary_line(result))
-    return "\n".join(lines)
-
-
-def format_markdown(result: Comparison) -> str:
-    ci_head = f"{result.confidence * 100:g}% CI"
-    headers = [ci_head if h == "CI" else h for h in HEADERS]
-    status = "regressions found" if result.regressions else "no regression"
-    lines = [f"### ddpbench compare: {status}", "",
-             f"Baseline `{Path(result.baseline).name}`, current `{Path(result.current).name}`. "
-             + _summary_line(result) + ".", ""]
-    lines += [f"- {n}" for n in result.notes]
-    lines += [f"- **Warning:** {w}" for w in result.warnings]
-    if result.notes or result.warnings:
-        lines.append("")
-    lines.append("| " + " | ".join(headers) + " |")
-    lines.append("|" + "|".join("---" for _ in headers) + "|")
-    for row in _rows(result):
-        if row[-1] == "regression":
-            row[-1] = "**regression**"
-        lines.append("| " + " | ".join(v.replace("|", "\\|") for v in row) + " |")
-    return "\n".join(lines)
-
-
-def format_json(result: Comparison) -> str:
-    return json.dumps(result.to_dict(), indent=2)
+format_text, format_markdown, format_json = verdicts.format_text, verdicts.format_markdown, verdicts.format_json

@@ -1,61 +1,26 @@
-"""Paired statistics and the verdict of an A/B case.
+"""The gates' statistics, on scipy.stats: one module for both gates.
 
-The unit is a *pair*: one block of baseline rounds and one block of candidate rounds run next to
-each other (in either order). The engine summarises each block by its mean round
-(``engine.SideRounds.block_means``) and passes the summaries here; each pair becomes the log of
-candidate / baseline. Each side runs on one or more independent pools of rank processes
-(``pools_per_side``); pair i runs on pool pair ``pool_pair_of[i]`` (baseline pool k with candidate
-pool k). Over the pairs:
+**A/B (paired blocks).** The unit is a *pair*: one block of baseline rounds and one block of
+candidate rounds run next to each other (in either order), each block summarised by its mean
+round (``ab.engine.SideRounds.block_means``); each pair becomes the log of candidate / baseline.
+Pair i runs on pool pair ``pool_pair_of[i]`` (baseline pool k with candidate pool k). Over the
+pairs: the Hodges-Lehmann location of the log ratios as the ratio (each pool pair gets its own
+too); a percentile-bootstrap interval of it, resampling within each pool pair (fixed seed); the
+two-sided Wilcoxon signed-rank p (exact for small samples), as Chromium's Pinpoint decides.
+:func:`decide` gives ``regression`` when p is below the look's level (:func:`sequential_levels`,
+or :func:`level_for_last_look` when the time cap ends the case: the case keeps its alpha however
+many looks it takes), the interval lies above 1, and the ratio, every pool pair's ratio
+(``pool_pair_share`` of the threshold) and the block minima's ratio all lie above 1 + threshold
+(one pool pair: the whole interval must); ``improvement`` mirrors it; ``same`` when the whole
+interval lies within [1 / (1 + t), 1 + t]; ``inconclusive`` otherwise. Why each condition is there,
+and what it was measured against: docs/design.md, *Gates*; the figures: docs/results.md.
 
-* the estimate is the Hodges-Lehmann location of the log ratios (median of the Walsh averages),
-  reported as a ratio (>1: the candidate is slower); each pool pair also gets its own estimate;
-* its interval is a percentile bootstrap of that estimate, resampling pairs within each pool pair
-  (stratified; fixed seed: the same blocks always give the same interval);
-* significance is the two-sided Wilcoxon signed-rank test of "log ratios symmetric about 0"
-  (exact for small samples), as Chromium's Pinpoint decides.
-
-Verdicts, for a threshold t (the smallest change that counts) and a significance level alpha (the
-engine looks after every stage and passes that look's level from :func:`sequential_levels`, or
-from :func:`level_for_last_look` when the time cap ends the case early, so that the case as a
-whole keeps its alpha however many looks it takes):
-``regression`` when p < alpha, the interval excludes no change (lies above 1), the estimate is over
-1 + t, and every pool pair's own estimate is over 1 + s * t, s = ``pool_pair_share``
-(:data:`POOL_PAIR_SHARE`; with a single pool per side: the whole interval lies above 1 + t);
-``improvement`` symmetrically; ``same`` when the whole interval lies within [1 / (1 + t), 1 + t]
-(any change is smaller than what counts); ``inconclusive`` otherwise: more pairs are needed.
-When the engine passes each block's fastest round too (:func:`analyse_pairs`' ``*_minima``), a
-``regression`` also needs the Hodges-Lehmann ratio of the pairs' block minima over 1 + t (an
-``improvement`` under 1 / (1 + t)): the change must show in a block's fastest round, not only in
-how many of its rounds fall into a slow mode.
-
-Why the fastest round must move too: some cases' rounds take one of two times about 2x apart
-(broadcast 100 MB on the dev machine: ~22 or ~45 ms, as in a plain 2-rank script), and the share of
-slow rounds is a state of a pool of processes that lasts a whole case (identical pools of one case:
-0.04 to 0.59). Block means follow that share, so two pools of one side that both happen to sit low
-read as a 12-25% change with p < 1e-6, and every pool pair agrees: all three false verdicts in 150
-A/A case verdicts before this rule (docs/results.md). The block minima are the fast mode in each
-block and ignore the share (those three cases: 1.003, 1.001, 1.031), while a change to the work
-itself moves them as it moves the means (every injected 5% and 10% regression recorded before the
-rule: 1.052-1.247). A change that only makes slow rounds more frequent is therefore
-``inconclusive``, never ``same``: identical pools differ that much, so the gate cannot tell it from
-them.
-
-Why every pool pair must agree: identical sides measured A/A on the dev machine kept offsets of up
-to ~15% between two pools of processes that lasted many seconds (whole cases), with tight
-intervals and p < 0.001; pairing blocks cannot cancel an offset that belongs to one pool. A real
-change moves every pool of the candidate side; a pool's own offset moves one (docs/results.md).
-A/B ranks now run with glibc malloc's thresholds fixed (:mod:`ddpbench.gates.ab.heap`), which shrank
-those offsets at 10 MB (with the OS placing the ranks too, tau 4.5% -> 0.4% under load) but not
-at 100 MB (docs/results.md).
-How much each pool pair must show is ``pool_pair_share`` of the threshold (default 1: all of it).
-A pool pair's estimate rests on half the pairs, so a real change just over the threshold leaves
-one of two pool pairs under it often: in three quiet 10% power runs on the dev machine, 5 of the
-8 misses were such cases (the short pool pair at 1.030-1.046, the case at 1.055-1.085). Replayed
-with half the threshold per pool pair, those runs give 29, 29 and 29 of 30, but the two A/A runs
-under load 3 false regressions in 200 instead of 2 (docs/results.md): the default keeps the whole
-threshold, the gate's false alarms being what users cannot afford.
-
-Tests come from scipy.stats rather than being written by hand.
+**Stored runs (independent samples).** The ratio of the medians of two runs' rounds, a
+percentile-bootstrap interval of it (each run resampled on its own; fixed seed) and the two-sided
+Mann-Whitney p (normal approximation with tie and continuity corrections), as asv does; from
+summary statistics alone, a normal interval from the IQR and round counts. :func:`decide_unpaired`
+gives ``regression`` when the ratio is above 1 + threshold, the interval above 1 and p below
+1 - confidence; ``improvement`` mirrors it; ``same`` and ``inconclusive`` as above.
 """
 
 from __future__ import annotations
@@ -272,3 +237,75 @@ def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], t
     ratio, ci_low, ci_high = math.exp(estimate), math.exp(low), math.exp(high)
     verdict = decide(ratio, ci_low, ci_high, p_value, threshold, alpha, each, pool_pair_share, minima_ratio)
     return PairedResult(len(logs), ratio, ci_low, ci_high, p_value, verdict, each, minima_ratio)
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Stored runs: two independent samples of rounds
+# ----------------------------------------------------------------------------------------------
+
+
+def bootstrap_ratio_ci(baseline, current, confidence: float = DEFAULT_CONFIDENCE,
+                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of median(current) / median(baseline), each sample resampled
+    on its own (scipy.stats.bootstrap; ``seed``: the same rounds always give the same interval)."""
+    from scipy import stats
+
+    base = np.asarray(baseline, dtype=float)
+    cur = np.asarray(current, dtype=float)
+
+    def ratio_of_medians(b, c, axis=-1):
+        return np.median(c, axis=axis) / np.median(b, axis=axis)
+
+    if base.size < 2 or cur.size < 2 or (np.all(base == base[0]) and np.all(cur == cur[0])):
+        value = float(ratio_of_medians(base, cur))
+        return value, value
+    result = stats.bootstrap((base, cur), ratio_of_medians, confidence_level=confidence, n_resamples=resamples,
+                             method="percentile", vectorized=True, random_state=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def mann_whitney_p(baseline, current) -> float:
+    """Two-sided Mann-Whitney U p-value (normal approximation, tie- and continuity-corrected);
+    1 when the samples give no evidence at all (empty, or every value tied)."""
+    from scipy import stats
+
+    a = np.asarray(list(baseline), dtype=float)
+    b = np.asarray(list(current), dtype=float)
+    if a.size == 0 or b.size == 0:
+        return 1.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic", use_continuity=True).pvalue
+    return 1.0 if not math.isfinite(p) else float(p)
+
+
+def summary_ratio_ci(base_stats: dict, cur_stats: dict,
+                     confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float]:
+    """(ratio, lo, hi) from summary statistics only: the median's standard error ~ 1.253 * sigma /
+    sqrt(n) with sigma ~ IQR / 1.349, combined on the log scale."""
+    from scipy import stats
+
+    def rel_se(summary):
+        n = max(int(summary.get("rounds") or 1), 1)
+        iqr = summary.get("iqr")
+        iqr = float(iqr) if isinstance(iqr, (int, float)) and math.isfinite(iqr) else 0.0
+        return 1.2533 * (iqr / 1.349) / math.sqrt(n) / float(summary["median"])
+
+    ratio = float(cur_stats["median"]) / float(base_stats["median"])
+    se = math.hypot(rel_se(base_stats), rel_se(cur_stats))
+    z = float(stats.norm.isf((1.0 - confidence) / 2))
+    return ratio, ratio * math.exp(-z * se), ratio * math.exp(z * se)
+
+
+def decide_unpaired(ratio: float, ci_low: float, ci_high: float, p_value: float | None, threshold: float,
+                    confidence: float = DEFAULT_CONFIDENCE) -> str:
+    """The stored-run verdict (module docstring); ``p_value`` None: summary statistics only, the
+    interval alone decides."""
+    significant = p_value is None or p_value < 1.0 - confidence
+    if ratio > 1 + threshold and ci_low > 1 and significant:
+        return "regression"
+    if ratio < 1 / (1 + threshold) and ci_high < 1 and significant:
+        return "improvement"
+    if ci_low >= 1 / (1 + threshold) and ci_high <= 1 + threshold:
+        return "same"
+    return "inconclusive"

@@ -1,166 +1,288 @@
-"""The verdict table of an A/B run: for the terminal at the end of the run, and for
-``ddpbench compare FILE.json`` (text, markdown for a PR comment, JSON)."""
+"""The gates' one vocabulary, one verdict type and one report.
+
+Both gates (stored runs: :mod:`.compare`; A/B: :mod:`.ab`) judge each case with one word of
+:data:`VERDICTS` and put it in a :class:`CaseVerdict`; a run's verdicts make a
+:class:`GateReport`, printed by :func:`format_text` (terminal), :func:`format_markdown` (a pull
+request comment) or :func:`format_json`, and turned into the exit status by
+:meth:`GateReport.gate_status`: 1 for a regression or a case the baseline has and the current
+run lost (unless allowed), and for an inconclusive case only when asked.
+
+* ``regression`` / ``improvement``: a significant change past the threshold;
+* ``same``: the whole interval within the threshold either way;
+* ``inconclusive``: neither (more rounds, or a quieter machine, would tell);
+* ``missing``: the baseline has the case and the current run lost it (crashed, hung, removed);
+* ``new``: only the current run has it (the baseline lacks it or cannot run it).
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
 
-
-@dataclass(frozen=True)
-class CaseVerdict:
-    name: str
-    ab: dict[str, Any]
-    candidate_median_s: float | None = None
-
-    @property
-    def verdict(self) -> str:
-        return self.ab.get("verdict", "inconclusive")
-
+# Most urgent first: the order of a report's rows and counts.
+VERDICTS = ("regression", "missing", "improvement", "inconclusive", "same", "new")
+FAILING = ("regression", "missing")
 
 # The key of a pytest-benchmark JSON run under which an A/B run lists the cases that have no
 # benchmark entry of their own: lost on the candidate side (crashed, hung).
 LOST_CASES_KEY = "ddpbench_ab_lost"
 
+_MARKDOWN_VERDICT = {"regression": "❌ **regression**", "missing": "❌ **missing**", "improvement": "✅ improvement",
+                     "inconclusive": "⚠️ inconclusive"}
 
-def verdicts_of_run(data: dict) -> list[CaseVerdict]:
-    """The A/B verdicts stored in a pytest-benchmark JSON run (cases without ``ab`` are skipped),
-    lost cases included."""
-    out = []
-    for case in data.get("benchmarks", []):
-        ab = (case.get("extra_info") or {}).get("ab")
-        if isinstance(ab, dict) and "verdict" in ab:
-            out.append(CaseVerdict(case.get("fullname") or case.get("name", "?"), ab,
-                                   (case.get("stats") or {}).get("median")))
-    for lost in data.get(LOST_CASES_KEY) or []:
-        if isinstance(lost, dict) and isinstance(lost.get("ab"), dict):
-            out.append(CaseVerdict(str(lost.get("name", "?")), lost["ab"], None))
+
+@dataclass
+class CaseVerdict:
+    """One case's verdict, with the figures behind it (``current`` is A/B's candidate)."""
+
+    name: str
+    verdict: str
+    fullname: str | None = None
+    baseline_median_s: float | None = None
+    current_median_s: float | None = None
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    baseline_rounds: int | None = None
+    current_rounds: int | None = None
+    method: str | None = None  # "bootstrap+mann-whitney", "summary-stats", "paired-blocks"
+    calibrated: bool = False  # the ratio was divided by the machine-drift factor (stored runs)
+    reason: str | None = None  # why a case is missing or new
+    details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
+
+    def __post_init__(self):
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
+        if self.fullname is None:
+            self.fullname = self.name
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column a gate adds to its report, between the interval and the verdict."""
+
+    header: str
+    cell: Callable[[CaseVerdict], str]
+
+
+@dataclass
+class GateReport:
+    """A run's verdicts and what to say around them."""
+
+    title: str
+    cases: list[CaseVerdict]
+    threshold: float | None = None
+    confidence: float = 0.95
+    current_label: str = "current"  # "candidate" in A/B mode
+    preamble: list[str] = field(default_factory=list)  # e.g. which files were compared
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    footer: list[str] = field(default_factory=list)  # e.g. A/B's sides
+    columns: list[Column] = field(default_factory=list)
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for case in self.cases if case.verdict == verdict)
+
+    def counts(self) -> dict[str, int]:
+        return {v: self.count(v) for v in VERDICTS}
+
+    @property
+    def regressions(self) -> list[CaseVerdict]:
+        return [case for case in self.cases if case.verdict == "regression"]
+
+    def sorted_cases(self) -> list[CaseVerdict]:
+        order = {v: i for i, v in enumerate(VERDICTS)}
+        return sorted(self.cases, key=lambda c: (order[c.verdict], c.fullname or c.name))
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {v}" for v, n in self.counts().items() if n) or "no cases"
+        rule = f"threshold {self.threshold * 100:g}%, " if self.threshold is not None else ""
+        return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; ratio = {self.current_label} / "
+                f"baseline, > 1 is slower")
+
+    def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
+                    option_prefix: str = "--") -> tuple[int, list[str]]:
+        """(exit status, lines saying why): 1 for a regression or a missing case (unless
+        ``allow_missing``), and for an inconclusive case with ``fail_on_inconclusive``.
+        ``option_prefix``: how the options are spelled ("--" for ddpbench compare, "--dist-ab-" in
+        pytest)."""
+        allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
+        status, lines = 0, []
+        if self.count("regression"):
+            status = 1
+            lines.append(f"{self.count('regression')} regression(s): exit status 1")
+        missing = [c.fullname or c.name for c in self.cases if c.verdict == "missing"]
+        if missing:
+            names = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            what = (f"{len(missing)} case(s) the baseline has were lost by the {self.current_label} run "
+                    f"({names}): crashed, hung or removed")
+            if allow_missing:
+                lines.append(f"{what}; allowed by {allow}")
+            else:
+                status = 1
+                lines.append(f"{what}. Exit status 1 ({allow} accepts them)")
+        inconclusive = self.count("inconclusive")
+        if inconclusive:
+            if fail_on_inconclusive:
+                status = 1
+                lines.append(f"{inconclusive} inconclusive case(s): exit status 1 ({fail})")
+            else:
+                lines.append(f"{inconclusive} inconclusive case(s): not a failure ({fail} makes them one)")
+        return status, lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "threshold": self.threshold, "confidence": self.confidence,
+                "counts": self.counts(), "notes": list(self.notes), "warnings": list(self.warnings),
+                "cases": [_case_dict(case) for case in self.sorted_cases()]}
+
+
+# What a case's details keep in JSON: the raw rounds and the sides' descriptions stay in the run.
+_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids")
+
+
+def _case_dict(case: CaseVerdict) -> dict[str, Any]:
+    out = asdict(case)
+    out["details"] = {k: v for k, v in case.details.items() if k not in _BULKY_DETAILS}
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def _ratio(case: CaseVerdict) -> str:
+    if case.ratio is None:
+        return "-"
+    interval = "" if case.ci_low is None else f" [{case.ci_low:.3f}, {case.ci_high:.3f}]"
+    return f"{case.ratio:.3f}{interval}"
+
+
+def _headers(report: GateReport) -> list[str]:
+    return (["case", "baseline median (ms)", f"{report.current_label} median (ms)",
+             f"ratio [{report.confidence * 100:g}% interval]", "p"]
+            + [column.header for column in report.columns] + ["verdict"])
+
+
+def _row(report: GateReport, case: CaseVerdict) -> list[str]:
+    verdict = case.verdict + (f" ({case.reason})" if case.reason else "")
+    return ([case.name, _ms(case.baseline_median_s), _ms(case.current_median_s), _ratio(case),
+             "-" if case.p_value is None else f"{case.p_value:.2g}"]
+            + [column.cell(case) for column in report.columns] + [verdict])
+
+
+def format_text(report: GateReport) -> str:
+    lines = [f"{report.title} ({report.summary()})", *report.preamble]
+    lines += [f"note: {n}" for n in report.notes]
+    lines += [f"WARNING: {w}" for w in report.warnings]
+    if not report.cases:
+        return "\n".join(lines + ["no cases to compare"] + report.footer)
+    rows = [_headers(report)] + [_row(report, case) for case in report.sorted_cases()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines.append("  ".join(cell.ljust(w) for cell, w in zip(rows[0], widths)).rstrip())
+    for row, case in zip(rows[1:], report.sorted_cases()):
+        flag = "  <<" if case.verdict in FAILING else ""
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + flag)
+    return "\n".join(lines + report.footer)
+
+
+def format_markdown(report: GateReport) -> str:
+    status = "regressions found" if report.regressions else "no regression"
+    lines = [f"### {report.title}: {status}", "", report.summary() + ".", ""]
+    lines += [f"- {line}" for line in report.preamble]
+    lines += [f"- {n}" for n in report.notes]
+    lines += [f"- **Warning:** {w}" for w in report.warnings]
+    if report.preamble or report.notes or report.warnings:
+        lines.append("")
+    if not report.cases:
+        return "\n".join(lines + ["No cases to compare."])
+    headers = _headers(report)
+    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for case in report.sorted_cases():
+        row = _row(report, case)
+        row[0] = f"`{row[0]}`"
+        row[-1] = _MARKDOWN_VERDICT.get(case.verdict, case.verdict) + (f" ({case.reason})" if case.reason else "")
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+    if report.footer:
+        lines.append("")
+        lines += [f"- {line.strip()}" for line in report.footer]
+    return "\n".join(lines)
+
+
+def format_json(report: GateReport) -> str:
+    return json.dumps(report.to_dict(), indent=2)
+
+
+# ----------------------------------------------------------------------------------------------
+# A/B verdicts: from a case's extra_info["ab"]
+# ----------------------------------------------------------------------------------------------
+
+
+def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None) -> CaseVerdict:
+    """A case's A/B verdict from its ``extra_info["ab"]``."""
+    low, high = ab.get("ratio_ci") or [None, None]
+    if candidate_median_s is None:
+        candidate_median_s = (ab.get("candidate") or {}).get("median_s")
+    return CaseVerdict(name, ab.get("verdict", "inconclusive"), name,
+                       baseline_median_s=(ab.get("baseline") or {}).get("median_s"),
+                       current_median_s=candidate_median_s, ratio=ab.get("ratio"), ci_low=low, ci_high=high,
+                       p_value=ab.get("p_value"), method="paired-blocks" if "pairs" in ab else None,
+                       reason=ab.get("reason"), details=ab)
 
 
 def ab_verdicts(results: list[tuple[str, dict, float | None]]) -> list[CaseVerdict]:
     """The verdicts of an A/B run in progress: (case id, extra_info["ab"], candidate median)."""
-    return [CaseVerdict(name, summary, median) for name, summary, median in results]
+    return [ab_verdict(name, summary, median) for name, summary, median in results]
 
 
-def _ms(seconds) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
+def _ab_number(key: str, fmt: str) -> Callable[[CaseVerdict], str]:
+    def cell(case: CaseVerdict) -> str:
+        value = case.details.get(key)
+        return "-" if value is None else fmt.format(value)
+    return cell
 
 
-def _rows(cases: list[CaseVerdict]) -> list[list[str]]:
-    rows = []
-    for case in cases:
-        ab = case.ab
-        low, high = ab.get("ratio_ci") or [None, None]
-        candidate = case.candidate_median_s
-        if candidate is None:
-            candidate = (ab.get("candidate") or {}).get("median_s")
-        ratio = "-" if ab.get("ratio") is None else f"{ab['ratio']:.3f} [{low:.3f}, {high:.3f}]"
-        rows.append([case.name, _ms((ab.get("baseline") or {}).get("median_s")), _ms(candidate), ratio,
-                     " / ".join(f"{r:.3f}" for r in ab.get("ratio_per_pool_pair") or []) or "-",
-                     f"{ab['ratio_of_block_minima']:.3f}" if ab.get("ratio_of_block_minima") is not None else "-",
-                     "-" if ab.get("p_value") is None else f"{ab['p_value']:.2g}",
-                     str(ab.get("pairs", "-")), "-" if ab.get("wall_s") is None else f"{ab['wall_s']:.1f}",
-                     case.verdict + (f" ({ab['reason']})" if ab.get("reason") else "")])
-    return rows
+AB_COLUMNS = [
+    Column("per pool pair", lambda c: " / ".join(f"{r:.3f}" for r in c.details.get("ratio_per_pool_pair") or []) or "-"),
+    Column("block minima", _ab_number("ratio_of_block_minima", "{:.3f}")),
+    Column("pairs", _ab_number("pairs", "{}")),
+    Column("wall (s)", _ab_number("wall_s", "{:.1f}")),
+]
 
 
-HEADER = ["case", "baseline median (ms)", "candidate median (ms)", "ratio [95% interval]", "per pool pair",
-          "block minima", "p", "pairs", "wall (s)", "verdict"]
-
-
-def _counts(cases: list[CaseVerdict]) -> str:
-    counts: dict[str, int] = {}
-    for case in cases:
-        counts[case.verdict] = counts.get(case.verdict, 0) + 1
-    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-
-
-def format_text(cases: list[CaseVerdict], threshold: float | None = None, sides: dict | None = None) -> str:
-    if not cases:
-        return "ddpbench A/B: no A/B cases in this run"
-    rows = [HEADER] + _rows(cases)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-    lines = [f"ddpbench A/B verdicts ({_counts(cases)}"
-             + (f"; a regression is a slowdown over {threshold * 100:g}% that is significant" if threshold else "")
-             + "; ratio = candidate / baseline)"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    for name, desc in (sides or {}).items():
-        lines.append(f"  {name}: {desc}")
-    return "\n".join(lines)
-
-
-def gate_outcome(cases: list[CaseVerdict], allow_missing: bool, fail_on_inconclusive: bool,
-                 option_prefix: str = "--") -> tuple[int, list[str]]:
-    """(exit status, lines saying why) of a gate over these verdicts: 1 for a regression or a
-    case the candidate lost (unless allowed), and for inconclusive cases only when asked.
-    ``option_prefix``: how the options are spelled ("--" for ddpbench compare, "--dist-ab-" in pytest)."""
-    allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
-    by_verdict: dict[str, list[str]] = {}
-    for case in cases:
-        by_verdict.setdefault(case.verdict, []).append(case.name)
-    status, lines = 0, []
-    if by_verdict.get("regression"):
-        status = 1
-        lines.append(f"{len(by_verdict['regression'])} regression(s): exit status 1")
-    missing = by_verdict.get("missing", [])
-    if missing:
-        names = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        if allow_missing:
-            lines.append(f"{len(missing)} case(s) the baseline ran were lost on the candidate side ({names}); "
-                         f"allowed by {allow}")
-        else:
-            status = 1
-            lines.append(f"{len(missing)} case(s) the baseline ran were lost on the candidate side ({names}): "
-                         f"exit status 1 (allow them with {allow})")
-    inconclusive = by_verdict.get("inconclusive", [])
-    if inconclusive:
-        if fail_on_inconclusive:
-            status = 1
-            lines.append(f"{len(inconclusive)} inconclusive case(s): exit status 1 ({fail})")
-        else:
-            lines.append(f"{len(inconclusive)} inconclusive case(s): not a failure ({fail} makes them one)")
-    return status, lines
-
-
-def format_markdown(cases: list[CaseVerdict], threshold: float | None = None, sides: dict | None = None) -> str:
-    lines = ["### ddpbench A/B verdicts", ""]
-    if not cases:
-        return "\n".join(lines + ["No A/B cases in this run."])
-    icon = {"regression": "❌ regression", "improvement": "✅ improvement", "same": "same",
-            "inconclusive": "⚠️ inconclusive"}
-    lines.append(f"{_counts(cases)}" + (f" (threshold {threshold * 100:g}%)" if threshold else "")
-                 + "; ratio = candidate / baseline, > 1 is slower.")
-    lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    for row in _rows(cases):
-        row[-1] = icon.get(row[-1], row[-1])
-        row[0] = f"`{row[0]}`"
-        lines.append("| " + " | ".join(row) + " |")
-    if sides:
-        lines.append("")
-        lines += [f"- **{name}**: {desc}" for name, desc in sides.items()]
-    return "\n".join(lines)
-
-
-def format_json(cases: list[CaseVerdict]) -> str:
-    return json.dumps([{"name": c.name, "verdict": c.verdict, **{k: v for k, v in c.ab.items()
-                                                                  if k not in ("baseline", "candidate")},
-                        "baseline_median_s": (c.ab.get("baseline") or {}).get("median_s"),
-                        "candidate_median_s": c.candidate_median_s} for c in cases], indent=2)
-
-
-def side_descriptions(cases: list[CaseVerdict]) -> dict[str, str]:
-    """One line per side from the first case's ``sides``."""
-    for case in cases:
-        sides = case.ab.get("sides")
-        if isinstance(sides, dict):
-            return {name: describe(desc) for name, desc in sides.items()}
-    return {}
-
-
-def describe(desc: dict) -> str:
+def describe_side(desc: dict) -> str:
+    """One line for an A/B side as extra_info describes it."""
     parts = [f"python {desc.get('python')}", f"torch {desc.get('torch_version')}"]
     parts += [f"sys.path+ {p}" for p in desc.get("sys_path_prepended") or []]
     parts += [f"{k}={v}" for k, v in (desc.get("env") or {}).items()]
     return ", ".join(parts)
+
+
+def ab_report(cases: list[CaseVerdict], sides: dict | None = None) -> GateReport:
+    """The report of an A/B run: its cases, the threshold they were judged at, both sides."""
+    threshold = next((c.details["threshold"] for c in cases if "threshold" in c.details), None)
+    if sides is None:
+        sides = next((c.details["sides"] for c in cases if isinstance(c.details.get("sides"), dict)), {})
+    return GateReport("ddpbench A/B verdicts", cases, threshold, current_label="candidate", columns=AB_COLUMNS,
+                      footer=[f"  {name}: {describe_side(desc)}" for name, desc in (sides or {}).items()])
+
+
+def ab_verdicts_of_run(doc: dict) -> list[CaseVerdict]:
+    """The A/B verdicts stored in a pytest-benchmark JSON run (cases without ``ab`` are skipped),
+    the cases the candidate lost included."""
+    out = []
+    for case in doc.get("benchmarks", []):
+        ab = (case.get("extra_info") or {}).get("ab")
+        if isinstance(ab, dict) and "verdict" in ab:
+            out.append(ab_verdict(case.get("fullname") or case.get("name", "?"), ab,
+                                  (case.get("stats") or {}).get("median")))
+    for lost in doc.get(LOST_CASES_KEY) or []:
+        if isinstance(lost, dict) and isinstance(lost.get("ab"), dict):
+            out.append(ab_verdict(str(lost.get("name", "?")), lost["ab"], None))
+    return out

@@ -1,13 +1,13 @@
 """A/B mode: a baseline side and a candidate side measured in the same run, interleaved.
 
-* :mod:`~ddpbench.gates.ab.sides`    what a side is (interpreter, sys.path entries, environment), checked
-  before rounds start;
-* :mod:`~ddpbench.gates.ab.heap`     the malloc settings both sides' ranks share (--dist-ab-heap);
-* :mod:`~ddpbench.gates.ab.schedule` the balanced random order of blocks;
-* :mod:`~ddpbench.gates.stats`    paired statistics and the verdict;
-* :mod:`~ddpbench.gates.ab.engine`   one case: both pools, blocks, stages, the outcome;
-* :mod:`~ddpbench.gates.ab.tasks`    the rank-side steps;
-* :mod:`~ddpbench.gates.verdicts`   the verdict table (terminal, markdown) of a run.
+* :mod:`.sides`    what a side is (interpreter, sys.path entries, environment), its engine and
+  where it imports the code under test from, checked before rounds start;
+* :mod:`.heap`     the malloc settings both sides' ranks share (--dist-ab-heap);
+* :mod:`.schedule` the balanced random order of blocks, drawn from the run's seed;
+* :mod:`.engine`   one case: both sides' pools, blocks, stages, the outcome;
+* :mod:`.tasks`    the rank-side steps;
+* :mod:`.session`  A/B mode in a pytest run: options, header, each case, the verdict table.
 
-The pytest plugin only wires options and fixtures to these.
+The statistics are :mod:`ddpbench.gates.stats`'s, the verdicts and their table
+:mod:`ddpbench.gates.verdicts`'. The pytest plugin only wires options and fixtures to these.
 """

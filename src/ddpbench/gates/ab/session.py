@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
-from ..verdicts import LOST_CASES_KEY, ab_verdicts, describe, format_text, gate_outcome
+from ..verdicts import LOST_CASES_KEY, ab_report, ab_verdicts, format_text
 from .engine import ABSettings, SideFailed, run_case
 from .heap import DEFAULT_HEAP, heap_env
 from .schedule import new_seed
@@ -169,19 +169,17 @@ class ABSession:
 
     # -- the run's end ----------------------------------------------------------------------------
 
-    def verdicts(self) -> list:
-        return ab_verdicts(self.results)
+    def report(self):
+        return ab_report(ab_verdicts(self.results), self.sides())
 
     def exit_status(self) -> int:
-        return gate_outcome(self.verdicts(), self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)[0]
+        return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)[0]
 
     def summary_lines(self) -> list[tuple[str, bool]]:
         """(line, whether it reports a failure) of the verdict table and the gate's outcome."""
-        cases = self.verdicts()
-        sides = {name: describe(desc) for name, desc in self.sides().items()}
-        lines = [(line, " regression" in line or " missing" in line)
-                 for line in format_text(cases, self.settings.threshold, sides).splitlines()]
-        _, outcome = gate_outcome(cases, self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)
+        report = self.report()
+        lines = [(line, line.endswith("<<")) for line in format_text(report).splitlines()]
+        _, outcome = report.gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)
         lines += [(f"ddpbench A/B: {line}", "exit status 1" in line) for line in outcome]
         lines.append((f"ddpbench A/B: block order seed {self.seed} (--dist-ab-seed {self.seed} repeats it)", False))
         return lines

@@ -215,7 +215,7 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
 
 
 def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
-    # The false-alarm *rate* is measured on a quiet machine (benchmarks/raw/ab_reliability.py); this
+    # The false-alarm *rate* is measured on a quiet machine (lab/reference/ab_reliability.py); this
     # checks the path with a threshold that the test machine's load cannot cross (under `make
     # test -n 2` beside other jobs, identical sleeping sides were seen 5% apart).
     pytester.makepyfile(test_bench=SLEEPY)

@@ -28,8 +28,8 @@ def test_bandwidths_are_bytes_per_second_in_units_of_1e9():
 
 
 def test_unknown_op_is_rejected_in_the_controller():
-    with pytest.raises(ValueError, match="unknown collective 'all_to_all'"):
-        Collective("all_to_all", 1024)
+    with pytest.raises(ValueError, match="unknown collective 'scatter_everywhere'"):
+        Collective("scatter_everywhere", 1024)
 
 
 def test_gather_and_scatter_sizes_divide_by_the_world_size():

@@ -119,7 +119,7 @@ def test_pinned_pools_keep_each_rank_on_its_own_core_while_measuring(pool):
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("needs 2 CPUs to pin 2 ranks")
-    assert pool.pinned
+    assert pool.pin_cores
     plan = RoundPlan(warmup=0, rounds=2)
     pinned = pool.run(measure_workload, ReportAffinity(True), plan)
     assert [m.metrics["cpus"] for m in pinned] == [[(cores[0],)], [(cores[1],)]]  # every thread

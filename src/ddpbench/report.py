@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .gates.compare import Case, Comparison, Run
 from .options import format_size, usual_device
-from .workloads.collectives import COLLECTIVES, OPS, bandwidths_gbps
+from .workloads.collectives import COLLECTIVES, bandwidths_gbps
 
 
 class MatplotlibMissing(RuntimeError):
@@ -225,7 +225,7 @@ def collectives_tables(cases: list[Case]) -> str:
             info = case.extra_info
             mean_s = _mean(case)
             world_size = info.get("world_size")
-            if isinstance(world_size, int) and world_size > 0 and op in OPS:
+            if isinstance(world_size, int) and world_size > 0 and op in COLLECTIVES:
                 algbw, busbw = bandwidths_gbps(op, int(info["size_bytes"]), world_size, mean_s)
                 bus_cell = f"{busbw:.3f}"
             else:

@@ -25,7 +25,7 @@ INJECT_ENV = "DDPBENCH_INJECT_SLOWDOWN"
 
 def parse_injected_slowdown(text: str | None) -> dict[str, float]:
     """``"all_reduce:10%,broadcast:5"`` -> ``{"all_reduce": 0.10, "broadcast": 0.05}``."""
-    from .workloads.collectives import OPS
+    from .workloads.collectives import COLLECTIVES
 
     result: dict[str, float] = {}
     for item in (text or "").split(","):
@@ -38,9 +38,9 @@ def parse_injected_slowdown(text: str | None) -> dict[str, float]:
             value = float(pct)
         except ValueError:
             value = -1.0
-        if not sep or op not in OPS or not value >= 0:
+        if not sep or op not in COLLECTIVES or not value >= 0:
             raise ValueError(f"{INJECT_ENV}={text!r}: expected a comma list of op:percent with op in "
-                             f"{', '.join(OPS)} and percent >= 0, e.g. all_reduce:10%")
+                             f"{', '.join(COLLECTIVES)} and percent >= 0, e.g. all_reduce:10%")
         result[op] = value / 100.0
     return result
 

@@ -1,10 +1,9 @@
 """What a case's rounds look like beyond their median: distinct modes, and where the ranks ran.
 
-On some machines small-message timings have two modes a factor 2-3 apart (1 MB gloo all_reduce on
-the 2-core dev VM: ~1 ms when both ranks' threads share a CPU, ~3 ms when they sit on different
-CPUs and every hand-off is a cross-CPU wake-up; benchmarks/raw/placement_1mb.py). A median of such
-rounds is a statement about placement as much as about the operation, so the case says so in its
-extra_info instead of hiding it.
+On some machines small-message timings have two modes a factor 2-3 apart: faster when the ranks'
+threads share a CPU, slower when every hand-off is a cross-CPU wake-up (docs/results.md, "Where the
+1 MB modes come from"). A median of such rounds is a statement about placement as much as about the
+operation, so the case says so in its extra_info instead of hiding it.
 
 Pure functions over round times (seconds); run in the controller.
 """

@@ -223,7 +223,7 @@ class RankSession:
         self.on_cuda = ctx.device_type == "cuda"
         self._time_round = _time_round_cuda if self.on_cuda else _time_round_cpu
         self._agree = _agreed_max  # every rank's element-wise max (the stopping rule's input)
-        self.pin = ctx.core is not None and workload.pin_to_core
+        self.pin_cores = ctx.core is not None and workload.pin_to_core
         self.phases = {"engine_setup_s": 0.0, "engine_warmup_s": 0.0, "engine_between_rounds_s": 0.0,
                        "engine_check_s": 0.0}
         self.state = None
@@ -277,10 +277,10 @@ class RankSession:
         self._graph = graph
 
     @contextlib.contextmanager
-    def _pinned(self):
+    def _on_own_core(self):
         """Rank r stays on its core while it measures (workloads with processes of their own opt
         out through pin_to_core = False); the previous affinity comes back afterwards."""
-        if not self.pin:
+        if not self.pin_cores:
             yield
             return
         from ..pool.ranks import set_process_affinity
@@ -308,7 +308,7 @@ class RankSession:
     def start(self) -> None:
         """Set-up, warm-up and (with "auto") the ops per round; leaves the fastest warm-up round
         (max over ranks, all its ops) as the estimate."""
-        with self._pinned():
+        with self._on_own_core():
             # Choosing the round count or the ops per round needs at least one timed warm-up round.
             auto = self.plan.ops_per_round == "auto"
             times = self._build(max(self.plan.warmup, 1 if self.plan.rounds == 0 or auto else 0))
@@ -329,7 +329,7 @@ class RankSession:
         rounds: A/B mode does this before every block, so that what one set-up happened to get
         (where its buffers landed, which side set up first) varies from block to block instead of
         biasing a whole side."""
-        with self._pinned():
+        with self._on_own_core():
             phase_start = time.perf_counter()
             self.close()
             self.phases["engine_setup_s"] += time.perf_counter() - phase_start
@@ -344,7 +344,7 @@ class RankSession:
 
         cpu = ThreadCpuReader()
         try:
-            with self._pinned():
+            with self._on_own_core():
                 if self.on_cuda and not self._peak_reset:  # peak memory over all recorded rounds
                     torch.cuda.reset_peak_memory_stats(self.ctx.device)
                     self._peak_reset = True
@@ -374,7 +374,7 @@ class RankSession:
 
         metrics: dict[str, Any] = {}
         try:
-            with self._pinned():  # the rank's own metrics and check see the placement the rounds had
+            with self._on_own_core():  # the rank's own metrics and check see the placement the rounds had
                 if self.on_cuda:
                     metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.ctx.device))
                 phase_start = time.perf_counter()
@@ -384,9 +384,9 @@ class RankSession:
                 self.phases["engine_check_s"] = time.perf_counter() - phase_start
         finally:
             self.close()
-        # Where a case's untimed seconds go (max over ranks in extra_info); see benchmarks/raw/overhead.py.
+        # Where a case's untimed seconds go (max over ranks in extra_info); see docs/results.md, "Harness overhead per case".
         metrics.update({key: round(value, 6) for key, value in self.phases.items()})
-        metrics["pinned_cores"] = self.pin  # each rank on a core of its own while measuring
+        metrics["pinned_cores"] = self.pin_cores  # each rank on a core of its own while measuring
         metrics["ops_per_round"] = self.ops_per_round
         if self.fixed_cost_s is not None:
             metrics["round_fixed_cost_s"] = self.fixed_cost_s

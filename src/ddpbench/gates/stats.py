@@ -12,8 +12,8 @@ or :func:`level_for_last_look` when the time cap ends the case: the case keeps i
 many looks it takes), the interval lies above 1, and the ratio, every pool pair's ratio
 (``pool_pair_share`` of the threshold) and the block minima's ratio all lie above 1 + threshold
 (one pool pair: the whole interval must); ``improvement`` mirrors it; ``same`` when the whole
-interval lies within [1 / (1 + t), 1 + t]; ``inconclusive`` otherwise. Why each condition is there,
-and what it was measured against: docs/design.md, *Gates*; the figures: docs/results.md.
+interval lies within [1 / (1 + t), 1 + t]; ``inconclusive`` otherwise. Why each condition is there:
+docs/design.md, *Gates*; the figures: docs/results.md.
 
 **Stored runs (independent samples).** The ratio of the medians of two runs' rounds, a
 percentile-bootstrap interval of it (each run resampled on its own; fixed seed) and the two-sided
@@ -65,10 +65,8 @@ def sequential_levels(alpha: float, looks: int) -> tuple[float, ...]:
     """Two-sided significance levels for looks 1..K at the pairs (group-sequential, O'Brien-Fleming
     shape): look k rejects when |z| > c * sqrt(K / k), with c chosen so that under no change the
     chance of rejecting at *any* look is ``alpha``. Early looks, on few pairs, need overwhelming
-    evidence; the last look tests at nearly ``alpha`` itself. On the dev machine's A/A data this
-    removed the false alarms that Bonferroni (alpha / K at every look) let through at the first look, where a
-    mode lasting a few seconds covered a whole 12-pair stage, and raised the power at the later looks
-    (docs/design.md). The z-statistics of nested looks are correlated as sqrt(k / l); c comes from
+    evidence (a slow mode lasting a few seconds can cover a whole first stage); the last look tests
+    at nearly ``alpha`` itself. The z-statistics of nested looks are correlated as sqrt(k / l); c comes from
     their joint normal distribution (scipy's multivariate normal, seeded: the same levels every time).
     """
     from scipy import optimize

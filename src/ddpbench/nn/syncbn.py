@@ -19,8 +19,8 @@ variance once mean/std reaches ~3e3 (tests/test_syncbn_module.py shows both).
 
 Memory. The forward saves only the input (already alive), the per-channel mean and variance; the
 output is one fused ``batch_norm`` (inference-form) kernel; the backward produces the input
-gradient with one ``native_batch_norm_backward`` kernel plus two in-place per-channel updates. The
-CPU figures in docs/results.md measure it at the same peak as ``torch.nn.BatchNorm1d`` (within 3%).
+gradient with one ``native_batch_norm_backward`` kernel plus two in-place per-channel updates: its
+peak is plain ``torch.nn.BatchNorm1d``'s (figures: docs/results.md, "SyncBatchNorm variants").
 
 In a group of one rank (or without a process group) it is plain ``F.batch_norm`` in training
 mode, as ``torch.nn.SyncBatchNorm`` falls back to: nothing to synchronise.
@@ -257,8 +257,7 @@ class FusedSyncBatchNorm(_SyncBatchNormBase):
         running_mean, running_var = (self.running_mean, self.running_var) if track else (None, None)
         if _group_size(self.process_group) == 1:
             # One rank has nothing to synchronise: plain batch norm, as torch.nn.SyncBatchNorm
-            # falls back to (on one H100 this was 1.3 ms vs 0.3-0.5 ms per forward + backward for
-            # the fused path's small kernels and host sync).
+            # falls back to (the fused path's small kernels and host sync would only cost time).
             local_count = input.numel() // input.shape[1]
             if local_count <= 1:
                 raise _too_small(type(self).__name__, local_count, local_count)

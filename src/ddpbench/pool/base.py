@@ -159,7 +159,7 @@ class PoolBase:
     spec: PoolSpec
     alive: bool
     nodes: int = 1
-    pinned: bool = False  # ranks pinned to one core each
+    pin_cores: bool = False  # each rank on a core of its own while it measures (--dist-pin-cores)
     _conns: list
 
     def __init__(self, spec: PoolSpec, name: str | None = None):

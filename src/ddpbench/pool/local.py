@@ -26,7 +26,7 @@ class RankPool(PoolBase):
     def __init__(self, spec: PoolSpec, start_timeout_s: float = 120.0, pg_timeout_s: float = 1800.0,
                  pin_cores: bool = False, launch: RankLaunch | None = None, name: str | None = None):
         super().__init__(spec, name)
-        self.pinned = should_pin(spec.world_size, pin_cores)
+        self.pin_cores = should_pin(spec.world_size, pin_cores)
         self.launch = launch
         self._store_dir = rendezvous.make_private_store_dir()
         self._procs: list = []
@@ -35,13 +35,13 @@ class RankPool(PoolBase):
             for rank in range(spec.world_size):
                 if launch is not None:
                     proc, parent_end = _start_rank_subprocess(spec, rank, self._store_dir, pg_timeout_s,
-                                                              self.pinned, launch)
+                                                              self.pin_cores, launch)
                 else:
                     parent_end, child_end = context.Pipe(duplex=True)
                     proc = context.Process(
                         target=_rank_main,
                         args=(spec, rank, self._store_dir, child_end, os.getpid(), pg_timeout_s,
-                              self.pinned),
+                              self.pin_cores),
                         name=f"ddpbench-rank{rank}",
                         daemon=False,  # ranks may start DataLoader workers of their own
                     )

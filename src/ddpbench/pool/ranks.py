@@ -29,9 +29,7 @@ def _exit_when_parent_dies(parent_pid: int, store_dir: str | None = None) -> Non
     Where the OS has pidfds (Linux >= 5.3) the watching thread sleeps in select() on a pidfd of the
     parent, which becomes readable when the parent exits: the thread never wakes up before that.
     Elsewhere it polls ``os.getppid()`` every PARENT_POLL_S. An idle rank then adds no wake-ups of
-    its own beside the ones its backend makes (gloo's TCP loop thread wakes every 10 ms); the
-    former twice-a-second poll was measured not to move the 1 MB modes (docs/results.md, "Where
-    the 1 MB modes come from"), but a rank has no reason to wake a CPU for nothing."""
+    its own beside the ones its backend makes: a rank has no reason to wake a CPU for nothing."""
     try:
         parent_fd: int | None = os.pidfd_open(parent_pid)
     except (AttributeError, OSError):  # no pidfds here (macOS, old kernels), or the parent is gone

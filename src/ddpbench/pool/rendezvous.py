@@ -2,7 +2,7 @@
 
 torch's TCPStore listens on every interface even when it is given 127.0.0.1, so single-node pools
 rendezvous through a FileStore kept in a private (0700) temporary directory instead: nothing
-listens for the rendezvous at all. The gloo and NCCL transports are pinned to the loopback
+listens for the rendezvous at all. The gloo and NCCL transports are bound to the loopback
 interface through GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, so their per-pair listeners bind to
 127.0.0.1 only.
 """
@@ -39,7 +39,7 @@ def remove_store_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def pin_transports_to_loopback() -> None:
+def bind_transports_to_loopback() -> None:
     """Make gloo and NCCL bind their sockets to the loopback interface (call before init)."""
     interface = loopback_interface()
     os.environ["GLOO_SOCKET_IFNAME"] = interface
@@ -53,7 +53,7 @@ def init_loopback_process_group(
     """Join the pool's process group through the FileStore in ``store_dir``."""
     import torch.distributed as dist
 
-    pin_transports_to_loopback()
+    bind_transports_to_loopback()
     store = dist.FileStore(os.path.join(store_dir, STORE_FILE_NAME), world_size)
     dist.init_process_group(
         backend=backend,

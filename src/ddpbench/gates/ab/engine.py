@@ -36,7 +36,7 @@ class ABSettings:
     max_block_rounds: int = 1000
     # Set each side's workload up anew before each of its blocks (after the first): what one
     # set-up gets (buffer placement, set-up order) then varies between pairs instead of biasing a
-    # side for the whole case, which identical sides showed on the dev machine (docs/results.md).
+    # side for the whole case.
     fresh_state_per_block: bool = True
     # The case's overall significance level. The pairs are analysed after every stage, and each
     # look is another chance for noise to pass, so look k tests at the k-th of
@@ -46,7 +46,7 @@ class ABSettings:
     alpha: float = stats.DEFAULT_ALPHA
     confidence: float = stats.DEFAULT_CONFIDENCE
     # With two or more pool pairs, every pool pair's own ratio must be over 1 + this share of the
-    # threshold for a regression (stats.decide; the measured trade-off: stats' module docstring).
+    # threshold for a regression (stats.decide).
     pool_pair_share: float = stats.POOL_PAIR_SHARE
 
     def stage_sizes(self, pool_pairs: int) -> list[int]:
@@ -82,13 +82,10 @@ class SideRounds:
 
     @property
     def block_means(self) -> list[float]:
-        """Each block's mean round: what the pairs compare. At 1 MB on the dev machine a block's
-        rounds fall into two modes (~1 and ~3 ms) in shares that move from block to block; the
-        median jumps from one mode to the other as a share crosses one half (block medians up to 6x
-        apart on identical sides), the mean follows the shares smoothly and is what a job's total
-        time is made of. Measured against medians on the dev machine (docs/results.md): fewer false
-        verdicts under load and more power at 1 MB; at 10 and 100 MB, where a block holds 3-10
-        rounds, the mean takes a preempted round in full (quiet 10% power at 10 MB: 8 of 10)."""
+        """Each block's mean round: what the pairs compare. Where a block's rounds fall into two
+        modes the median jumps between them as their shares cross one half, while the mean follows
+        the shares smoothly and is what a job's total time is made of (figures: docs/results.md,
+        "Measurements behind the A/B settings")."""
         return [statistics.fmean(b) for b in self.blocks]
 
     @property
@@ -112,59 +109,62 @@ class SideRounds:
 
 @dataclass
 class ABOutcome:
+    """What one A/B case measured: the verdict, both sides' rounds, and how they were taken."""
+
     result: stats.PairedResult
     baseline: SideRounds
     candidate: SideRounds
-    candidate_metrics: list[dict[str, Any]]
+    candidate_metrics: list[dict[str, Any]]  # the candidate's first pool's ranks: the case's own
     rounds_per_block: int
-    order: str  # e.g. "AB BA BA AB ..." (A = baseline)
-    pool_pairs: list[int]  # per pair, the pool pair it ran on
+    pairs: list[tuple[str, str, int]]  # per pair: (first side, second side, pool pair), in run order
     pools_per_side: int
-    stages: int
+    levels_applied: tuple[float, ...]  # the level each look taken was tested at, first to last
+    settings: ABSettings
     wall_s: float
-    threshold: float
-    pool_pair_threshold: float  # what every pool pair's own ratio must be over (with 2+ pool pairs)
-    alpha: float
-    alpha_per_look: tuple[float, ...]  # the level each look taken was tested at, first to last
-    fresh_state: bool
     seed: int = 0  # the run's seed of the block order (--dist-ab-seed repeats it)
+
+    @property
+    def order(self) -> str:
+        """e.g. "AB BA BA AB ..." (A = baseline)."""
+        return " ".join("AB" if first == schedule.BASELINE else "BA" for first, _, _ in self.pairs)
 
     def summary(self, sides: dict[str, dict]) -> dict[str, Any]:
         """``extra_info["ab"]``."""
-
-        def side(rounds: SideRounds, raw: bool) -> dict[str, Any]:
-            times = rounds.round_times
-            q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-            out = {"median_s": statistics.median(times), "iqr_s": q[2] - q[0], "rounds": len(times)}
-            share = placement_info(times, rounds.rank_cpus).get("ranks_shared_cpu_share")
-            if share is not None:
-                out["ranks_shared_cpu_share"] = share
-            if raw:
-                out["round_times"] = times
-            return out
-
+        settings = self.settings
         info = self.result.to_dict()
         info.update({
             "blocks": 2 * self.result.pairs,
             "rounds_per_block": self.rounds_per_block,
             "block_summary": BLOCK_SUMMARY,
-            "stages": self.stages,
+            "stages": len(self.levels_applied),
             "order": self.order,
             "pools_per_side": self.pools_per_side,
-            "pool_pair_of_pair": self.pool_pairs,
+            "pool_pair_of_pair": [j for _, _, j in self.pairs],
             "wall_s": round(self.wall_s, 3),
-            "threshold": self.threshold,
-            "pool_pair_threshold": self.pool_pair_threshold,
-            "fresh_state_per_block": self.fresh_state,
+            "threshold": settings.threshold,
+            "pool_pair_threshold": settings.pool_pair_share * settings.threshold,
+            "fresh_state_per_block": settings.fresh_state_per_block,
             "seed": self.seed,
-            "alpha": self.alpha,
-            "alpha_per_look": list(self.alpha_per_look),
-            "alpha_at_last_look": self.alpha_per_look[-1],
-            "baseline": side(self.baseline, raw=True),
-            "candidate": side(self.candidate, raw=False),  # its rounds are the case's own
+            "alpha": settings.alpha,
+            "alpha_per_look": list(self.levels_applied),
+            "alpha_at_last_look": self.levels_applied[-1],
+            "baseline": _side_summary(self.baseline, raw=True),
+            "candidate": _side_summary(self.candidate, raw=False),  # its rounds are the case's own
             "sides": sides,
         })
         return info
+
+
+def _side_summary(rounds: SideRounds, raw: bool) -> dict[str, Any]:
+    times = rounds.round_times
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    out = {"median_s": statistics.median(times), "iqr_s": q[2] - q[0], "rounds": len(times)}
+    share = placement_info(times, rounds.rank_cpus).get("ranks_shared_cpu_share")
+    if share is not None:
+        out["ranks_shared_cpu_share"] = share
+    if raw:
+        out["round_times"] = times
+    return out
 
 
 def _block_rounds(estimate_s: float, settings: ABSettings) -> int:
@@ -197,23 +197,27 @@ def _on(side: str, j: int, pool, fn, *args, timeout_s: float):
         raise SideFailed(side, j, exc) from exc
 
 
-def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeout_s: float,
-             case_id: str, seed: int = 0) -> ABOutcome:
-    """Measure ``workload`` on both sides' pools (keys "baseline" and "candidate", each a list of
-    ``settings.pools_per_side`` pools), interleaved, in the block order ``seed`` draws for this
-    case. The candidate's first pool is the case's own: its metrics and check results are the
-    case's. A task failing on either side raises :class:`SideFailed`."""
-    started = time.monotonic()
-    key = f"ddpbench-ab:{case_id}"
-    names = (schedule.BASELINE, schedule.CANDIDATE)
-    pool_pairs = min(len(pools[name]) for name in names)
-    live: list[Any] = []
-    try:
+class _Case:
+    """One case's run over both sides' pools: start, stages of pairs, finish; stop on failure."""
+
+    def __init__(self, pools: dict[str, list], settings: ABSettings, timeout_s: float, case_id: str):
+        self.pools, self.settings, self.timeout_s = pools, settings, timeout_s
+        self.key = f"ddpbench-ab:{case_id}"
+        self.pool_pairs = min(len(pools[name]) for name in _SIDES)
+        self.live: list[Any] = []  # pools holding this case's state
+        self.sides = {name: SideRounds() for name in _SIDES}
+        self.pairs: list[tuple[str, str, int]] = []
+
+    def _run(self, name: str, j: int, fn, *args):
+        return _on(name, j, self.pools[name][j], fn, *args, timeout_s=self.timeout_s)
+
+    def start(self, workload, plan) -> int:
+        """Set the workload up on every pool and warm it up; returns the rounds per block."""
         estimates = []
-        for j in range(pool_pairs):
-            for name in names:
-                live.append(pools[name][j])
-                replies = _on(name, j, pools[name][j], tasks.start, key, workload, plan, timeout_s=timeout_s)
+        for j in range(self.pool_pairs):
+            for name in _SIDES:
+                self.live.append(self.pools[name][j])
+                replies = self._run(name, j, tasks.start, self.key, workload, plan)
                 estimates.append(max(reply["estimate_s"] for reply in replies))
                 # Every pool times the ops per round the first one chose ("auto" chooses once).
                 plan = dataclasses.replace(plan, ops_per_round=replies[0]["ops_per_round"])
@@ -222,61 +226,88 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                 f"ddpbench A/B: the warm-up gave no round time to size the blocks by (estimates "
                 f"{estimates}); A/B mode needs at least one timed warm-up round: use --dist-warmup 1 "
                 f"or more (or dist_benchmark(..., warmup=1))")
-        rounds = _block_rounds(max(estimates), settings)
-        sides = {name: SideRounds() for name in names}
-        rng = schedule.case_rng(case_id, seed)
-        orders: list[tuple[str, str, int]] = []
-        stage_sizes = settings.stage_sizes(pool_pairs)
-        levels = settings.alpha_per_look(pool_pairs)
-        applied: list[float] = []  # the level each look taken was tested at
-        stages = 0
-        while True:
-            stage_started = time.monotonic()
-            stage = schedule.pairs_over_pools(stage_sizes[stages] // pool_pairs, pool_pairs, rng)
-            for first, second, j in stage:
-                for name in (first, second):
-                    side = sides[name]
-                    fresh = settings.fresh_state_per_block and j in side.pools
-                    per_rank = _on(name, j, pools[name][j], tasks.block, key, rounds, fresh, timeout_s=timeout_s)
-                    side.blocks.append(max_over_ranks([times for times, _ in per_rank]))
-                    side.rank_blocks.append([list(times) for times, _ in per_rank])
-                    side.cpus.append([cpus for _, cpus in per_rank])
-                    side.pools.append(j)
-            orders += stage
-            stages += 1
-            seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
-            # Escalate while the next stage still ends inside the per-case time cap. A look with no
-            # stage after it is the last and spends what is left of alpha.
-            remaining = settings.max_time_s - (time.monotonic() - started)
-            last_look = stages == len(stage_sizes) or stage_sizes[stages] * seconds_per_pair > remaining
-            level = stats.level_for_last_look(settings.alpha, len(stage_sizes), stages) if last_look \
-                else levels[stages - 1]
-            applied.append(level)
-            result = stats.analyse_pairs(sides[schedule.BASELINE].block_means,
-                                         sides[schedule.CANDIDATE].block_means, settings.threshold,
-                                         level, settings.confidence, pool_pair_of=[j for _, _, j in orders],
-                                         pool_pair_share=settings.pool_pair_share,
-                                         baseline_minima=sides[schedule.BASELINE].block_minima,
-                                         candidate_minima=sides[schedule.CANDIDATE].block_minima)
-            if result.verdict != "inconclusive" or last_look:
-                break
-        metrics = []
-        for j in range(pool_pairs):
-            for name in names:
-                live.remove(pools[name][j])
-                ranks = _on(name, j, pools[name][j], tasks.finish, key, timeout_s=timeout_s)
+        return _block_rounds(max(estimates), self.settings)
+
+    def run_pairs(self, pairs: list[tuple[str, str, int]], rounds: int) -> None:
+        """One block of ``rounds`` on each side of every pair, in the order given."""
+        for first, second, j in pairs:
+            for name in (first, second):
+                side = self.sides[name]
+                fresh = self.settings.fresh_state_per_block and j in side.pools
+                per_rank = self._run(name, j, tasks.block, self.key, rounds, fresh)
+                side.blocks.append(max_over_ranks([times for times, _ in per_rank]))
+                side.rank_blocks.append([list(times) for times, _ in per_rank])
+                side.cpus.append([cpus for _, cpus in per_rank])
+                side.pools.append(j)
+        self.pairs += pairs
+
+    def analyse(self, level: float) -> stats.PairedResult:
+        baseline, candidate = self.sides[schedule.BASELINE], self.sides[schedule.CANDIDATE]
+        return stats.analyse_pairs(baseline.block_means, candidate.block_means, self.settings.threshold,
+                                   level, self.settings.confidence, pool_pair_of=[j for _, _, j in self.pairs],
+                                   pool_pair_share=self.settings.pool_pair_share,
+                                   baseline_minima=baseline.block_minima,
+                                   candidate_minima=candidate.block_minima)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """End the case on every pool; returns the candidate's first pool's per-rank metrics."""
+        metrics: list[dict[str, Any]] = []
+        for j in range(self.pool_pairs):
+            for name in _SIDES:
+                self.live.remove(self.pools[name][j])
+                ranks = self._run(name, j, tasks.finish, self.key)
                 if name == schedule.CANDIDATE and j == 0:
                     metrics = ranks
-    except BaseException:
-        for pool in live:  # free the other pools' state; a torn-down pool has nothing left
+        return metrics
+
+    def stop(self) -> None:
+        """Free the case's state on the pools still holding it (a torn-down pool has none left)."""
+        for pool in self.live:
             if pool.alive:
                 try:
-                    pool.run(tasks.stop, key, timeout_s=timeout_s)
+                    pool.run(tasks.stop, self.key, timeout_s=self.timeout_s)
                 except Exception:
                     pass
+
+
+_SIDES = (schedule.BASELINE, schedule.CANDIDATE)
+
+
+def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeout_s: float,
+             case_id: str, seed: int = 0) -> ABOutcome:
+    """Measure ``workload`` on both sides' pools (keys "baseline" and "candidate", each a list of
+    ``settings.pools_per_side`` pools), interleaved, in the block order ``seed`` draws for this
+    case. Stages of pairs run until the verdict is clear or the next stage would pass the time cap;
+    look k is tested at the k-th of ``settings.alpha_per_look`` and a last look at what is left of
+    alpha. The candidate's first pool is the case's own: its metrics and check results are the
+    case's. A task failing on either side raises :class:`SideFailed`."""
+    started = time.monotonic()
+    case = _Case(pools, settings, timeout_s, case_id)
+    try:
+        rounds = case.start(workload, plan)
+        rng = schedule.case_rng(case_id, seed)
+        stage_sizes = settings.stage_sizes(case.pool_pairs)
+        levels = settings.alpha_per_look(case.pool_pairs)
+        applied: list[float] = []
+        while True:
+            stage_started = time.monotonic()
+            stage = schedule.pairs_over_pools(stage_sizes[len(applied)] // case.pool_pairs, case.pool_pairs, rng)
+            case.run_pairs(stage, rounds)
+            looks = len(applied) + 1
+            seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
+            remaining = settings.max_time_s - (time.monotonic() - started)
+            last_look = looks == len(stage_sizes) or stage_sizes[looks] * seconds_per_pair > remaining
+            applied.append(stats.level_for_last_look(settings.alpha, len(stage_sizes), looks) if last_look
+                           else levels[looks - 1])
+            result = case.analyse(applied[-1])
+            if result.verdict != "inconclusive" or last_look:
+                break
+        metrics = case.finish()
+    except BaseException:
+        case.stop()
         raise
-    order = " ".join("AB" if first == schedule.BASELINE else "BA" for first, _, _ in orders)
-    return ABOutcome(result, sides[schedule.BASELINE], sides[schedule.CANDIDATE], metrics, rounds, order,
-                     [j for _, _, j in orders], pool_pairs, stages, time.monotonic() - started,
-                     settings.threshold, settings.pool_pair_share * settings.threshold, settings.alpha,
-                     tuple(applied), settings.fresh_state_per_block, seed)
+    return ABOutcome(result=result, baseline=case.sides[schedule.BASELINE],
+                     candidate=case.sides[schedule.CANDIDATE], candidate_metrics=metrics,
+                     rounds_per_block=rounds, pairs=case.pairs, pools_per_side=case.pool_pairs,
+                     levels_applied=tuple(applied), settings=settings,
+                     wall_s=time.monotonic() - started, seed=seed)

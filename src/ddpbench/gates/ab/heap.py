@@ -3,20 +3,16 @@
 glibc's malloc adapts to each process's own history: freeing a large block (a tensor, gloo's
 flattened buffers) raises its mmap threshold to that size, and the top of the heap goes back to
 the kernel once more than a trim threshold lies free there. So two identical rank processes need
-not serve a case's buffers alike: in a plain 2-rank gloo script on the dev machine, a 10 MB
-all_gather round faulted in 0, 2562 or 5121 fresh pages depending on the process. Identical A/B
-pools showed the matching shape: one pool of processes off its twin for a whole case, anew each
-case, by a few percent and up to 47% (docs/results.md).
+not serve a case's buffers alike (one faults in thousands of fresh pages a round, its twin none),
+and a pool of such processes can sit off its twin for a whole case.
 
 ``steady`` (the default) fixes the thresholds (setting any of them in the environment also turns
 glibc's adaptation off): blocks under 32 MiB, glibc's largest mmap threshold, come from the heap,
-whose top is never given back; larger blocks are mapped fresh each time. With it, pools of
-identical processes drifted apart by about a quarter as much per case at 10 MB on the dev machine
-(docs/results.md). It does not make every process fault alike: the plain script above still
-varied from process to process with it, so part of what it removes is still unexplained. The cost
-is memory: a rank keeps its largest heap for its life. ``adaptive`` leaves glibc's defaults, as a
-plain script has them. Other C libraries ignore these variables; a value a side sets itself
-(``--dist-*-env``) wins.
+whose top is never given back; larger blocks are mapped fresh each time. Identical pools then drift
+apart less (figures: docs/results.md, "What set identical pools apart"), though not every process
+faults alike. The cost is memory: a rank keeps its largest heap for its life. ``adaptive`` leaves
+glibc's defaults, as a plain script has them. Other C libraries ignore these variables; a value a
+side sets itself (``--dist-*-env``) wins.
 """
 
 from __future__ import annotations

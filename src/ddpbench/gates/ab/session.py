@@ -84,12 +84,12 @@ class ABSession:
     def sides(self) -> dict:
         return {"baseline": self.baseline.describe(), "candidate": self.candidate.describe()}
 
-    def header_lines(self, world_sizes: list[int], cores: int, pinned: bool) -> list[str]:
+    def header_lines(self, world_sizes: list[int], cores: int, pin_cores: bool) -> list[str]:
         s = self.settings
         common = ", ".join(f"{k}={v}" for k, v in self.baseline.common_env) or "glibc's defaults"
         lines = [f"threshold {s.threshold * 100:g}%, blocks of ~{s.block_time_s:g} s, {s.first_pairs} pairs "
                  f"first, more up to {s.max_time_s:g} s per case, {s.pools_per_side} pool(s) per side, ranks "
-                 f"{'pinned one core each' if pinned else 'placed by the OS'} (--dist-pin-cores)",
+                 f"{'pinned one core each' if pin_cores else 'placed by the OS'} (--dist-pin-cores)",
                  f"heap {self.heap}, both sides' ranks: {common} (--dist-ab-heap)",
                  f"block order seed {self.seed} (--dist-ab-seed {self.seed} repeats it)",
                  f"baseline  = {self.baseline.short()}",

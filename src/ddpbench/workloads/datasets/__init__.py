@@ -21,8 +21,8 @@ handover: each rank builds the same samples itself.
 File-descriptor budget. Under ``file_descriptor`` every shared storage is one descriptor: the
 receiver keeps one per storage, and the sender keeps one per storage plus one duplicate per
 storage per receiver until the receiver fetches it from the sender's ``multiprocessing``
-resource-sharer thread. Running out of descriptors on either side used to end in EMFILE and a
-receiver blocked forever; here both sides check before any descriptor moves
+resource-sharer thread. Running out of descriptors on either side ends, in plain torch, in EMFILE
+and a receiver blocked forever; here both sides check before any descriptor moves
 (:class:`DatasetShareError` names the cause and the fixes), an EMFILE that happens anyway is turned
 into the same error, and the sender closes every duplicate a receiver did not fetch
 (:meth:`DatasetEpoch.close`, also run when the workload is garbage-collected).

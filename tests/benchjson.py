@@ -33,14 +33,17 @@ def bench(name, data, extra_info=None, group=None, include_data=True, module="be
             "stats": stats_of(data, include_data)}
 
 
-def run_doc(benchmarks, probe_s=0.001, machine=None, include_probe=True):
+def run_doc(benchmarks, probe_s=0.001, machine=None, include_probe=True, commit=None,
+            saved="2026-01-01T00:00:00"):
+    """A run; ``commit``: commit_info fields (pytest-benchmark's id, time, branch, dirty) over the
+    default ``{"id": "abc"}``; ``saved``: the run's datetime."""
     machine_info = dict(MACHINE if machine is None else machine)
     if include_probe:
         machine_info["ddpbench_calibration"] = {
             "kind": "memcpy-4MiB+matmul-128-float32-1thread", "version": 1, "min_s": probe_s,
             "median_s": probe_s * 1.1, "repeats": 100}
-    return {"machine_info": machine_info, "commit_info": {"id": "abc"}, "benchmarks": list(benchmarks),
-            "datetime": "2026-01-01T00:00:00", "version": "5.3.1"}
+    return {"machine_info": machine_info, "commit_info": {"id": "abc", **(commit or {})},
+            "benchmarks": list(benchmarks), "datetime": saved, "version": "5.3.1"}
 
 
 def write(path, doc) -> Path:

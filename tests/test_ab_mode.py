@@ -166,7 +166,7 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     # FAST's 8 s cap ends the case after a look or two: the last look taken spends what is left of
     # alpha (the planned early levels alone would need ~36 pairs even for a 1.5x slowdown).
     result = pytester.runpytest_subprocess("--dist-candidate-env", "SLEEP_FACTOR=1.5", "--dist-ab-seed=4242",
-                                           "--benchmark-json=ab.json", *FAST, timeout=300)
+                                           "--dist-ab-profile=off", "--benchmark-json=ab.json", *FAST, timeout=300)
     assert result.ret == 1, result.stdout.str()
     result.stdout.fnmatch_lines(["*ddpbench A/B verdicts (1 regression*",
                                  "*test_sleep*regression*",
@@ -205,6 +205,7 @@ def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     assert ab["pool_pair_threshold"] == pytest.approx(ab["threshold"])  # what each pool pair must show
     assert len(ab["baseline"]["round_times"]) == ab["baseline"]["rounds"]
     assert case["stats"]["median"] > ab["baseline"]["median_s"] * 1.2
+    assert "profile" not in ab and "torch.profiler" not in result.stdout.str()  # --dist-ab-profile=off
 
     cli = [sys.executable, "-m", "ddpbench.cli", "compare", str(pytester.path / "ab.json")]
     text = subprocess.run(cli, capture_output=True, text=True)
@@ -222,8 +223,8 @@ def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
     # One pool per side here: the single-pool path (the whole interval must clear the threshold).
     result = pytester.runpytest_subprocess(f"--dist-baseline-python={sys.executable}",
                                            "--dist-ab-threshold=25%", "--dist-ab-pools-per-side=1",
-                                           "--dist-ab-heap=adaptive", "--benchmark-json=aa.json", *FAST,
-                                           timeout=300)
+                                           "--dist-ab-heap=adaptive", "--dist-ab-profile=all",
+                                           "--benchmark-json=aa.json", *FAST, timeout=300)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*1 pool(s) per side*", "*heap adaptive, both sides' ranks: glibc's defaults*"])
     (case,) = json.loads((pytester.path / "aa.json").read_text())["benchmarks"]
@@ -237,6 +238,10 @@ def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
     candidate_pids = {pid for pool in ab["pool_pids"]["candidate"] for pid in pool}
     assert len(baseline_pids) == len(candidate_pids) == 2 and not baseline_pids & candidate_pids
     assert isinstance(ab["seed"], int)  # drawn for this run and recorded
+    # --dist-ab-profile=all profiles a case whatever its verdict, after it: both sides, each rank.
+    assert ab["profile"]["errors"] == {} and len(ab["profile"]["traces"]["baseline"]) == 2
+    assert all(os.path.exists(path) for paths in ab["profile"]["traces"].values() for path in paths)
+    result.stdout.fnmatch_lines([f"*why *test_sleep* is as it is ({ab['verdict']}): torch.profiler*"])
 
 
 # ----------------------------------------------------------------------------------------------

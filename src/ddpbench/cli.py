@@ -1,20 +1,24 @@
-"""``ddpbench compare`` (the noise-aware gate) and ``ddpbench report`` (tables and charts).
+"""``ddpbench compare`` (the noise-aware gate), ``ddpbench report`` (tables and charts) and
+``ddpbench history`` (a static HTML page of every saved run, with the steps detected in each case).
 
 Exit status of ``compare``: 0 no regression, 1 at least one regression or a case the baseline has
 and the current run lost (unless ``--allow-missing``; inconclusive cases too with
 ``--fail-on-inconclusive``), 2 bad input (missing or unreadable runs, or runs without raw rounds
-unless ``--allow-summary-stats``).
+unless ``--allow-summary-stats``). ``history`` exits 0 whatever the steps (it is a view, not a
+gate) and 2 on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 from .gates import compare as cmp
 from .gates import verdicts
+from . import history as hist
 from . import options as opts
 
 DEFAULT_STORAGE = ".benchmarks"
@@ -23,6 +27,13 @@ DEFAULT_CHARTS = "reports"
 
 def _percent(text: str) -> float:
     return opts.parse_percent(text, allow_zero=True)
+
+
+def _since(text: str):
+    try:
+        return hist.parse_since(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _confidence(text: str) -> float:
@@ -84,6 +95,28 @@ def _parser() -> argparse.ArgumentParser:
                    help="folder for the PNG charts; a sub-folder per run (default reports/)")
     r.add_argument("--no-charts", action="store_true", help="tables only (no matplotlib needed)")
     r.add_argument("--output", metavar="MD", help="also write the markdown to this file")
+
+    h = sub.add_parser("history", help="a static HTML page of every saved run, with detected steps",
+                       description="One self-contained HTML page over every saved run of the storage "
+                                   "(all machine folders) and the JSON files named: a chart of the run "
+                                   "medians (IQR band) per machine, backend and case in commit order, "
+                                   "with the steps found in them (ruptures). Exit 0, or 2 on bad input.")
+    h.add_argument("files", nargs="*", metavar="JSON", help="also these pytest-benchmark JSON files "
+                   "(--benchmark-json outputs)")
+    h.add_argument("--storage", default=DEFAULT_STORAGE, help="pytest-benchmark storage folder (default .benchmarks)")
+    h.add_argument("--output", default=hist.DEFAULT_OUTPUT, metavar="HTML",
+                   help=f"where to write the page (default {hist.DEFAULT_OUTPUT})")
+    h.add_argument("--since", type=_since, metavar="DATE",
+                   help="only runs whose commit (else run) time is on or after DATE (ISO, e.g. 2026-01-31, UTC)")
+    h.add_argument("--case", action="append", default=[], metavar="PATTERN",
+                   help="only cases whose name or fullname matches PATTERN (fnmatch, e.g. 'test_all_reduce*') "
+                        "or contains it; repeatable")
+    h.add_argument("--min-step", type=_percent, default=hist.DEFAULT_MIN_STEP, metavar="PCT",
+                   help=f"smallest change of a series' median reported as a step (default "
+                        f"{hist.DEFAULT_MIN_STEP * 100:g}%%)")
+    h.add_argument("--skip-unreadable", action="store_true",
+                   help="leave unreadable saved runs out (a warning each) instead of stopping")
+    h.add_argument("--json", action="store_true", help="print the detected steps as JSON (for CI)")
     return parser
 
 
@@ -115,7 +148,22 @@ def run_ab_verdicts(args, run) -> int:
              for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
     cases += [verdicts.ab_verdict(str(lost.get("name", "?")), lost["ab"], None)
               for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
-    return _print_report(args, verdicts.ab_report(cases))
+    status = _print_report(args, verdicts.ab_report(cases))
+    if not args.json:  # the JSON run holds them already (extra_info ab.profile)
+        _print_profiles(args, run)
+    return status
+
+
+def _print_profiles(args, run) -> None:
+    """Each profiled case's grown ops (--dist-ab-profile), beneath the verdicts."""
+    from .gates.ab.forensics import CaseProfile
+
+    for case in run.cases.values():
+        profile = CaseProfile.from_summary(case.fullname, case.extra_info["ab"]) \
+            if isinstance(case.extra_info.get("ab"), dict) else None
+        if profile is not None:
+            print()
+            print(profile.markdown() if args.markdown else "\n".join(profile.lines()))
 
 
 def run_compare(args) -> int:
@@ -193,6 +241,33 @@ def run_report(args) -> int:
     return 0
 
 
+def run_history(args) -> int:
+    try:
+        history = hist.build_history(args.storage, args.files, since=args.since, cases=args.case,
+                                     min_step=args.min_step, skip_unreadable=args.skip_unreadable)
+    except cmp.CompareError as exc:
+        return _error("history", str(exc))
+    for message in history.skipped:
+        print(f"ddpbench history: warning: {message}", file=sys.stderr)
+    try:
+        path = hist.write_page(history, args.output)
+    except OSError as exc:
+        return _error("history", f"cannot write the page to {args.output} ({exc}); give another --output")
+    out = sys.stderr if args.json else sys.stdout  # with --json, stdout stays one JSON document
+    print(f"history page: {path}", file=out)
+    print(f"{len(history.runs)} runs from {len(history.machines)} machine(s), {len(history.series)} series, "
+          f"{len(history.steps)} step(s) of {args.min_step * 100:g}% or more", file=out)
+    shown = 10
+    for step in history.steps[:shown]:
+        print(f"  {step.describe()}", file=out)
+    if len(history.steps) > shown:
+        print(f"  ... and {len(history.steps) - shown} more on the page", file=out)
+    if args.json:
+        print(json.dumps({"page": str(path), "runs": len(history.runs), "series": len(history.series),
+                          "min_step": args.min_step, "steps": [s.to_dict() for s in history.steps]}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -205,6 +280,8 @@ def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "compare":
         return run_compare(args)
+    if args.command == "history":
+        return run_history(args)
     return run_report(args)
 
 

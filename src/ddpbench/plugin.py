@@ -22,6 +22,7 @@ from . import options as opts
 from .devices import GPU_INFO_KEY, cpu_count, cuda_device_count, cuda_probe, gpu_cases_requested, gpu_description
 from .engine.timing import RoundPlan
 from .fixture import DistBenchmark
+from .gates.ab.forensics import DEFAULT_PROFILE, PROFILE_MODES
 from .gates.ab.heap import DEFAULT_HEAP, HEAP_MODES
 from .pool import PoolRegistry, PoolSpec
 from .workloads.collective_cases import DEFAULT_SIZES
@@ -115,6 +116,11 @@ def pytest_addoption(parser):
                       "instead of failing the run")
     ab.addoption("--dist-ab-fail-on-inconclusive", action="store_true",
                  help="exit 1 when any case is inconclusive (by default they are counted and exit 0)")
+    ab.addoption("--dist-ab-profile", choices=PROFILE_MODES, default=DEFAULT_PROFILE,
+                 help="after a case's verdict, profile a few rounds on each side with torch.profiler: "
+                      "Chrome traces per side and rank under <benchmark storage>/ab-profiles/, and "
+                      "the ops whose self time grew most beneath the verdict table; regressions: "
+                      "the regressed cases, all: every case. Default: regressions")
 
     advanced = parser.getgroup("ddpbench-advanced", "ddpbench advanced settings (the defaults are measured "
                                "choices: docs/design.md)")

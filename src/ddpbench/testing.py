@@ -5,7 +5,8 @@
   environment — the whole run's, or one A/B side's through ``--dist-candidate-env``. Every
   collective case is then wrapped in :class:`SlowedDown`, whose rounds busy-wait for that fraction
   of the op's own time after the op where the variable names the op; such cases record
-  ``injected_slowdown_pct``. Never for real measurements.
+  ``injected_slowdown_pct``; under torch.profiler the wait is an op of its own (:data:`INJECTED_OP`).
+  Never for real measurements.
 * **Rank probes** for the pool and dataset tests: :func:`rank_state`, :func:`set_fd_limit`.
 * **Training steps** outside the engine, for the parity tests: :func:`train_steps`.
 """
@@ -45,10 +46,24 @@ def parse_injected_slowdown(text: str | None) -> dict[str, float]:
     return result
 
 
+INJECTED_OP = "ddpbench.testing.injected_busy_wait"  # its name in a profile (--dist-ab-profile)
+
+
 def _busy_wait(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
+
+
+def _injected_wait(seconds: float) -> None:
+    """The injected work, named :data:`INJECTED_OP` in a profile; unprofiled, nothing but the wait."""
+    import torch
+
+    if not torch.autograd._profiler_enabled():
+        _busy_wait(seconds)
+        return
+    with torch.profiler.record_function(INJECTED_OP):
+        _busy_wait(seconds)
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,7 @@ class SlowedDown(Workload):
             return
         start = time.perf_counter()
         self.inner.run_round(state["inner"])
-        _busy_wait((time.perf_counter() - start) * state["fraction"])
+        _injected_wait((time.perf_counter() - start) * state["fraction"])
 
     def rank_metrics(self, state) -> dict[str, Any]:
         metrics = dict(self.inner.rank_metrics(state["inner"]) or {})

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -16,6 +18,8 @@ import pytest
 from ...engine.timing import CaseRounds, measure_workload
 from ..verdicts import LOST_CASES_KEY, ab_report, ab_verdicts, format_text
 from .engine import ABSettings, SideFailed, run_case
+from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
+                        should_profile)
 from .heap import DEFAULT_HEAP, heap_env
 from .schedule import new_seed
 from .sides import (Side, SideError, check_modules_differ, engine_lines, local_facts, make_side, module_lines,
@@ -38,7 +42,10 @@ class ABSession:
     seed: int = 0  # --dist-ab-seed, or drawn for this run
     allow_missing: bool = False  # --dist-ab-allow-missing
     fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
+    profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
+    profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
     results: list = field(default_factory=list)
+    profiles: list[CaseProfile] = field(default_factory=list)
 
     # -- before any rank starts -----------------------------------------------------------------
 
@@ -77,9 +84,12 @@ class ABSession:
                 f"s, past --dist-ab-max-time {settings.max_time_s:g} s. Use a shorter block time or a "
                 f"longer cap (defaults: 0.1 s and 60 s)")
         seed = config.getoption("dist_ab_seed")
-        return cls(baseline, candidate, settings, heap, seed=new_seed() if seed is None else seed,
+        seed = new_seed() if seed is None else seed
+        return cls(baseline, candidate, settings, heap, seed=seed,
                    allow_missing=config.getoption("dist_ab_allow_missing"),
-                   fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"))
+                   fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"),
+                   profile=config.getoption("dist_ab_profile", DEFAULT_PROFILE),
+                   profile_root=_profile_root(config, seed))
 
     def sides(self) -> dict:
         return {"baseline": self.baseline.describe(), "candidate": self.candidate.describe()}
@@ -142,6 +152,13 @@ class ABSession:
         summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
         extra_info["ab"] = summary
         self.results.append((case_id, summary, statistics.median(outcome.candidate.round_times)))
+        if should_profile(self.profile, summary["verdict"]):  # the verdict and rounds are final here
+            profile = profile_case({name: side_pools[0] for name, side_pools in pools.items()}, workload,
+                                   profiled_plan(plan, outcome.candidate_metrics),
+                                   max(MIN_PROFILED_ROUNDS, outcome.rounds_per_block),
+                                   case_folder(self.profile_root, case_id), case_id, summary["verdict"], timeout_s)
+            summary["profile"] = profile.to_dict()
+            self.profiles.append(profile)
         candidate = outcome.candidate
         return CaseRounds(candidate.round_times, outcome.candidate_metrics, candidate.rank_cpus,
                           candidate.rank_round_times)
@@ -180,6 +197,8 @@ class ABSession:
         report = self.report()
         lines = [(line, line.endswith("<<")) for line in format_text(report).splitlines()]
         _, outcome = report.gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)
+        for profile in self.profiles:
+            lines += [(f"ddpbench A/B: {line}", False) for line in profile.lines()]
         lines += [(f"ddpbench A/B: {line}", "exit status 1" in line) for line in outcome]
         lines.append((f"ddpbench A/B: block order seed {self.seed} (--dist-ab-seed {self.seed} repeats it)", False))
         return lines
@@ -188,6 +207,15 @@ class ABSession:
         """The cases the candidate lost, for the run's JSON (they have no benchmark entry)."""
         return [{"name": name, "ab": summary} for name, summary, _ in self.results
                 if summary.get("verdict") == "missing"]
+
+
+def _profile_root(config, seed: int) -> Path:
+    """This run's folder of profiler traces: ``ab-profiles/<time>-seed<seed>`` in pytest-benchmark's
+    storage folder (``.benchmarks`` unless --benchmark-storage names another folder)."""
+    storage = str(config.getoption("benchmark_storage", None) or "file://./.benchmarks")
+    folder = Path(storage.removeprefix("file://")) if storage.startswith("file://") or "://" not in storage \
+        else Path(".benchmarks")
+    return (Path.cwd() / folder).resolve() / "ab-profiles" / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{seed}"
 
 
 def _refuse_what_ab_cannot_measure(config) -> None:

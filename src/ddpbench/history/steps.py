@@ -1,0 +1,130 @@
+"""Change points in a series: where a case's typical time moved to a new level and stayed there.
+
+Detection is ruptures' ``KernelCPD(kernel="linear", min_size=2)`` (penalised least squares, exact,
+in C) on the log of the run medians, so that a step is a ratio whatever a case's scale. The penalty
+per change point is the Wild Binary Segmentation threshold written as a penalty:
+``pen = 2 * C**2 * sigma**2 * log(n)`` with ``C = 1.3``, i.e. a change counts when its CUSUM
+statistic exceeds ``C * sigma * sqrt(2 log n)`` (Fryzlewicz 2014, "Wild binary segmentation for
+multiple change-point detection", Ann. Statist. 42(6), and the constant of his ``wbs`` package);
+splitting a segment lowers its least-squares cost by exactly that statistic squared. ``sigma`` is
+estimated as there: the median absolute deviation of successive differences over sqrt(2), which
+steps do not inflate. Why not plain BIC (``sigma**2 log n``): on pure noise it finds a false change
+in most long series, and a page holds a hundred of them.
+
+A change is reported as a step only when the medians of the segments on either side differ by at
+least ``min_step`` (relative); smaller changes are merged away, smallest first, so each step's
+before / after medians are those of the segments that remain.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .series import Point, Series
+
+DEFAULT_MIN_STEP = 0.05
+MIN_POINTS = 6  # fewer runs cannot tell a step from noise (min_size 2 each side, and sigma)
+WBS_CONSTANT = 1.3
+
+
+def noise_sigma(log_medians: np.ndarray) -> float:
+    """Robust noise level of a series: MAD (normal-consistent) of successive differences / sqrt(2);
+    when over half the differences are equal (MAD 0), their standard deviation / sqrt(2)."""
+    from scipy.stats import median_abs_deviation
+
+    diffs = np.diff(log_medians)
+    sigma = float(median_abs_deviation(diffs, scale="normal")) / math.sqrt(2)
+    if sigma == 0 and len(diffs) > 1:
+        sigma = float(np.std(diffs, ddof=1)) / math.sqrt(2)
+    return sigma
+
+
+def penalty(log_medians: np.ndarray) -> float:
+    """The penalty per change point (see the module docstring)."""
+    return 2 * WBS_CONSTANT**2 * noise_sigma(log_medians) ** 2 * math.log(len(log_medians))
+
+
+def change_points(log_medians: np.ndarray) -> list[int]:
+    """Indices where a new segment starts (ruptures' breakpoints without the final ``n``)."""
+    import ruptures
+
+    pen = penalty(log_medians)
+    if pen == 0:  # every median equal: nothing moves
+        return []
+    ends = ruptures.KernelCPD(kernel="linear", min_size=2).fit(log_medians.reshape(-1, 1)).predict(pen=pen)
+    return [int(end) for end in ends[:-1]]
+
+
+@dataclass
+class Step:
+    """A lasting change of a series' median between two consecutive runs."""
+
+    series: Series
+    index: int  # the first point after the step
+    before_s: float  # median of the run medians of the segment before
+    after_s: float  # ... and after
+
+    @property
+    def ratio(self) -> float:
+        return self.after_s / self.before_s
+
+    @property
+    def size(self) -> float:
+        """|log ratio|: a halving is as large as a doubling."""
+        return abs(math.log(self.ratio))
+
+    @property
+    def last_before(self) -> Point:
+        return self.series.points[self.index - 1]
+
+    @property
+    def first_after(self) -> Point:
+        return self.series.points[self.index]
+
+    def to_dict(self) -> dict:
+        def side(point: Point) -> dict:
+            record = point.record
+            return {"commit": record.commit, "branch": record.branch, "file": record.file,
+                    "time": record.when.isoformat() if record.when else None}
+
+        return {"case": self.series.name, "fullname": self.series.fullname,
+                "machine": self.series.machine.label, "backend": self.series.backend,
+                "chart": self.series.chart_id, "before_median_s": self.before_s,
+                "after_median_s": self.after_s, "ratio": self.ratio,
+                "last_before": side(self.last_before), "first_after": side(self.first_after)}
+
+    def describe(self) -> str:
+        """One line: 'x1.50 case on machine, backend: 10.0 -> 15.0 ms between abc1234 (date) and ...'."""
+        def commit(point: Point) -> str:
+            when = point.record.when
+            return f"{point.record.commit} ({when:%Y-%m-%d})" if when else point.record.commit
+
+        return (f"x{self.ratio:.2f}  {self.series.name} on {self.series.machine.label}, {self.series.backend}: "
+                f"{self.before_s * 1e3:.4g} -> {self.after_s * 1e3:.4g} ms, between {commit(self.last_before)} "
+                f"and {commit(self.first_after)}")
+
+
+def detect_steps(series: Series, min_step: float = DEFAULT_MIN_STEP) -> list[Step]:
+    """The steps of one series (none with fewer than :data:`MIN_POINTS` runs), in run order."""
+    medians = np.array([p.median_s for p in series.points], dtype=float)
+    if len(medians) < MIN_POINTS or not np.all(medians > 0):
+        return []
+    cuts = change_points(np.log(medians))
+    threshold = math.log1p(min_step)
+    while True:
+        edges = [0, *cuts, len(medians)]
+        levels = [float(np.median(medians[a:b])) for a, b in zip(edges, edges[1:])]
+        sizes = [abs(math.log(after / before)) for before, after in zip(levels, levels[1:])]
+        if not sizes or min(sizes) >= threshold:
+            break
+        del cuts[sizes.index(min(sizes))]
+    return [Step(series, cut, levels[i], levels[i + 1]) for i, cut in enumerate(cuts)]
+
+
+def all_steps(series_list: list[Series], min_step: float = DEFAULT_MIN_STEP) -> list[Step]:
+    """Every series' steps, largest first."""
+    steps = [step for series in series_list for step in detect_steps(series, min_step)]
+    return sorted(steps, key=lambda s: (-s.size, s.series.index, s.index))

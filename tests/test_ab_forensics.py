@@ -1,0 +1,105 @@
+"""A/B forensics (--dist-ab-profile): after a regression's verdict, both sides profiled; the grown
+ops name the injected work, the Chrome traces hold it, and the verdict and recorded rounds are the
+gate's alone."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from ddpbench.gates.ab.forensics import (CaseProfile, GrownOp, case_folder, grown_ops, per_round_ms,
+                                         should_profile)
+from ddpbench.testing import INJECTED_OP
+
+
+def test_which_verdicts_each_mode_profiles():
+    assert should_profile("regressions", "regression") and not should_profile("regressions", "same")
+    assert should_profile("all", "inconclusive") and not should_profile("off", "regression")
+    with pytest.raises(ValueError, match="profile mode 'sometimes'"):
+        should_profile("sometimes", "regression")
+
+
+def test_grown_ops_are_the_slowest_ranks_self_time_per_round_largest_growth_first():
+    rank = lambda ops: {"ops": {op: {"cpu_us": us, "device_us": dev, "calls": 1} for op, (us, dev) in ops.items()}}
+    baseline = per_round_ms([rank({"aten::add": (1000, 0), "gloo:all_reduce": (10000, 0)}),
+                             rank({"aten::add": (3000, 0), "gloo:all_reduce": (9000, 0)})], rounds=10)
+    assert baseline == {("aten::add", "cpu"): pytest.approx(0.3), ("gloo:all_reduce", "cpu"): pytest.approx(1.0)}
+    candidate = per_round_ms([rank({"aten::add": (2000, 0), "gloo:all_reduce": (10500, 0), "wait": (20000, 0),
+                                    "kernel": (0, 4000)})], rounds=10)
+    grown = grown_ops(baseline, candidate)
+    assert [(g.op, g.where) for g in grown] == [("wait", "cpu"), ("kernel", "device"), ("gloo:all_reduce", "cpu")]
+    assert grown[0].ratio == float("inf") and grown[0].to_dict()["ratio"] is None  # new on the candidate
+    assert grown[2].ratio == pytest.approx(1.05)  # aten::add shrank (0.3 -> 0.2 ms): not listed
+
+
+def test_the_text_names_each_op_and_what_could_not_be_profiled():
+    profile = CaseProfile("t.py::test_x[gloo-2p]", "regression", 7, "/tmp/p",
+                          traces={"candidate": ["/tmp/p/candidate-rank0.json"]},
+                          grown=[GrownOp(INJECTED_OP, "cpu", 0.0, 0.5)],
+                          errors={"baseline": "ModuleNotFoundError: No module named 'ddpbench.gates.ab.forensics'"})
+    text = "\n".join(profile.lines())
+    assert "why t.py::test_x[gloo-2p] is slower (regression)" in text and "7 rounds a side" in text
+    assert f"{INJECTED_OP}" in text and "new" in text
+    assert "baseline not profiled: ModuleNotFoundError" in text and "in /tmp/p: candidate-rank0.json" in text
+    quiet = CaseProfile("t.py::test_x", "regression", 5, "/tmp/p", round_median_ms={"baseline": 4.0, "candidate": 6.0})
+    assert "no op's self time grew" in "\n".join(quiet.lines())
+
+
+def test_a_cases_folder_is_its_id_without_path_characters():
+    assert case_folder("/r", "benchmarks/test_a.py::test_b[gloo-2p-1MB]") == pathlib.Path("/r/test_b[gloo-2p-1MB]")
+    assert case_folder("/r", "x.py::test_c[a/b c]") == pathlib.Path("/r/test_c[a_b_c]")
+
+
+INJECTED = """
+from ddpbench.workloads.collectives import Collective
+
+def test_all_reduce(dist_benchmark):
+    dist_benchmark(Collective("all_reduce", 1024 * 1024))
+"""
+
+
+def test_a_regression_is_profiled_on_both_sides_and_the_injected_work_tops_the_grown_ops(pytester):
+    pytester.makepyfile(test_injected=INJECTED)
+    store = pytester.path / "store"
+    result = pytester.runpytest_subprocess(
+        "-p", "ddpbench.testing", "--dist-candidate-env", "DDPBENCH_INJECT_SLOWDOWN=all_reduce:50%",
+        f"--benchmark-storage=file://{store}", "--benchmark-json=ab.json", "--dist-ab-block-time=0.02",
+        "--dist-ab-max-time=8", "-m", "not gpu", "-p", "no:cacheprovider", timeout=300)
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_all_reduce*regression*",
+                                 "*why *test_all_reduce[[]gloo-2p[]] is slower (regression): torch.profiler*",
+                                 f"*{INJECTED_OP}*new*", "*traces (chrome://tracing, Perfetto) in *ab-profiles*baseline-rank0.json*candidate-rank1.json*",
+                                 "*1 regression(s): exit status 1*"])
+    (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]
+    ab = case["extra_info"]["ab"]
+    profile = ab["profile"]
+    assert ab["verdict"] == "regression" and profile["errors"] == {}
+    assert INJECTED_OP in [op["op"] for op in profile["top_ops"][:3]]
+    # The profiled rounds are thrown away: the case's rounds are the gate's pairs of blocks only.
+    assert case["stats"]["rounds"] == ab["pairs"] * ab["rounds_per_block"]
+    assert profile["rounds"] >= 5 and profile["round_median_ms"]["candidate"] > profile["round_median_ms"]["baseline"]
+    folder = pathlib.Path(profile["folder"])
+    assert folder.parent.parent == store / "ab-profiles" and folder.name == "test_all_reduce[gloo-2p]"
+    for side in ("baseline", "candidate"):
+        assert profile["traces"][side] == [str(folder / f"{side}-rank{r}.json") for r in (0, 1)]
+        for path in profile["traces"][side]:
+            names = {event.get("name") for event in json.loads(pathlib.Path(path).read_text())["traceEvents"]}
+            assert (INJECTED_OP in names) == (side == "candidate"), (side, path)
+            assert any("all_reduce" in str(name) for name in names)
+    # The saved run prints the profile again beneath its verdicts: a PR comment's table.
+    markdown = subprocess.run([sys.executable, "-m", "ddpbench.cli", "compare", str(pytester.path / "ab.json"),
+                               "--markdown"], capture_output=True, text=True)
+    assert markdown.returncode == 1 and f"| `{INJECTED_OP}` | 0.000 |" in markdown.stdout
+
+
+def test_a_saved_profile_reads_back_and_renders_as_markdown():
+    profile = CaseProfile("t.py::test_x", "regression", 6, "/tmp/p", traces={"baseline": ["/tmp/p/b.json"]},
+                          round_median_ms={"baseline": 1.0, "candidate": 1.5},
+                          grown=[GrownOp(INJECTED_OP, "cpu", 0.0, 0.5), GrownOp("k", "device", 0.2, 0.3)])
+    again = CaseProfile.from_summary("t.py::test_x", {"verdict": "regression", "profile": profile.to_dict()})
+    assert again.lines() == profile.lines()
+    markdown = again.markdown()
+    assert f"| `{INJECTED_OP}` | 0.000 | 0.500 | new |" in markdown and "| `k [device]` | 0.200 | 0.300 | 1.50x |" in markdown
+    assert CaseProfile.from_summary("t.py::test_x", {"verdict": "same"}) is None

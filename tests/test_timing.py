@@ -265,6 +265,13 @@ def test_auto_ops_per_round_puts_the_fixed_cost_under_one_percent(fixed_s, per_o
             assert fixed > 0.01 * (fixed + ops // 2 * per_op)
 
 
+def test_auto_ops_per_round_makes_rounds_of_at_least_a_millisecond():
+    # A host-bound op whose fixed cost jitter hid (T(2) = 2 T(1)): 50 us ops, rounds of >= 1 ms
+    ops, fixed, per_op = choose_ops_per_round(_linear(0.0, 50e-6))
+    assert (ops, fixed) == (32, 0.0) and per_op == pytest.approx(50e-6)
+    assert choose_ops_per_round(_linear(0.0, 50e-6), min_round_s=0.0)[0] == 1  # the old rule
+
+
 def test_auto_ops_per_round_keeps_a_round_under_its_time_cap():
     ops, _, _ = choose_ops_per_round(_linear(20e-3, 0.3), max_round_s=1.0)
     assert ops == 2  # 1% would need 7 ops, but 3 would be past one second; a power of two

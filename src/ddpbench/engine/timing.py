@@ -36,6 +36,10 @@ PRECISION_GROWTH = 1.5
 # power of two up to AUTO_MAX_OPS and a round at most AUTO_MAX_ROUND_S; each count is timed this
 # many rounds (the median of their cross-rank maxima).
 AUTO_OVERHEAD_SHARE = 0.01
+# ...and a round lasts at least this long, as nccl-tests' 100 ops between two events do: a fit of
+# short rounds reads a fixed cost of tens of microseconds as zero when the rounds jitter by as much
+# (on an H100 it then chose 1 op at 1 MB in one run and 8 in the next, per-op times 1.6x apart).
+AUTO_MIN_ROUND_S = 1e-3
 AUTO_MAX_OPS = 1024
 AUTO_MAX_ROUND_S = 1.0
 AUTO_PROBE_ROUNDS = 5
@@ -177,13 +181,16 @@ def _repeated(run_round, ops: int):
 
 
 def choose_ops_per_round(round_time, share: float = AUTO_OVERHEAD_SHARE, max_ops: int = AUTO_MAX_OPS,
-                         max_round_s: float = AUTO_MAX_ROUND_S) -> tuple[int, float, float]:
+                         max_round_s: float = AUTO_MAX_ROUND_S,
+                         min_round_s: float = AUTO_MIN_ROUND_S) -> tuple[int, float, float]:
     """(ops per round, fixed cost s, per-op time s) so that the round's fixed cost is at most
-    ``share`` of the round. ``round_time(k)`` is the time of a round of k ops back to back.
+    ``share`` of the round and the round lasts at least ``min_round_s``. ``round_time(k)`` is the
+    time of a round of k ops back to back.
 
     Rounds of 1, 2, 4, ... ops fit ``T(k) = fixed + k * per_op`` (the slope between the last two
-    counts); the count is the smallest power of two with ``fixed <= share * T(k)``, searched no
-    further than needed, at most ``max_ops`` and ``max_round_s`` of work per round."""
+    counts); the count is the smallest power of two with ``fixed <= share * T(k)`` and
+    ``T(k) >= min_round_s``, searched no further than needed, at most ``max_ops`` and
+    ``max_round_s`` of work per round."""
     previous_k, previous_t = 1, round_time(1)
     k = 2
     while True:
@@ -191,6 +198,7 @@ def choose_ops_per_round(round_time, share: float = AUTO_OVERHEAD_SHARE, max_ops
         per_op = max((t - previous_t) / (k - previous_k), t * 1e-9)
         fixed = max(t - k * per_op, 0.0)
         need = math.ceil(fixed * (1 - share) / (share * per_op)) if fixed > 0 else 1
+        need = max(need, math.ceil((min_round_s - fixed) / per_op))
         if need <= k or k >= max_ops or t >= max_round_s:
             break
         previous_k, previous_t = k, t

@@ -9,6 +9,10 @@ world-size-1 case (same backend, device, model, impl, accumulation and batch) ra
 
 Default run: batch 32, accumulation 1 and 4. ``-m slow`` adds batch 64.
 DataParallel (single process, every GPU) runs under ``gpu`` + ``multi_gpu``.
+
+``test_training_shared_gpu`` (``gpu``): two gloo ranks with CUDA tensors on ONE GPU
+(``gloo-cuda-2p``), so a single-GPU runner still measures a step whose gradients really cross
+processes (NCCL refuses two ranks on one GPU): compute on the GPU, the reduction through host memory.
 """
 
 from __future__ import annotations
@@ -63,3 +67,16 @@ def test_training_dataparallel(dist_benchmark, model, grad_accum):
     """torch.nn.DataParallel in one process (a world of one rank) over every GPU (per-GPU batch
     32), for the GIL comparison with the ddp cases at the same world size."""
     dist_benchmark(Training(model, "dataparallel", batch_size=32, grad_accum=grad_accum))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("dist_spec", [PoolSpec("gloo", 2, "cuda")], ids=["gloo-cuda-2p"])
+def test_training_shared_gpu(dist_benchmark, model, impl):
+    """One optimizer step (batch 32, no accumulation) on two ranks sharing one GPU."""
+    if impl == "lightning":
+        reason = lightning_unavailable_reason()
+        if reason:
+            pytest.skip(reason)
+    dist_benchmark(Training(model, impl, batch_size=32, grad_accum=1))

@@ -3,9 +3,16 @@
 * **Slowdown injection**, to measure a gate's power: run pytest with ``-p ddpbench.testing`` and
   ``DDPBENCH_INJECT_SLOWDOWN="all_reduce:10%"`` (a comma list of ``op:percent``) in the ranks'
   environment — the whole run's, or one A/B side's through ``--dist-candidate-env``. Every
-  collective case is then wrapped in :class:`SlowedDown`, whose rounds busy-wait for that fraction
-  of the op's own time after the op where the variable names the op; such cases record
-  ``injected_slowdown_pct``; under torch.profiler the wait is an op of its own (:data:`INJECTED_OP`).
+  collective case is then wrapped in :class:`SlowedDown`, whose rounds wait for that fraction of
+  the op's own time after the op where the variable names the op; such cases record
+  ``injected_slowdown_pct``. On the CPU the wait is a busy wait (under torch.profiler an op of its
+  own, :data:`INJECTED_OP`). On CUDA the op only launches asynchronous work, so set-up times 20
+  ops back to back: where the GPU is the bottleneck (event time above the host's issue time) the
+  wait is a GPU spin kernel (``torch.cuda._sleep``) queued after the op, ``fraction`` of its event
+  time; where the host is (a small message, whose time is torch's per-call cost) it is the host
+  busy wait, ``fraction`` of the issue time. Never both: a spin kernel's own launch would add
+  ~20% to a host-bound op (measured on an H100: 10% injected read 1.5x). Under
+  ``--dist-cuda-graphs`` only the spin kernel is captured.
   Never for real measurements.
 * **Rank probes** for the pool and dataset tests: :func:`rank_state`, :func:`set_fd_limit`.
 * **Training steps** outside the engine, for the parity tests: :func:`train_steps`.
@@ -86,11 +93,28 @@ class SlowedDown(Workload):
 
     def setup(self, ctx):
         fraction = parse_injected_slowdown(os.environ.get(INJECT_ENV)).get(getattr(self.inner, "op", None), 0.0)
-        return {"inner": self.inner.setup(ctx), "fraction": fraction}
+        state = {"inner": self.inner.setup(ctx), "fraction": fraction, "gpu_sleep_cycles": 0, "host_wait_s": 0.0}
+        if fraction and ctx.device_type == "cuda":
+            state["gpu_sleep_cycles"], state["host_wait_s"] = _cuda_injection(ctx, self.inner, state["inner"], fraction)
+        return state
+
+    @property
+    def cuda_graph_safe(self):  # type: ignore[override]
+        return getattr(self.inner, "cuda_graph_safe", False)
 
     def run_round(self, state) -> None:
         if not state["fraction"]:
             self.inner.run_round(state["inner"])
+            return
+        if state["gpu_sleep_cycles"]:
+            import torch
+
+            self.inner.run_round(state["inner"])
+            torch.cuda._sleep(state["gpu_sleep_cycles"])
+            return
+        if state["host_wait_s"]:
+            self.inner.run_round(state["inner"])
+            _injected_wait(state["host_wait_s"])
             return
         start = time.perf_counter()
         self.inner.run_round(state["inner"])
@@ -110,6 +134,49 @@ class SlowedDown(Workload):
 
     def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
         return self.inner.extra_info(world_size, median_s)
+
+
+def _event_time(ctx, fn, ops: int, repeats: int) -> tuple[float, float]:
+    """Medians over ``repeats`` of ``ops`` calls of ``fn`` back to back, per call: the CUDA-event
+    time and the host time the calls took to return (their issue time)."""
+    import statistics
+
+    import torch
+
+    event_times, host_times = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize(ctx.device)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        host_start = time.perf_counter()
+        for _ in range(ops):
+            fn()
+        host_times.append((time.perf_counter() - host_start) / ops)
+        stop.record()
+        stop.synchronize()
+        event_times.append(start.elapsed_time(stop) / 1000.0 / ops)
+    return statistics.median(event_times), statistics.median(host_times)
+
+
+# An op whose host issue time is at least this share of its event time is host-bound.
+HOST_BOUND_SHARE = 0.8
+
+
+def _cuda_injection(ctx, inner, inner_state, fraction: float) -> tuple[int, float]:
+    """(GPU spin cycles, host wait s): one of them, ``fraction`` of what bounds the op, over 20
+    ops back to back as the engine's rounds launch them; the spin kernel's cycles per second are
+    measured the same way."""
+    import torch
+
+    for _ in range(3):
+        inner.run_round(inner_state)
+    op_s, host_s = _event_time(ctx, lambda: inner.run_round(inner_state), ops=20, repeats=5)
+    if host_s >= HOST_BOUND_SHARE * op_s:
+        return 0, host_s * fraction
+    probe_cycles = 1_000_000
+    torch.cuda._sleep(probe_cycles)
+    sleep_s, _ = _event_time(ctx, lambda: torch.cuda._sleep(probe_cycles), ops=1, repeats=5)
+    return max(1, int(op_s * fraction / sleep_s * probe_cycles)), 0.0
 
 
 def pytest_ddpbench_prepare_workload(workload, spec):

@@ -349,11 +349,22 @@ def dist_pools(request):
 
         address, secret = controller
         registry = ExternalPoolRegistry(address, secret, request.config.getoption("dist_controller_wait"),
-                                        announce=functools.partial(_announce, request.config))
+                                        announce=functools.partial(_announce, request.config),
+                                        case_specs=_runnable_specs(request.session.items))
     else:
         registry = PoolRegistry(pin_cores=pin_cores(request.config))
     yield registry
     registry.close()
+
+
+def _runnable_specs(items) -> list[PoolSpec]:
+    """The pool specs of the selected cases that are not marked skipped."""
+    specs = []
+    for item in items:
+        spec = getattr(item, "callspec", None) and item.callspec.params.get("dist_spec")
+        if isinstance(spec, PoolSpec) and not item.get_closest_marker("skip"):
+            specs.append(spec)
+    return specs
 
 
 def _announce(config, lines: list[str]) -> None:
@@ -375,7 +386,7 @@ def _announce(config, lines: list[str]) -> None:
 def dist_pool(dist_pools, dist_spec, request):
     """A live pool for this case's spec (tasks: ``dist_pool.run(fn, *args, timeout_s=...)``)."""
     from .pool import PoolError
-    from .pool.external import ExternalPoolRegistry, PoolUnavailable
+    from .pool.external import ExternalPoolRegistry, PoolMatchesNoCase, PoolUnavailable
 
     ab = getattr(request.config, "_ddpbench_ab", None)
     try:
@@ -384,6 +395,8 @@ def dist_pool(dist_pools, dist_spec, request):
         return dist_pools.get(dist_spec)
     except PoolUnavailable as exc:
         pytest.skip(str(exc))
+    except PoolMatchesNoCase as exc:  # every case would skip: a usage error, not a green run
+        pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
     except PoolError as exc:
         if not isinstance(dist_pools, ExternalPoolRegistry):
             raise

@@ -369,7 +369,7 @@ def test_crashy(dist_benchmark):
 """
 
 
-def test_a_case_the_candidate_lost_fails_the_run_and_one_the_baseline_lacks_is_new(pytester):
+def test_a_case_the_candidate_lost_fails_the_run_and_so_does_one_the_baseline_failed(pytester):
     pytester.makepyfile(test_bench=CRASHY)
     common = ["--dist-min-time=0.2", "--benchmark-json=run.json", "--dist-ab-threshold=50%",
               "--dist-ab-pools-per-side=1", *FAST]
@@ -395,14 +395,41 @@ def test_a_case_the_candidate_lost_fails_the_run_and_one_the_baseline_lacks_is_n
     skipped.stdout.fnmatch_lines(["*1 case(s) the baseline has were lost by the candidate run*allowed by "
                                   "--dist-ab-allow-missing*"])
 
-    new = pytester.runpytest_subprocess("--dist-baseline-env", "CRASH_IN_ROUND=1", "-k", "crashy", *common,
-                                        timeout=300)
-    assert new.ret == 0, new.stdout.str()
-    new.stdout.fnmatch_lines(["*test_crashy*new (baseline pool 0 failed)*"])
+    # The baseline runs the case and fails it: not "new" (which would let any change pass), but the
+    # baseline's failure, which fails the run unless allowed.
+    failed = pytester.runpytest_subprocess("--dist-baseline-env", "CRASH_IN_ROUND=1", "-k", "crashy", *common,
+                                           timeout=300)
+    assert failed.ret == 1, failed.stdout.str()
+    failed.stdout.fnmatch_lines(["*test_crashy*baseline-failed (baseline pool 0 failed)*<<*",
+                                 "*1 case(s) failed on the baseline side (*test_crashy*): nothing to compare the "
+                                 "candidate with*Exit status 1 (--dist-ab-allow-baseline-failure accepts them)*"])
     cases = {c["name"]: c for c in json.loads((pytester.path / "run.json").read_text())["benchmarks"]}
     ab = cases["test_crashy[gloo-2p]"]["extra_info"]["ab"]
-    assert ab["verdict"] == "new" and "the step broke" in ab["error"]
+    assert ab["verdict"] == "baseline-failed" and "the step broke" in ab["error"]
     assert cases["test_crashy[gloo-2p]"]["stats"]["rounds"] >= 5  # the candidate, measured alone
+    text = subprocess.run(cli, capture_output=True, text=True)
+    assert text.returncode == 1 and "baseline-failed" in text.stdout, text.stdout + text.stderr
+    allowed = subprocess.run(cli + ["--allow-baseline-failure"], capture_output=True, text=True)
+    assert allowed.returncode == 0 and "allowed by --allow-baseline-failure" in allowed.stdout
+
+    accepted = pytester.runpytest_subprocess("--dist-baseline-env", "CRASH_IN_ROUND=1", "-k", "crashy",
+                                             "--dist-ab-allow-baseline-failure", *common, timeout=300)
+    assert accepted.ret == 0, accepted.stdout.str()
+    accepted.stdout.fnmatch_lines(["*1 case(s) failed on the baseline side*allowed by "
+                                   "--dist-ab-allow-baseline-failure*"])
+
+
+def test_only_a_baseline_that_cannot_import_the_case_makes_it_new():
+    from ddpbench.gates.ab.session import baseline_lacks_case
+    from ddpbench.pool import PoolStartError, TaskFailed
+    from ddpbench.pool.picklecheck import LOAD_FAILURE_PREFIX
+
+    lacks = f"{LOAD_FAILURE_PREFIX}mypkg.step.Step (AttributeError: module 'mypkg.step' has no attribute 'Step')."
+    assert baseline_lacks_case(TaskFailed("x", errors={0: lacks, 1: lacks}))
+    assert not baseline_lacks_case(TaskFailed("x", errors={0: "Traceback ...\nRuntimeError: the step broke"}))
+    assert not baseline_lacks_case(TaskFailed("x", errors={0: lacks}, dead={1: -9}))  # and a rank died
+    assert not baseline_lacks_case(TaskFailed("x", stuck={0: "stack"}))  # hung
+    assert not baseline_lacks_case(PoolStartError("the baseline's ranks did not start"))
 
 
 @pytest.mark.parametrize("args,message", [

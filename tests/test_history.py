@@ -191,6 +191,7 @@ def test_two_steps_and_their_segment_medians():
 
 def test_cli_writes_the_page_and_prints_the_steps(tmp_path, capsys):
     storage = stepped_storage(tmp_path)
+    (tmp_path / "out").mkdir()
     page = tmp_path / "out" / "history.html"
     rc, out, err = _main(capsys, "history", "--storage", storage, "--output", page)
     assert rc == 0 and err == ""
@@ -284,6 +285,12 @@ def test_an_unwritable_output_is_an_error_not_a_traceback(tmp_path, capsys):
     (tmp_path / "taken").write_text("a file where the folder should be")
     err = _error(capsys, "--storage", stepped_storage(tmp_path, runs=6), "--output", tmp_path / "taken" / "h.html")
     assert "cannot write the page" in err and "--output" in err
+    # A folder that does not exist is named (a typo creates nothing), as for ddpbench report.
+    missing = tmp_path / "no-such-folder" / "h.html"
+    err = _error(capsys, "--storage", stepped_storage(tmp_path, runs=6), "--output", missing)
+    assert (f"cannot write the page: --output {missing}: the folder {missing.parent} does not exist; "
+            f"create it (mkdir -p {missing.parent})") in err
+    assert not missing.parent.exists()
 
 
 # ---------------------------------------------------------------------------------------------

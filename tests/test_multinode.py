@@ -16,6 +16,8 @@ import psutil
 import pytest
 
 import netns
+from ddpbench.identity import identity
+from ddpbench.pool.channel import connect_signed
 from ddpbench.pool.external import SecretError, _Listener, load_secret, parse_address
 from ddpbench.pool.rendezvous import loopback_interface
 
@@ -76,10 +78,10 @@ def test_clients_without_the_secret_get_nothing_read(tmp_path):
         assert listener.accepted.empty()
         assert not marker.exists()
         # The right secret is accepted.
-        good = Client(listener.address, authkey=SECRET.encode())
-        good.send(("hello", "task", {"rank": 0}))
+        good = connect_signed(listener.address, SECRET.encode())
+        good.send(("hello", "task", {"rank": 0, "world_size": 1}))
         (hello, conn) = listener.accepted.get(timeout=10)
-        assert hello == ("hello", "task", {"rank": 0})
+        assert hello == ("hello", "task", {"rank": 0, "world_size": 1})
         conn.close()
         good.close()
     finally:
@@ -153,10 +155,10 @@ def test_accept_errors_are_logged_and_retried_never_a_dead_listener(caplog):
             while listener.accept_errors.get("EMFILE", 0) < 3 and time.monotonic() < deadline:
                 time.sleep(0.05)
             # The listener has failed three times in a row: it must still accept.
-            good = Client(listener.address, authkey=SECRET.encode())
-            good.send(("hello", "task", {"rank": 0}))
+            good = connect_signed(listener.address, SECRET.encode())
+            good.send(("hello", "task", {"rank": 0, "world_size": 1}))
             (hello, conn) = listener.accepted.get(timeout=20)
-        assert hello == ("hello", "task", {"rank": 0})
+        assert hello == ("hello", "task", {"rank": 0, "world_size": 1})
         assert listener.accept_errors == {"EMFILE": 3}
         assert any("accept() on 127.0.0.1" in r.message and "EMFILE" in r.message and "ulimit -n" in r.message
                    for r in caplog.records)
@@ -164,6 +166,123 @@ def test_accept_errors_are_logged_and_retried_never_a_dead_listener(caplog):
         good.close()
     finally:
         listener.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# After authentication: every message signed (ddpbench.pool.channel)
+# ----------------------------------------------------------------------------------------------
+
+
+def _recording(conn):
+    """Keep a copy of every frame ``conn`` puts on the wire (what a listener on the path sees);
+    returns (the frames, a function that writes raw bytes as one frame, bypassing signing)."""
+    frames, raw_send = [], conn._conn.send_bytes
+
+    def send_bytes(data):
+        frames.append(bytes(data))
+        raw_send(data)
+
+    conn._conn.send_bytes = send_bytes
+    return frames, raw_send
+
+
+def _signed_pair(listener):
+    """A worker's connection to ``listener`` and the controller's end of it, hello exchanged."""
+    worker = connect_signed(listener.address, SECRET.encode())
+    frames, raw_send = _recording(worker)
+    worker.send(("hello", "task", {"rank": 0, "world_size": 1}))
+    _, controller = listener.accepted.get(timeout=20)
+    return worker, controller, frames, raw_send
+
+
+def test_every_message_is_signed_and_forged_injected_or_replayed_ones_are_never_loaded(tmp_path):
+    from ddpbench.pool.channel import ForgedMessage, SignedConnection
+
+    marker = tmp_path / "pwned"
+    listener = _Listener(("127.0.0.1", 0), SECRET.encode())
+    try:
+        # A signed message arrives as sent, both ways.
+        worker, controller, frames, raw_send = _signed_pair(listener)
+        assert isinstance(controller, SignedConnection)
+        worker.send(("phase", "joining", {"x": 1}))
+        assert controller.recv() == ("phase", "joining", {"x": 1})
+        controller.send(("run", 1, [], b"task"))
+        assert worker.poll(10) and worker.recv() == ("run", 1, [], b"task")
+
+        # Injected into the authenticated stream: a pickle that would run code, with a made-up tag.
+        raw_send(b"\0" * 32 + pickle.dumps(("run", 2, [], WouldRunCode(marker))))
+        with pytest.raises(ForgedMessage, match="failed its signature check.*nothing of it was loaded"):
+            controller.recv()
+        assert controller.closed and not marker.exists()
+
+        # Replayed: a message that verified once does not verify again (its number has passed).
+        worker, controller, frames, raw_send = _signed_pair(listener)
+        worker.send(("phase", "ready", {}))
+        assert controller.recv() == ("phase", "ready", {})
+        raw_send(frames[-1])
+        with pytest.raises(ForgedMessage):
+            controller.recv()
+
+        # Altered on the way: one bit of the pickle flipped.
+        worker, controller, frames, raw_send = _signed_pair(listener)
+        worker._conn.send_bytes = raw_send  # stop recording, send by hand
+        frame = bytearray(frames[-1])
+        frame[-2] ^= 0x01
+        raw_send(bytes(frame))
+        with pytest.raises(ForgedMessage):
+            controller.recv()
+
+        # Moved to another connection (same message number, other keys), or reflected back.
+        first, first_controller, first_frames, _ = _signed_pair(listener)
+        second, second_controller, _, second_send = _signed_pair(listener)
+        first.send(("phase", "ready", {}))
+        second_send(first_frames[-1])
+        with pytest.raises(ForgedMessage):
+            second_controller.recv()
+        controller_frames, controller_send = _recording(first_controller)
+        first_controller.send(("stop",))
+        assert first.poll(10) and first.recv() == ("stop",)
+        first._conn.send_bytes(controller_frames[-1])  # the controller's own words, sent back to it
+        assert first_controller.recv() == ("phase", "ready", {})
+        with pytest.raises(ForgedMessage):
+            first_controller.recv()
+        assert not marker.exists()
+    finally:
+        listener.close()
+
+
+def test_a_peer_that_knows_the_secret_but_not_the_signed_channel_is_named_not_blamed_on_the_secret():
+    listener = _Listener(("127.0.0.1", 0), SECRET.encode(), handshake_timeout_s=5.0)
+    try:
+        old_worker = Client(listener.address, authkey=SECRET.encode())  # the handshake alone
+        old_worker.send(("hello", "task", {"rank": 0, "world_size": 1}))
+        deadline = time.monotonic() + 20
+        while listener.incompatible < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (listener.incompatible, listener.rejected) == (1, 0)
+        assert listener.accepted.empty()
+        old_worker.close()
+    finally:
+        listener.close()
+
+
+def test_a_worker_whose_controller_port_never_answers_times_out_naming_it(tmp_path):
+    """A port that accepts connections and never says a word (here: a listening socket nobody
+    reads) must not hold a rank for ever: the worker gives up after --connect-timeout."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    env = dict(_clean_env(), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()))
+    try:
+        worker = subprocess.run([sys.executable, "-m", "ddpbench.worker", f"--controller=127.0.0.1:{port}",
+                                 "--connect-timeout=2"], env=env, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120)
+    finally:
+        silent.close()
+    assert worker.returncode == 3, worker.stderr
+    assert (f"connected to 127.0.0.1:{port}, but nothing answered the ddpbench handshake within 2 s "
+            f"(--connect-timeout 2;") in worker.stderr, worker.stderr
+    assert "Traceback" not in worker.stderr
 
 
 # A workload whose rank 0 never finishes a round (the lost-node tests kill a node meanwhile).
@@ -205,15 +324,16 @@ def _clean_env() -> dict:
     return dict(env, DDPBENCH_SECRET=SECRET, PYTHONUNBUFFERED="1")
 
 
-def _launch(tmp_path, hang, silent_clients=0):
-    """The controller (pytest) and two torchrun "nodes" on loopback; ``silent_clients``
-    connections that never speak are opened to the controller before the workers start."""
+def _launch(tmp_path, hang, silent_clients=0, world_sizes="2"):
+    """The controller (pytest, ``--dist-world-sizes`` given) and two torchrun "nodes" of one rank
+    each on loopback; ``silent_clients`` connections that never speak are opened to the
+    controller before the workers start."""
     (tmp_path / "test_bench.py").write_text(BENCH.format(where=str(tmp_path), hang=hang))
     env = _clean_env()
     controller_port, rdzv_port = _free_port(), _free_port()
     controller = subprocess.Popen(
         [sys.executable, "-m", "pytest", "test_bench.py", "-p", "no:cacheprovider", "-m", "not gpu",
-         "-v", f"--dist-controller=127.0.0.1:{controller_port}", "--dist-world-sizes=2",
+         "-v", f"--dist-controller=127.0.0.1:{controller_port}", f"--dist-world-sizes={world_sizes}",
          "--dist-timeout=60", "--dist-controller-wait=120", "--benchmark-json=out.json"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     silent = []
@@ -265,6 +385,11 @@ def test_two_nodes_on_loopback_run_the_cases_with_nodes_recorded(tmp_path):
         # No interface variable was set: the workers took the one that reaches the controller.
         assert infos["test_all_reduce[gloo-2p]"]["socket_ifname"] == loopback_interface()
         assert infos["test_all_reduce[gloo-2p]"]["socket_ifname_source"] == "auto (route to controller)"
+        # What the ranks ran with, said once the pool formed (their hello carried it).
+        ours = identity()
+        assert (f"every rank runs the controller's software: torch {ours['torch_version']}, ddpbench "
+                f"{ours['ddpbench_version']} #{ours['ddpbench_source_sha256'][:12]}, rank protocol "
+                f"{ours['rank_protocol']}") in output, output
         for node in nodes:  # the controller told the workers to stop: torchrun ends cleanly
             assert node.wait(timeout=60) == 0
     finally:
@@ -296,6 +421,36 @@ def test_losing_a_node_mid_task_fails_the_case_and_the_controller_finishes(tmp_p
         assert "relaunch the torchrun workers" in output
     finally:
         _cleanup(nodes + [controller])
+
+
+def test_world_sizes_that_match_no_pool_the_workers_form_are_a_usage_error_not_an_empty_pass(tmp_path):
+    """Two one-rank nodes form a pool of 2; --dist-world-sizes=4 selects only 4-rank cases. Every
+    case would skip and the run pass having measured nothing: it must stop with exit 4 and the fix."""
+    controller, nodes = _launch(tmp_path, hang=False, world_sizes="4")
+    try:
+        output, _ = controller.communicate(timeout=300)
+        assert controller.returncode == pytest.ExitCode.USAGE_ERROR, output
+        assert ("the torchrun workers formed a pool of 2 gloo ranks on cpu (2 node(s)), but no selected "
+                "case runs on it: they ask for gloo with 4 ranks on cpu. Pass --dist-world-sizes=2") in output
+        assert "nothing ran" in output and "PASSED" not in output and "SKIPPED" not in output
+        assert not (tmp_path / "out.json").exists() or not json.loads((tmp_path / "out.json").read_text())["benchmarks"]
+        for node in nodes:  # the workers were told to stop: torchrun ends by itself
+            assert node.wait(timeout=60) == 0
+    finally:
+        _cleanup(nodes + [controller])
+
+
+def test_a_pool_matching_no_case_names_the_fix_for_world_size_or_backend():
+    from ddpbench.pool import PoolSpec
+    from ddpbench.pool.external import unmatched_pool
+
+    gloo2, gloo4, nccl2 = PoolSpec("gloo", 2, "cpu"), PoolSpec("gloo", 4, "cpu"), PoolSpec("nccl", 2, "cuda")
+    assert unmatched_pool(gloo2, 2, [gloo2, gloo4]) is None
+    assert unmatched_pool(gloo2, 2, []) is None  # nothing selected asks for a pool
+    sizes = unmatched_pool(gloo2, 2, [gloo4, PoolSpec("gloo", 8, "cpu")])
+    assert "Pass --dist-world-sizes=2" in sizes and "--nproc-per-node = 4 or 8" in sizes
+    backend = unmatched_pool(nccl2, 2, [gloo2])
+    assert "Start the workers with --backend=gloo" in backend and "--dist-backend=nccl -m gpu" in backend
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,6 +485,17 @@ def test_the_worker_picks_the_interface_that_reaches_the_controller_unless_told(
     assert chosen["socket_ifname_source"].startswith("gloo default (hostname ")
 
 
+def _connect_when_listening(address, within_s=60):
+    """The worker's signed connection, retried while the controller is not listening yet."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return connect_signed(address, SECRET.encode())
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, f"nothing listened on {address}"
+            time.sleep(0.2)
+
+
 def _joining(master_addr="hostA", master_ips=("10.0.0.1",), ifname="eth0", address="10.0.0.1",
              source="auto (route to controller)"):
     from ddpbench.pool.external import _is_loopback
@@ -340,13 +506,14 @@ def _joining(master_addr="hostA", master_ips=("10.0.0.1",), ifname="eth0", addre
             "socket_addresses": [address]}
 
 
-def _fake_rank(address, rank, world_size, phases, host="hostA", node_rank=0, local_world_size=1):
-    """A rank speaking the worker's protocol: hello on both channels, then ``phases``."""
+def _fake_rank(address, rank, world_size, phases, host="hostA", node_rank=0, local_world_size=1, **software):
+    """A rank speaking the worker's protocol: hello on both channels, then ``phases``. Its
+    software is this process's (the controller's) unless ``software`` overrides identity keys."""
     info = {"rank": rank, "world_size": world_size, "host": host, "node_rank": node_rank,
             "local_rank": 0, "local_world_size": local_world_size, "pid": 1000 + rank,
-            "phase": "connected", "address": f"10.0.0.{node_rank + 1}"}
-    task = Client(address, authkey=SECRET.encode())
-    control = Client(address, authkey=SECRET.encode())
+            "phase": "connected", "address": f"10.0.0.{node_rank + 1}", **identity(), **software}
+    task = _connect_when_listening(address)
+    control = _connect_when_listening(address)
     task.send(("hello", "task", info))
     control.send(("hello", "control", info))
     for phase, details in phases:
@@ -387,7 +554,7 @@ def test_the_wait_error_says_where_each_rank_is_and_what_to_check():
         assert "MASTER_ADDR hostA resolves to a loopback address (127.0.1.1) on node 0 (hostA 10.0.0.1)," in text
         assert "--local-addr" in text and "--rdzv-conf is_host=1" in text
         # ... and the rank that had connected is told to exit.
-        assert conns[1].poll(10) and conns[1].recv() == ("abort",)
+        assert conns[1].poll(10) and conns[1].recv()[0] == "abort"
 
         # Every rank connected and joining, nothing obviously wrong: interfaces, --local-addr, firewall.
         conns += _fake_rank(listener.address, 0, 2, [("joining", _joining())])
@@ -423,6 +590,47 @@ def test_the_wait_error_says_where_each_rank_is_and_what_to_check():
         text = str(failed.value)
         assert "rank 0 of the torchrun workers could not join the process group" in text
         assert "could not join the process group: RuntimeError: connection refused" in text
+    finally:
+        for conn in conns:
+            conn.close()
+        listener.close()
+
+
+def test_a_rank_running_other_software_than_the_controller_is_refused_with_both_values():
+    from ddpbench.pool import PoolStartError
+    from ddpbench.pool.external import gather_ranks
+
+    ours = identity()
+    listener = _Listener(("127.0.0.1", 0), SECRET.encode())
+    conns = []
+    try:
+        conns += _fake_rank(listener.address, 0, 2, [("ready", _joining())])
+        conns += _fake_rank(listener.address, 1, 2, [("ready", _joining())], host="hostB", node_rank=1,
+                            torch_version="2.0.0+cpu", ddpbench_source_sha256="0" * 64, rank_protocol=1)
+        deadline = time.monotonic() + 20
+        while listener.accepted.qsize() < 4 and time.monotonic() < deadline:  # all four hellos read
+            time.sleep(0.05)
+        started = time.monotonic()
+        with pytest.raises(PoolStartError) as refused:
+            gather_ranks(listener, 60, expected=2)
+        assert time.monotonic() - started < 30  # at once, not after the wait
+        text = str(refused.value)
+        assert "rank 1 of the torchrun workers (node 1 (hostB 10.0.0.2), pid 1001) runs other software" in text
+        assert f"torch: 2.0.0+cpu on the rank, {ours['torch_version']} on the controller" in text
+        assert (f"ddpbench engine (source hash): #000000000000 on the rank, "
+                f"#{ours['ddpbench_source_sha256'][:12]} on the controller") in text
+        assert f"rank protocol: 1 on the rank, {ours['rank_protocol']} on the controller" in text
+        assert "install the controller's torch and ddpbench" in text and "relaunch the torchrun workers" in text
+        # Both ranks are told to exit, and why.
+        for control in (conns[1], conns[3]):
+            assert control.poll(10)
+            message = control.recv()
+            assert message[0] == "abort" and "runs other software than the controller" in message[1]
+
+        # A worker that does not say (a ddpbench from before hellos carried it) is refused too.
+        conns += _fake_rank(listener.address, 0, 1, [("ready", _joining())], torch_version=None)
+        with pytest.raises(PoolStartError, match=r"torch: \(not said"):
+            gather_ranks(listener, 60)
     finally:
         for conn in conns:
             conn.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import json
 
 import pytest
 
@@ -305,3 +306,68 @@ def test_a_straggler_line_names_the_rank_that_was_slowest_most_often(tmp_path):
     assert ("_Straggler: in test_all_reduce[gloo-2p-1MB-bfloat16-sum-in-place], rank 0 was the slowest rank in "
             "90% of the rounds, by 12.5% over the other ranks (median of those rounds)._") in table
     assert "Straggler" not in _collectives_table(tmp_path, [_variant_case("all_reduce")])
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input is a named error (exit 2), never a traceback
+# ----------------------------------------------------------------------------------------------
+
+
+def _report_error(capsys, *argv) -> str:
+    rc = cli.main(["report", *map(str, argv)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "Traceback" not in err, (rc, out, err)
+    assert err.startswith("ddpbench report: error: ")
+    return err
+
+
+def _one_case(tmp_path, extra_info, **stats_over):
+    """A run of one case; ``stats_over``: stats fields to overwrite (``data=None`` drops the rounds)."""
+    doc = run_doc([bench("test_all_reduce[gloo-2p-1MB]", [0.001, 0.002, 0.003], extra_info)])
+    stats = doc["benchmarks"][0]["stats"]
+    stats.update(stats_over)
+    if stats.get("data", 0) is None:
+        del stats["data"]
+    return write(tmp_path / "bad.json", doc)
+
+
+COLLECTIVE = {"backend": "gloo", "world_size": 2, "device": "cpu", "op": "all_reduce", "size_bytes": MB}
+
+
+@pytest.mark.parametrize("extra_info,message", [
+    (dict(COLLECTIVE, size_bytes="1MB"), "extra_info.size_bytes is '1MB', expected a whole number of bytes above 0"),
+    (dict(COLLECTIVE, world_size="two"), "extra_info.world_size is 'two', expected a whole number of ranks"),
+    (dict(COLLECTIVE, op=["all_reduce"]), "extra_info.op is ['all_reduce'], expected a collective's name"),
+    (dict(COLLECTIVE, backend={"name": "gloo"}), "extra_info.backend is dict {'name': 'gloo'}, expected one plain value"),
+])
+def test_malformed_extra_info_is_named_with_the_case_and_field(tmp_path, capsys, extra_info, message):
+    err = _report_error(capsys, _one_case(tmp_path, extra_info), "--no-charts")
+    assert "test_all_reduce[gloo-2p-1MB]: " + message in err and "damaged or was edited" in err
+
+
+def test_zero_medians_and_extra_info_that_is_not_an_object_are_named(tmp_path, capsys):
+    err = _report_error(capsys, _one_case(tmp_path, COLLECTIVE, data=[0.0, 0.0, 0.0], median=0.0), "--no-charts")
+    assert "stats.data is not a list of round times (seconds, each above 0)" in err
+    err = _report_error(capsys, _one_case(tmp_path, COLLECTIVE, data=None, median=0.0), "--no-charts")
+    assert "its median round time is 0 s, and a round cannot take no time" in err
+    path = _one_case(tmp_path, COLLECTIVE)
+    doc = json.loads(path.read_text())
+    doc["benchmarks"][0]["extra_info"] = ["op", "all_reduce"]
+    path.write_text(json.dumps(doc))
+    assert "extra_info is list, not an object of keys" in _report_error(capsys, path, "--no-charts")
+
+
+def test_output_and_chart_folders_that_do_not_exist_are_named_and_nothing_is_created(tmp_path, capsys):
+    path = _fixture_run(tmp_path, families=("collectives",))
+    missing = tmp_path / "no-such-folder"
+    err = _report_error(capsys, path, "--no-charts", "--output", missing / "r.md")
+    assert (f"--output {missing / 'r.md'}: the folder {missing} does not exist; create it (mkdir -p {missing}) "
+            f"or give --output a path in an existing folder") in err
+    err = _report_error(capsys, path, "--charts", missing / "charts")
+    assert f"--charts {missing / 'charts'}: the folder {missing} does not exist" in err
+    (tmp_path / "a-file").write_text("")
+    assert "is a file, not a folder" in _report_error(capsys, path, "--charts", tmp_path / "a-file")
+    assert "is a folder; name a file in it" in _report_error(capsys, path, "--no-charts", "--output", tmp_path)
+    assert not missing.exists()
+    # The default charts folder is still created on a fresh checkout (make bench relies on it).
+    assert cli.main(["report", str(path), "--no-charts", "--output", str(tmp_path / "r.md")]) == 0

@@ -1,8 +1,10 @@
-"""Workloads the ranks cannot receive fail their case with a message naming the object and the fix.
+"""Workloads the ranks cannot receive fail their case with a message naming the object and the fix;
+a check that returns False fails its case, one that returns True passes.
 
-The three classic mistakes -- a lambda, a class defined inside the test function, a module that is
-not on the ranks' path -- run end to end in one pytest subprocess (one 2-rank pool), followed by a
-case that shows the pool is still usable. The unit tests below check the pieces without ranks.
+The classic mistakes -- a lambda, a class defined inside the test function, a module that is not
+on the ranks' path, a check written as ``return ok`` -- run end to end in one pytest subprocess
+(one 2-rank pool), followed by a case that shows the pool is still usable. The unit tests below
+check the pieces without ranks.
 """
 
 from __future__ import annotations
@@ -87,7 +89,23 @@ def test_4_module_not_on_the_ranks_path(dist_benchmark):
     dist_benchmark(ddpbench.FunctionWorkload(hidden_work.setup, hidden_work.one_round))
 
 
-def test_5_the_pool_still_works(dist_benchmark):
+def check_says_no(state):
+    return False
+
+
+def check_says_yes(state):
+    return True
+
+
+def test_6_check_returning_false(dist_benchmark):
+    dist_benchmark(ddpbench.FunctionWorkload(setup, one_round, check_says_no))
+
+
+def test_7_check_returning_true(dist_benchmark):
+    dist_benchmark(ddpbench.FunctionWorkload(setup, one_round, check_says_yes))
+
+
+def test_8_the_pool_still_works(dist_benchmark):
     result = dist_benchmark(ddpbench.FunctionWorkload(setup, one_round), rounds=3, warmup=0)
     assert len(result.round_times) == 3
 '''
@@ -106,8 +124,9 @@ def test_unpicklable_workloads_fail_their_case_with_the_object_and_the_fix(pytes
     (pytester.path / "hidden" / "hidden_work.py").write_text(HIDDEN_MODULE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "not gpu",
                                            "--dist-warmup=0", "--dist-rounds=3", timeout=300)
-    result.assert_outcomes(failed=4, passed=1, deselected=10)
+    result.assert_outcomes(failed=5, passed=2, deselected=14)
     output = result.stdout.str()
+    assert "FAILED test_mistakes.py::test_6_check_returning_false" in output  # False: a wrong result
     # No pickling traceback, and nothing waited for the timeout.
     assert "The above exception was the direct cause" not in output
     assert "Traceback (most recent call last)" not in output
@@ -132,6 +151,69 @@ def test_unpicklable_workloads_fail_their_case_with_the_object_and_the_fix(pytes
             f"'hidden_work')") in hidden
     assert "Module 'hidden_work' cannot be imported in the rank processes" in hidden
     assert "Reported by every rank for task ddpbench.engine.timing.measure_workload" in hidden
+
+    wrong = _failure_section(output, "test_6_check_returning_false")
+    assert "task ddpbench.engine.timing.measure_workload raised on rank(s) [0, 1] of 2" in wrong
+    assert "CheckFailed: check_says_no() returned False on rank 1: the workload computed a wrong result" in wrong
+    assert "FAILED test_mistakes.py::test_7_check_returning_true" not in output  # True: passed, no crash
+
+
+def _one_rank_session(check):
+    from ddpbench.engine.timing import RankSession, RoundPlan
+
+    class Ctx:
+        rank, world_size, backend, device_type, core = 0, 1, "gloo", "cpu", None
+
+    session = RankSession(Ctx(), ddpbench.FunctionWorkload(module_level_setup, module_level_round, check),
+                          RoundPlan(warmup=0, rounds=2))
+    session._time_round = lambda ctx, run_round, state: 0.001
+    session._agree = lambda ctx, values: list(values)
+    session.start()
+    session.record(2)
+    return session
+
+
+def returns_false(state):
+    return False
+
+
+def returns_true(state):
+    return True
+
+
+def returns_measured(state):
+    return {"check_peak_bytes": 7}
+
+
+def returns_numpy_false(state):
+    import numpy
+
+    return numpy.bool_(False)
+
+
+def returns_tensor_true(state):
+    import torch
+
+    return torch.tensor(True)
+
+
+def returns_text(state):
+    return "looks fine"
+
+
+def test_what_a_check_returns_passes_or_fails_the_case_never_crashes_it():
+    from ddpbench.engine.timing import CheckFailed
+
+    for check in (returns_false, returns_numpy_false):
+        with pytest.raises(CheckFailed, match=rf"{check.__name__}\(\) returned False on rank 0: the workload "
+                                              r"computed a wrong result"):
+            _one_rank_session(check).finish()
+    assert "check_peak_bytes" not in _one_rank_session(returns_true).finish()
+    assert "check_peak_bytes" not in _one_rank_session(returns_tensor_true).finish()
+    assert _one_rank_session(returns_measured).finish()["check_peak_bytes"] == 7
+    assert "engine_check_s" in _one_rank_session(None).finish()
+    with pytest.raises(TypeError, match=r"returns_text\(\) returned str 'looks fine': a check returns None or True"):
+        _one_rank_session(returns_text).finish()
 
 
 # ----------------------------------------------------------------------------------------------

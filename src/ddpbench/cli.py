@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-missing", action="store_true",
                    help="cases the baseline has and the current run lost (crashed, hung, removed) are "
                         "listed but do not fail the gate")
+    c.add_argument("--allow-baseline-failure", action="store_true",
+                   help="A/B runs: cases whose baseline side failed (raised, died, hung) are listed but "
+                        "do not fail the gate")
     c.add_argument("--fail-on-inconclusive", action="store_true",
                    help="exit 1 when a case is inconclusive (neither a change nor the same within the "
                         "threshold); by default they are counted and exit 0")
@@ -125,9 +128,27 @@ def _error(command: str, message: str) -> int:
     return 2
 
 
+def output_problem(option: str, path: str, default: str | None = None, folder: bool = False) -> str | None:
+    """Why an output path given to ``option`` cannot be used, or None. The folder it goes in must
+    exist, as a shell's ``> FILE`` and ``mkdir DIR`` need: a mistyped path is named, not created
+    folder by folder. The default path's folders are created (reports/ on a fresh clone).
+    ``folder``: the option names a folder to write into (created itself), not a file."""
+    target = Path(path)
+    if folder and target.exists() and not target.is_dir():
+        return f"{option} {path}: is a file, not a folder; name a folder for the files"
+    if not folder and target.is_dir():
+        return f"{option} {path}: is a folder; name a file in it"
+    parent = target.parent
+    if str(path) != str(default) and not parent.is_dir():
+        return (f"{option} {path}: the folder {parent} does not exist; create it (mkdir -p {parent}) or "
+                f"give {option} a path in an existing folder")
+    return None
+
+
 def _print_report(args, report) -> int:
     """The report in the format asked for, then the gate's outcome; returns the exit status."""
-    status, lines = report.gate_status(args.allow_missing, args.fail_on_inconclusive)
+    status, lines = report.gate_status(args.allow_missing, args.fail_on_inconclusive,
+                                       allow_baseline_failure=args.allow_baseline_failure)
     if args.json:
         print(verdicts.format_json(report))
     elif args.markdown:
@@ -144,29 +165,45 @@ def _print_report(args, report) -> int:
 def run_ab_verdicts(args, run) -> int:
     """``ddpbench compare AB_RUN.json``: the verdicts an A/B run measured (exit 1 on a regression
     or a case the candidate lost)."""
-    cases = [verdicts.ab_verdict(case.fullname, case.extra_info["ab"], case.median)
-             for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
-    cases += [verdicts.ab_verdict(str(lost.get("name", "?")), lost["ab"], None)
-              for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
+    try:
+        cases = [verdicts.ab_verdict(case.fullname, case.extra_info["ab"], case.median)
+                 for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
+        cases += [verdicts.ab_verdict(str(lost.get("name", "?")), lost["ab"], None)
+                  for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
+        profiles = _profiles(run)
+    except verdicts.VerdictError as exc:
+        return _error("compare", f"{run.path}: {exc}")
     status = _print_report(args, verdicts.ab_report(cases))
     if not args.json:  # the JSON run holds them already (extra_info ab.profile)
-        _print_profiles(args, run)
+        for profile in profiles:  # each profiled case's grown ops (--dist-ab-profile), beneath the verdicts
+            print()
+            print(profile.markdown() if args.markdown else "\n".join(profile.lines()))
     return status
 
 
-def _print_profiles(args, run) -> None:
-    """Each profiled case's grown ops (--dist-ab-profile), beneath the verdicts."""
+def _profiles(run) -> list:
+    """The profiles an A/B run holds (extra_info ab.profile); VerdictError when one is malformed."""
     from .gates.ab.forensics import CaseProfile
 
+    profiles = []
     for case in run.cases.values():
-        profile = CaseProfile.from_summary(case.fullname, case.extra_info["ab"]) \
-            if isinstance(case.extra_info.get("ab"), dict) else None
+        if not isinstance(case.extra_info.get("ab"), dict):
+            continue
+        try:
+            profile = CaseProfile.from_summary(case.fullname, case.extra_info["ab"])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise verdicts.VerdictError(f"{case.fullname}: extra_info ab.profile cannot be read "
+                                        f"({type(exc).__name__}: {exc}). The run's file is damaged or "
+                                        f"was edited: restore it or run the A/B comparison again") from None
         if profile is not None:
-            print()
-            print(profile.markdown() if args.markdown else "\n".join(profile.lines()))
+            profiles.append(profile)
+    return profiles
 
 
 def run_compare(args) -> int:
+    problem = args.chart and output_problem("--chart", args.chart)
+    if problem:
+        return _error("compare", problem)
     try:
         base = None
         if args.baseline and args.current:
@@ -201,6 +238,8 @@ def run_compare(args) -> int:
             print(f"compare chart: {path}", file=sys.stderr)
         except MatplotlibMissing as exc:
             return _error("compare", str(exc))
+        except OSError as exc:
+            return _error("compare", f"cannot write the chart to {args.chart} ({exc.strerror or exc})")
     if result.summary_only and not args.allow_summary_stats:
         return _error("compare", "the runs lack raw round times, so the noise-aware gate could not run "
                                  "(verdicts above come from summary stats). Save runs with "
@@ -211,6 +250,10 @@ def run_compare(args) -> int:
 def run_report(args) -> int:
     from . import report
 
+    problem = ((args.output and output_problem("--output", args.output))
+               or (not args.no_charts and output_problem("--charts", args.charts, DEFAULT_CHARTS, folder=True)))
+    if problem:
+        return _error("report", problem)
     try:
         if args.run:
             path = cmp.resolve_run(args.run, args.storage)
@@ -221,12 +264,15 @@ def run_report(args) -> int:
                                        f"benchmarks/ --benchmark-autosave) first, or name a JSON file")
             path = runs[-1]
         run = cmp.load_run(path)
-    except cmp.CompareError as exc:
+        text = report.markdown_report(run)
+    except (cmp.CompareError, report.ReportError) as exc:
         return _error("report", str(exc))
-    text = report.markdown_report(run)
     print(text)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            return _error("report", f"cannot write the markdown to {args.output} ({exc.strerror or exc})")
         print(f"markdown written to {args.output}", file=sys.stderr)
     if args.no_charts:
         return 0
@@ -234,6 +280,9 @@ def run_report(args) -> int:
         charts = report.write_charts(run, Path(args.charts) / run.path.stem)
     except report.MatplotlibMissing as exc:
         return _error("report", str(exc))
+    except OSError as exc:
+        return _error("report", f"cannot write the charts into {args.charts} ({exc.strerror or exc}); "
+                                f"give another --charts")
     if charts:
         print(f"charts written to {charts[0].parent}/: {', '.join(p.name for p in charts)}")
     else:
@@ -242,6 +291,9 @@ def run_report(args) -> int:
 
 
 def run_history(args) -> int:
+    problem = output_problem("--output", args.output, hist.DEFAULT_OUTPUT)
+    if problem:
+        return _error("history", f"cannot write the page: {problem}")
     try:
         history = hist.build_history(args.storage, args.files, since=args.since, cases=args.case,
                                      min_step=args.min_step, skip_unreadable=args.skip_unreadable)

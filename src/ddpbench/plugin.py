@@ -114,6 +114,9 @@ def pytest_addoption(parser):
     ab.addoption("--dist-ab-allow-missing", action="store_true",
                  help="a case that the baseline ran but the candidate lost (crashed, hung) skips "
                       "instead of failing the run")
+    ab.addoption("--dist-ab-allow-baseline-failure", action="store_true",
+                 help="a case whose baseline side failed (raised, died, hung) while the candidate ran "
+                      "it does not fail the run (its verdict is baseline-failed either way)")
     ab.addoption("--dist-ab-fail-on-inconclusive", action="store_true",
                  help="exit 1 when any case is inconclusive (by default they are counted and exit 0)")
     ab.addoption("--dist-ab-profile", choices=PROFILE_MODES, default=DEFAULT_PROFILE,
@@ -349,11 +352,22 @@ def dist_pools(request):
 
         address, secret = controller
         registry = ExternalPoolRegistry(address, secret, request.config.getoption("dist_controller_wait"),
-                                        announce=functools.partial(_announce, request.config))
+                                        announce=functools.partial(_announce, request.config),
+                                        case_specs=_runnable_specs(request.session.items))
     else:
         registry = PoolRegistry(pin_cores=pin_cores(request.config))
     yield registry
     registry.close()
+
+
+def _runnable_specs(items) -> list[PoolSpec]:
+    """The pool specs of the selected cases that are not marked skipped."""
+    specs = []
+    for item in items:
+        spec = getattr(item, "callspec", None) and item.callspec.params.get("dist_spec")
+        if isinstance(spec, PoolSpec) and not item.get_closest_marker("skip"):
+            specs.append(spec)
+    return specs
 
 
 def _announce(config, lines: list[str]) -> None:
@@ -375,7 +389,7 @@ def _announce(config, lines: list[str]) -> None:
 def dist_pool(dist_pools, dist_spec, request):
     """A live pool for this case's spec (tasks: ``dist_pool.run(fn, *args, timeout_s=...)``)."""
     from .pool import PoolError
-    from .pool.external import ExternalPoolRegistry, PoolUnavailable
+    from .pool.external import ExternalPoolRegistry, PoolMatchesNoCase, PoolUnavailable
 
     ab = getattr(request.config, "_ddpbench_ab", None)
     try:
@@ -384,6 +398,8 @@ def dist_pool(dist_pools, dist_spec, request):
         return dist_pools.get(dist_spec)
     except PoolUnavailable as exc:
         pytest.skip(str(exc))
+    except PoolMatchesNoCase as exc:  # every case would skip: a usage error, not a green run
+        pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
     except PoolError as exc:
         if not isinstance(dist_pools, ExternalPoolRegistry):
             raise

@@ -23,6 +23,7 @@ vs world size per impl; every point is the median with its interquartile range a
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,6 +34,52 @@ from .workloads.collectives import COLLECTIVES, bandwidths_gbps
 
 class MatplotlibMissing(RuntimeError):
     pass
+
+
+class ReportError(ValueError):
+    """A run whose figures the tables cannot show: the message names the case and the field."""
+
+
+# extra_info keys the tables group, sort or label by: each must be one plain value.
+_PLAIN_KEYS = ("backend", "device", "variant", "impl", "model", "layout", "data_source", "worker_start",
+               "sharing_strategy", "dtype", "reduce_op", "placement", "persistent_workers", "batch_size",
+               "hidden_dim", "grad_accum", "num_samples", "num_workers", "ops_per_round")
+
+
+def _positive_whole(value) -> bool:
+    return _is_number(value) and value > 0 and float(value).is_integer()
+
+
+def _case_problem(case: Case) -> str | None:
+    """What in a case the report could not show, or None."""
+    info = case.extra_info
+    for key in _PLAIN_KEYS:
+        if key in info and not (info[key] is None or isinstance(info[key], (str, int, float, bool))):
+            return f"extra_info.{key} is {type(info[key]).__name__} {info[key]!r:.60}, expected one plain value"
+    if "op" in info and not (isinstance(info["op"], str) and info["op"]):
+        return f"extra_info.op is {info['op']!r:.60}, expected a collective's name"
+    if "size_bytes" in info and not _positive_whole(info["size_bytes"]):
+        return f"extra_info.size_bytes is {info['size_bytes']!r:.60}, expected a whole number of bytes above 0"
+    if info.get("world_size") is not None and not _positive_whole(info["world_size"]):
+        return f"extra_info.world_size is {info['world_size']!r:.60}, expected a whole number of ranks above 0"
+    if not case.data:
+        for key in ("mean", "q1", "q3"):  # the tables and charts divide by them
+            value = case.stats.get(key)
+            if value is not None and not (_is_number(value) and value > 0):
+                return f"stats.{key} is {value!r:.60}, expected a time in seconds above 0"
+    return None
+
+
+def check_run(run: Run) -> None:
+    """Raise :class:`ReportError` naming each case (up to five) whose figures the tables cannot
+    show, with the field and what it holds: a damaged or hand-edited run is named, not a
+    traceback. (Medians above 0 and round times are checked when the run is read.)"""
+    problems = [f"{case.fullname}: {problem}" for case in run.cases.values()
+                for problem in [_case_problem(case)] if problem]
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ReportError(f"{run.path}: " + "; ".join(problems[:5]) + more
+                          + ". The file is damaged or was edited: restore it or rerun those cases")
 
 
 def _pyplot():
@@ -122,8 +169,8 @@ def spread(case: Case) -> tuple[float, float, float]:
 def gpus_label(gpus: dict) -> str:
     """A run's ``ddpbench_gpus`` machine_info in words: '1 x NVIDIA H100 80GB HBM3 (torch
     2.11.0+cu130, CUDA 13.0, NCCL 2.28.9)'."""
-    devices = gpus.get("devices") or []
-    return (f"{len(devices)} x {', '.join(sorted(set(devices)))} (torch {gpus.get('torch')}, "
+    devices = gpus.get("devices") if isinstance(gpus.get("devices"), list) else []
+    return (f"{len(devices)} x {', '.join(sorted({str(d) for d in devices}))} (torch {gpus.get('torch')}, "
             f"CUDA {gpus.get('cuda')}, NCCL {gpus.get('nccl')})")
 
 
@@ -330,6 +377,8 @@ def _with_provenance(text: str, line: str) -> str:
 
 
 def markdown_report(run: Run) -> str:
+    """The run's tables; :class:`ReportError` when a case holds what they cannot show."""
+    check_run(run)
     groups = by_family(run)
     parts = [f"# ddpbench report: {run.label}"]
     if run.datetime:
@@ -449,7 +498,9 @@ def _save(plt, fig, path: Path) -> Path:
 
 
 def write_charts(run: Run, out_dir: str | Path) -> list[Path]:
-    """Write the run's PNG charts into ``out_dir``; raises :class:`MatplotlibMissing`."""
+    """Write the run's PNG charts into ``out_dir``; raises :class:`MatplotlibMissing`, and
+    :class:`ReportError` when a case holds what they cannot show."""
+    check_run(run)
     plt = _pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -467,7 +518,8 @@ def write_charts(run: Run, out_dir: str | Path) -> list[Path]:
 def compare_chart(result: Comparison, path: str | Path) -> Path:
     """Ratios (current / baseline median) with their intervals, one row per compared case."""
     plt = _pyplot()
-    cases = [c for c in result.cases if c.ratio is not None]
+    # An unbounded interval (too few rounds to tell) has no bar to draw.
+    cases = [c for c in result.cases if c.ratio is not None and c.ci_high is not None and math.isfinite(c.ci_high)]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.3 * len(cases) + 1.2)))

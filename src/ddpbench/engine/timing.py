@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..pool.base import TaskError
+
 
 # The stopping rule's first look at the rounds, and how much the count grows between looks.
 PRECISION_FIRST_LOOK = 20
@@ -388,7 +390,7 @@ class RankSession:
                 phase_start = time.perf_counter()
                 metrics.update(self.workload.rank_metrics(self.state) or {})
                 if check:  # a check may report what it measured while checking (e.g. its peak memory)
-                    metrics.update(self.workload.check(self.state) or {})
+                    metrics.update(check_outcome(self.workload, self.workload.check(self.state), self.ctx.rank))
                 self.phases["engine_check_s"] = time.perf_counter() - phase_start
         finally:
             self.close()
@@ -407,6 +409,34 @@ class RankSession:
         if self._set_up:
             self._set_up = False
             self.workload.teardown(self.state)
+
+
+class CheckFailed(TaskError, AssertionError):
+    """A workload's check returned False: its result was wrong."""
+
+
+def check_outcome(workload, result, rank: int) -> dict[str, Any]:
+    """What a workload's ``check`` returned, as this rank's metrics. None or True: passed, nothing
+    measured; a dict: passed, numbers it measured; False (or a one-value bool array or tensor that
+    is False): the result was wrong, and the case fails, since a check written as ``return ok``
+    must not pass silently; anything else is a mistake, named."""
+    if result is None or isinstance(result, dict):
+        return result or {}
+    name = getattr(workload.check, "__qualname__", f"{type(workload).__name__}.check")
+    value = result
+    if not isinstance(value, bool) and callable(getattr(value, "item", None)):
+        try:
+            value = value.item()  # numpy.bool_, a 0-d bool tensor
+        except (ValueError, RuntimeError):
+            pass
+    if value is True:
+        return {}
+    if value is False:
+        raise CheckFailed(f"{name}() returned False on rank {rank}: the workload computed a wrong "
+                             f"result. (A check fails by raising, e.g. assert with a message, or by "
+                             f"returning False; it passes returning None or True.)")
+    raise TypeError(f"{name}() returned {type(result).__name__} {result!r:.80}: a check returns None or "
+                    f"True (passed), False (a wrong result), or a dict of numbers it measured")
 
 
 def _replay(graph) -> None:

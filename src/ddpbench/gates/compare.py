@@ -134,9 +134,18 @@ def load_run(path: str | Path) -> Run:
         fullname = str(bench.get("fullname") or bench.get("name") or f"#{index}")
         data = stats.get("data")
         if data is not None:
-            if not isinstance(data, list) or not data or not all(_number(x) for x in data):
-                raise CompareError(f"{path}: {fullname}: stats.data is not a list of round times")
+            if not isinstance(data, list) or not data or not all(_number(x) and x > 0 for x in data):
+                raise CompareError(f"{path}: {fullname}: stats.data is not a list of round times "
+                                   f"(seconds, each above 0)")
             data = [float(x) for x in data]
+        median = float(np.median(data)) if data else float(stats["median"])
+        if not median > 0:  # ratios divide by it
+            raise CompareError(f"{path}: {fullname}: its median round time is {median:g} s, and a round "
+                               f"cannot take no time; the file is damaged or was edited: restore it or "
+                               f"rerun the case")
+        if bench.get("extra_info") is not None and not isinstance(bench.get("extra_info"), dict):
+            raise CompareError(f"{path}: {fullname}: extra_info is {type(bench['extra_info']).__name__}, "
+                               f"not an object of keys; the file is damaged or was edited")
         cases[fullname] = Case(
             name=str(bench.get("name") or fullname),
             fullname=fullname,

@@ -21,6 +21,11 @@ Mann-Whitney p (normal approximation with tie and continuity corrections), as as
 summary statistics alone, a normal interval from the IQR and round counts. :func:`decide_unpaired`
 gives ``regression`` when the ratio is above 1 + threshold, the interval above 1 and p below
 1 - confidence; ``improvement`` mirrors it; ``same`` and ``inconclusive`` as above.
+
+**Too little to tell.** One value says nothing about the noise around it: with fewer than
+:data:`MIN_VALUES` rounds on a side (stored runs), or pairs on a pool pair (A/B), the interval is
+unbounded, (0, inf), so the verdict is ``inconclusive``, never ``same`` (JSON writes the missing
+bound as null).
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261122
 # With several pool pairs, the share of the threshold every pool pair's own estimate must show.
 POOL_PAIR_SHARE = 1.0
+# The fewest values on a side (rounds; pairs per pool pair) that bound an interval (module docstring).
+MIN_VALUES = 2
+UNBOUNDED = (0.0, math.inf)  # the ratio interval when there are fewer
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ class PairedResult:
     ratio_of_block_minima: float | None = None  # exp(Hodges-Lehmann) of the block minima's log ratios
 
     def to_dict(self) -> dict:
-        out = {"pairs": self.pairs, "ratio": self.ratio, "ratio_ci": [self.ci_low, self.ci_high],
+        interval = [self.ci_low, self.ci_high] if math.isfinite(self.ci_high) else None  # JSON has no inf
+        out = {"pairs": self.pairs, "ratio": self.ratio, "ratio_ci": interval,
                "p_value": self.p_value, "verdict": self.verdict,
                "ratio_per_pool_pair": list(self.pool_pair_ratios)}
         if self.ratio_of_block_minima is not None:
@@ -164,8 +173,10 @@ def bootstrap_interval(groups, confidence: float = DEFAULT_CONFIDENCE) -> tuple[
 
     groups = [np.asarray(g, dtype=float) for g in groups if len(g)]
     x = np.concatenate(groups) if groups else np.asarray([], dtype=float)
-    if len(x) < 2 or np.all(x == x[0]) or any(len(g) < 2 for g in groups):
-        value = float(hodges_lehmann(x)) if len(x) else 0.0
+    if not groups or any(len(g) < MIN_VALUES for g in groups):  # too little to tell
+        return -math.inf, math.inf
+    if np.all(x == x[0]):
+        value = float(hodges_lehmann(x))
         return value, value
     result = stats.bootstrap(tuple(groups), _pooled_hodges_lehmann, confidence_level=confidence,
                              n_resamples=BOOTSTRAP_RESAMPLES, method="percentile", vectorized=True,
@@ -255,7 +266,9 @@ def bootstrap_ratio_ci(baseline, current, confidence: float = DEFAULT_CONFIDENCE
     def ratio_of_medians(b, c, axis=-1):
         return np.median(c, axis=axis) / np.median(b, axis=axis)
 
-    if base.size < 2 or cur.size < 2 or (np.all(base == base[0]) and np.all(cur == cur[0])):
+    if base.size < MIN_VALUES or cur.size < MIN_VALUES:  # too little to tell
+        return UNBOUNDED
+    if np.all(base == base[0]) and np.all(cur == cur[0]):
         value = float(ratio_of_medians(base, cur))
         return value, value
     result = stats.bootstrap((base, cur), ratio_of_medians, confidence_level=confidence, n_resamples=resamples,
@@ -290,6 +303,8 @@ def summary_ratio_ci(base_stats: dict, cur_stats: dict,
         return 1.2533 * (iqr / 1.349) / math.sqrt(n) / float(summary["median"])
 
     ratio = float(cur_stats["median"]) / float(base_stats["median"])
+    if any(int(summary.get("rounds") or 0) < MIN_VALUES for summary in (base_stats, cur_stats)):
+        return (ratio, *UNBOUNDED)  # too little to tell
     se = math.hypot(rel_se(base_stats), rel_se(cur_stats))
     z = float(stats.norm.isf((1.0 - confidence) / 2))
     return ratio, ratio * math.exp(-z * se), ratio * math.exp(z * se)

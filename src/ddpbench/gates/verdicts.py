@@ -11,25 +11,37 @@ run lost (unless allowed), and for an inconclusive case only when asked.
 * ``same``: the whole interval within the threshold either way;
 * ``inconclusive``: neither (more rounds, or a quieter machine, would tell);
 * ``missing``: the baseline has the case and the current run lost it (crashed, hung, removed);
-* ``new``: only the current run has it (the baseline lacks it or cannot run it).
+* ``baseline-failed`` (A/B): both sides have the case, the baseline's ranks failed it (raised,
+  died, hung): nothing to compare with, and a broken baseline must not pass as ``new``;
+* ``new``: only the current run has it (the baseline lacks it: cannot import its code).
+
+Verdicts read back from a saved run (:func:`ab_verdict`) are checked first: a field that does
+not hold what it should is a :class:`VerdictError` naming the case and the field, never a
+traceback from the formatters.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 # Most urgent first: the order of a report's rows and counts.
-VERDICTS = ("regression", "missing", "improvement", "inconclusive", "same", "new")
-FAILING = ("regression", "missing")
+VERDICTS = ("regression", "missing", "baseline-failed", "improvement", "inconclusive", "same", "new")
+FAILING = ("regression", "missing", "baseline-failed")
 
 # The key of a pytest-benchmark JSON run under which an A/B run lists the cases that have no
 # benchmark entry of their own: lost on the candidate side (crashed, hung).
 LOST_CASES_KEY = "ddpbench_ab_lost"
 
-_MARKDOWN_VERDICT = {"regression": "❌ **regression**", "missing": "❌ **missing**", "improvement": "✅ improvement",
+_MARKDOWN_VERDICT = {"regression": "❌ **regression**", "missing": "❌ **missing**",
+                     "baseline-failed": "❌ **baseline-failed**", "improvement": "✅ improvement",
                      "inconclusive": "⚠️ inconclusive"}
+
+
+class VerdictError(ValueError):
+    """A saved verdict that cannot be read: the message names the case and the field."""
 
 
 @dataclass
@@ -103,12 +115,13 @@ class GateReport:
                 f"baseline, > 1 is slower")
 
     def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
-                    option_prefix: str = "--") -> tuple[int, list[str]]:
-        """(exit status, lines saying why): 1 for a regression or a missing case (unless
-        ``allow_missing``), and for an inconclusive case with ``fail_on_inconclusive``.
-        ``option_prefix``: how the options are spelled ("--" for ddpbench compare, "--dist-ab-" in
-        pytest)."""
+                    option_prefix: str = "--", allow_baseline_failure: bool = False) -> tuple[int, list[str]]:
+        """(exit status, lines saying why): 1 for a regression, a missing case (unless
+        ``allow_missing``) or a case the baseline failed (unless ``allow_baseline_failure``), and
+        for an inconclusive case with ``fail_on_inconclusive``. ``option_prefix``: how the options
+        are spelled ("--" for ddpbench compare, "--dist-ab-" in pytest)."""
         allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
+        allow_failed = f"{option_prefix}allow-baseline-failure"
         status, lines = 0, []
         if self.count("regression"):
             status = 1
@@ -123,6 +136,16 @@ class GateReport:
             else:
                 status = 1
                 lines.append(f"{what}. Exit status 1 ({allow} accepts them)")
+        failed = [c.fullname or c.name for c in self.cases if c.verdict == "baseline-failed"]
+        if failed:
+            names = ", ".join(failed[:5]) + (" ..." if len(failed) > 5 else "")
+            what = (f"{len(failed)} case(s) failed on the baseline side ({names}): nothing to compare "
+                    f"the {self.current_label} with, and a broken baseline is not a new case")
+            if allow_baseline_failure:
+                lines.append(f"{what}; allowed by {allow_failed}")
+            else:
+                status = 1
+                lines.append(f"{what}. Exit status 1 ({allow_failed} accepts them)")
         inconclusive = self.count("inconclusive")
         if inconclusive:
             if fail_on_inconclusive:
@@ -145,6 +168,9 @@ _BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids")
 def _case_dict(case: CaseVerdict) -> dict[str, Any]:
     out = asdict(case)
     out["details"] = {k: v for k, v in case.details.items() if k not in _BULKY_DETAILS}
+    for key in ("ci_low", "ci_high"):  # an unbounded interval (too few rounds): JSON has no inf
+        if isinstance(out[key], float) and not math.isfinite(out[key]):
+            out[key] = None
     return out
 
 
@@ -224,8 +250,56 @@ def format_json(report: GateReport) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _ab_problem(ab: dict[str, Any]) -> str | None:
+    """What in a case's extra_info["ab"] the report could not use, or None."""
+    def show(value) -> str:
+        return repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+
+    verdict = ab.get("verdict", "inconclusive")
+    if verdict not in VERDICTS:
+        return f"ab.verdict is {show(verdict)}, not one of {', '.join(VERDICTS)}"
+    for key, positive in (("ratio", True), ("p_value", False), ("threshold", False), ("wall_s", False),
+                          ("ratio_of_block_minima", True), ("pairs", False)):
+        value = ab.get(key)
+        if value is not None and not (_is_number(value) and math.isfinite(value) and (value > 0 or not positive)
+                                      and value >= 0):
+            return f"ab.{key} is {show(value)}, expected {'a positive' if positive else 'a'} number"
+    interval = ab.get("ratio_ci")
+    if interval is not None and not (isinstance(interval, (list, tuple)) and len(interval) == 2
+                                     and all(_is_number(v) for v in interval) and interval[0] <= interval[1]):
+        return f"ab.ratio_ci is {show(interval)}, expected [low, high] numbers or null"
+    per_pool = ab.get("ratio_per_pool_pair")
+    if per_pool is not None and not (isinstance(per_pool, list) and all(_is_number(v) for v in per_pool)):
+        return f"ab.ratio_per_pool_pair is {show(per_pool)}, expected a list of numbers"
+    for side in ("baseline", "candidate"):
+        figures = ab.get(side)
+        if figures is None:
+            continue
+        if not isinstance(figures, dict):
+            return f"ab.{side} is {show(figures)}, expected the side's figures (an object)"
+        median = figures.get("median_s")
+        if median is not None and not (_is_number(median) and 0 < median < math.inf):
+            return (f"ab.{side}.median_s is {show(median)}, expected a time above 0 s"
+                    + (" (a round cannot take no time)" if median == 0 else ""))
+    sides = ab.get("sides")
+    if sides is not None and not (isinstance(sides, dict) and all(isinstance(d, dict) for d in sides.values())):
+        return f"ab.sides is {show(sides)}, expected each side's description (objects)"
+    if ab.get("reason") is not None and not isinstance(ab["reason"], str):
+        return f"ab.reason is {show(ab['reason'])}, expected text"
+    return None
+
+
 def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None) -> CaseVerdict:
-    """A case's A/B verdict from its ``extra_info["ab"]``."""
+    """A case's A/B verdict from its ``extra_info["ab"]``; :class:`VerdictError` when a field does
+    not hold what it should (a damaged or hand-edited run)."""
+    problem = _ab_problem(ab)
+    if problem:
+        raise VerdictError(f"{name}: extra_info {problem}. The run's file is damaged or was edited: "
+                           f"restore it or run the A/B comparison again")
     low, high = ab.get("ratio_ci") or [None, None]
     if candidate_median_s is None:
         candidate_median_s = (ab.get("candidate") or {}).get("median_s")

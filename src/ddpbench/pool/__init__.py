@@ -21,12 +21,12 @@ themselves if their parent disappears.
 """
 
 from .base import (FAILURE_GRACE_S, SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError, RankContext,
-                   SendRefused, TaskFailed, sticky_device_error)
+                   SendRefused, TaskError, TaskFailed, sticky_device_error)
 from .launch import RANK_BOOTSTRAP, RankLaunch, project_folders
 from .local import PoolRegistry, RankPool
 from .ranks import cores_available, serve_tasks, set_process_affinity, should_pin
 
 __all__ = ["FAILURE_GRACE_S", "SIGNAL_POLL_S", "PoolBase", "PoolError", "PoolRegistry", "PoolSpec",
            "PoolStartError", "RANK_BOOTSTRAP", "RankContext", "RankLaunch", "RankPool", "SendRefused",
-           "TaskFailed", "cores_available", "project_folders", "serve_tasks", "set_process_affinity",
+           "TaskError", "TaskFailed", "cores_available", "project_folders", "serve_tasks", "set_process_affinity",
            "should_pin", "sticky_device_error"]

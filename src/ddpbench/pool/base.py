@@ -75,6 +75,11 @@ class PoolStartError(PoolError):
     """The rank processes could not be started or could not form the process group."""
 
 
+class TaskError(Exception):
+    """Raised inside a task with a message that says everything (what went wrong and the fix):
+    the rank sends back that message alone, without a traceback through ddpbench's own code."""
+
+
 class SendRefused(RuntimeError):
     """Raised while a task is being pickled by an object that refuses to be sent, with its own
     reason and fix (e.g. a dataset whose handover would exceed the open-file limit).

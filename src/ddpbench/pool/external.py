@@ -3,15 +3,24 @@
 The ranks (``python -m ddpbench.worker``, see :mod:`ddpbench.worker`) connect to the controller's
 address twice: a task channel and a control channel (stack dumps, abort). The task channel carries
 pickled code, so both channels authenticate with a shared secret (HMAC challenge-response in both
-directions, multiprocessing.connection's handshake) before anything is unpickled on either side;
-a client without the secret is disconnected and nothing it sends is read. The controller listens
-only on the address the user gave.
+directions) and then sign every message with a key of their own (:mod:`ddpbench.pool.channel`):
+nothing is unpickled on either side that did not come, unaltered and in order, from a holder of
+the secret. A client without the secret is disconnected and nothing it sends is read. The
+controller listens only on the address the user gave.
+
+Trust boundary: the secret's holders (the controller and every worker) trust one another; the
+network between them is not trusted with code (signatures), but it does see the tasks and results
+(no encryption), and torch's own traffic between the ranks (torchrun's rendezvous store, gloo /
+NCCL) is neither authenticated nor encrypted: the nodes must share a network that only the job's
+machines can reach (README, *Across nodes*).
 
 A worker connects before it joins the process group and reports its phases on the task channel
 (connected -> joining, with MASTER_ADDR and the interface its transport uses -> ready, or failed),
 so that when the pool does not form, the wait error names each expected rank's last phase and
 host and says what to check for that phase (start the workers, --local-addr, the interface
-variables, a firewall).
+variables, a firewall). Its hello carries its torch, ddpbench engine hash and rank protocol
+(:mod:`ddpbench.identity`): a worker that runs other software than the controller is refused
+by name, both values shown, since its timings and checks would not be this code's.
 """
 
 from __future__ import annotations
@@ -23,19 +32,18 @@ import os
 import queue
 import socket
 import stat
-import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
-from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
-                                        deliver_challenge, wait)
+from multiprocessing.connection import AuthenticationError, wait
 
+from ..identity import identity_differences
 from .base import SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError
+from .channel import HANDSHAKE_TIMEOUT_S, IncompatiblePeer, SignedConnection, accept_signed
 
 SECRET_ENV = "DDPBENCH_SECRET"
 MIN_SECRET_LENGTH = 16
-HANDSHAKE_TIMEOUT_S = 30.0
 
 
 class SecretError(PoolError):
@@ -44,6 +52,11 @@ class SecretError(PoolError):
 
 class PoolUnavailable(PoolError):
     """The externally launched pool does not have the shape a case asks for."""
+
+
+class PoolMatchesNoCase(PoolError):
+    """The workers formed a pool that no selected case runs on: the run would measure nothing
+    (a usage error: the message says which option to change)."""
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -78,23 +91,19 @@ def load_secret(secret_file: str | None = None) -> bytes:
     return secret
 
 
-def authenticate_as_server(conn: Connection, secret: bytes) -> None:
-    """Both directions of multiprocessing's HMAC handshake; raises AuthenticationError."""
-    deliver_challenge(conn, secret)
-    answer_challenge(conn, secret)
-
-
 # How long the listener backs off after accept() failed for lack of resources (EMFILE...).
 ACCEPT_RETRY_S = 0.5
 log = logging.getLogger("ddpbench.pool.external")
 
 
-def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
-    """Kernel-side send/receive timeouts on a blocking socket (0: none): a read that waits longer
-    fails with EAGAIN, so a silent peer cannot hold a handshake forever."""
-    value = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+def _is_hello(message) -> bool:
+    """("hello", "task" | "control", {"rank": int, "world_size": int, ...})"""
+    if not (isinstance(message, tuple) and len(message) == 3 and message[0] == "hello"
+            and message[1] in ("task", "control") and isinstance(message[2], dict)):
+        return False
+    info = message[2]
+    return all(isinstance(info.get(key), int) and not isinstance(info.get(key), bool)
+               for key in ("rank", "world_size"))
 
 
 class _Listener:
@@ -112,8 +121,9 @@ class _Listener:
                                           else socket.AF_INET)
         self.address = self._sock.getsockname()[:2]  # the real port when 0 was asked for
         self._sock.settimeout(0.5)
-        self.accepted: "queue.Queue[tuple[tuple, Connection]]" = queue.Queue()
-        self.rejected = 0
+        self.accepted: "queue.Queue[tuple[tuple, SignedConnection]]" = queue.Queue()
+        self.rejected = 0  # wrong secret, or a message that failed its signature check
+        self.incompatible = 0  # knew the secret but not the signed channel: another ddpbench
         self.timed_out = 0  # clients dropped for not completing the handshake in time
         self.accept_errors: dict[str, int] = {}  # accept() failures by errno name
         self._closed = False
@@ -140,25 +150,32 @@ class _Listener:
             threading.Thread(target=self._handshake, args=(client,), daemon=True).start()
 
     def _handshake(self, client: socket.socket) -> None:
-        _set_io_timeout(client, self._handshake_timeout_s)
-        conn = Connection(client.detach())
         try:
-            authenticate_as_server(conn, self._secret)
-            if not conn.poll(self._handshake_timeout_s):
-                raise EOFError("no hello")
-            hello = conn.recv()
-            if not (isinstance(hello, tuple) and hello and hello[0] == "hello"):
-                raise EOFError("bad hello")
+            conn = accept_signed(client, self._secret, self._handshake_timeout_s)
         except (BlockingIOError, TimeoutError):  # the peer said nothing for handshake_timeout_s
             self.timed_out += 1
-            conn.close()
+            return
+        except IncompatiblePeer:
+            self.incompatible += 1
             return
         except (AuthenticationError, EOFError, OSError, ValueError):
             self.rejected += 1
+            return
+        try:
+            if not conn.poll(self._handshake_timeout_s):
+                raise EOFError("no hello")
+            hello = conn.recv()
+            if not _is_hello(hello):
+                raise EOFError("bad hello")
+        except (BlockingIOError, TimeoutError):
+            self.timed_out += 1
             conn.close()
             return
-        with socket.socket(fileno=os.dup(conn.fileno())) as view:  # the connection is trusted now
-            _set_io_timeout(view, 0)
+        except Exception:  # noqa: BLE001 - a forged or malformed hello: never a dead listener thread
+            self.rejected += 1
+            conn.close()
+            return
+        conn.set_io_timeout(0)  # the connection is trusted now: reads wait for tasks however long
         self.accepted.put((hello, conn))
 
     def close(self) -> None:
@@ -172,8 +189,8 @@ class _RankState:
 
     info: dict  # the hello's info, updated with each phase's details
     since: float  # monotonic time the current phase was reported
-    task: Connection | None = None
-    control: Connection | None = None
+    task: SignedConnection | None = None
+    control: SignedConnection | None = None
     phase: str = "connected"  # connected -> joining -> ready; or failed / lost
     error: str = ""
 
@@ -308,7 +325,8 @@ def _is_loopback(address: str) -> bool:
 
 
 def _start_error(headline: str, address, world_size, ranks, rejected: int, ignored: int,
-                 expected: int | None, timed_out: int = 0, accept_errors: dict | None = None) -> str:
+                 expected: int | None, timed_out: int = 0, accept_errors: dict | None = None,
+                 incompatible: int = 0) -> str:
     now = time.monotonic()
     lines = [headline]
     missing = [r for r in range(world_size or 0) if r not in ranks]
@@ -318,6 +336,9 @@ def _start_error(headline: str, address, world_size, ranks, rejected: int, ignor
     if missing:
         lines.append(f"  {_ranks_text(missing)}: never connected")
     notes = [f"rejected connections (wrong secret): {rejected}"]
+    if incompatible:
+        notes.append(f"connections from a ddpbench without the signed channel (install the "
+                     f"controller's ddpbench on every node): {incompatible}")
     if timed_out:
         notes.append(f"connections dropped for not completing the handshake in time: {timed_out}")
     if accept_errors:
@@ -332,14 +353,31 @@ def _start_error(headline: str, address, world_size, ranks, rejected: int, ignor
     return "\n".join(lines)
 
 
-def gather_ranks(listener: _Listener, wait_s: float, expected: int | None = None
-                 ) -> tuple[int, dict[int, _RankState]]:
+def _identity_error(state: _RankState, address, mismatch: list[str]) -> str:
+    return "\n".join([
+        f"ddpbench: rank {state.rank} of the torchrun workers ({state.node}, pid "
+        f"{state.info.get('pid', '?')}) runs other software than the controller "
+        f"({address[0]}:{address[1]}):",
+        *(f"  {line}" for line in mismatch),
+        "A case's timings and checks are this code's only when every rank runs it: install the "
+        "controller's torch and ddpbench (the same source: one commit or wheel) on every node, "
+        "then relaunch the torchrun workers. The ranks that had connected were told to exit."])
+
+
+def gather_ranks(listener: _Listener, wait_s: float, expected: int | None = None,
+                 identity: dict | None = None) -> tuple[int, dict[int, _RankState]]:
     """Wait until every rank of a torchrun job has connected and joined its process group.
 
     Raises PoolStartError when ``wait_s`` runs out, naming each expected rank's last phase and
     host with what to check; at once when a rank reports that joining failed or its connection
-    closes before it is ready. Ranks already connected are told to exit on any failure.
+    closes before it is ready, or when its hello says it runs another torch, ddpbench engine or
+    rank protocol than ``identity`` (default: this process's, :func:`ddpbench.identity.identity`).
+    Ranks already connected are told to exit, with the reason, on any failure.
     """
+    if identity is None:
+        from ..identity import identity as local_identity
+
+        identity = local_identity()
     address = listener.address
     ranks: dict[int, _RankState] = {}
     world_size: int | None = None
@@ -348,7 +386,8 @@ def gather_ranks(listener: _Listener, wait_s: float, expected: int | None = None
 
     def fail(headline: str) -> PoolStartError:
         return PoolStartError(_start_error(headline, address, world_size, ranks, listener.rejected,
-                                           ignored, expected, listener.timed_out, listener.accept_errors))
+                                           ignored, expected, listener.timed_out, listener.accept_errors,
+                                           listener.incompatible))
 
     def accept(hello, conn) -> None:
         nonlocal world_size, ignored
@@ -369,6 +408,9 @@ def gather_ranks(listener: _Listener, wait_s: float, expected: int | None = None
             state.info.update(info)
         else:
             state.control = conn
+        mismatch = identity_differences(identity, info)
+        if mismatch:
+            raise PoolStartError(_identity_error(state, address, mismatch))
 
     def read_phase(state: _RankState) -> None:
         try:
@@ -414,16 +456,30 @@ def gather_ranks(listener: _Listener, wait_s: float, expected: int | None = None
                 continue
             for conn in wait(list(joining), min(remaining, SIGNAL_POLL_S)):
                 read_phase(joining[conn])
-    except BaseException:
+    except BaseException as exc:
+        reason = str(exc) or type(exc).__name__  # the worker prints it: the node's log says why
         for state in ranks.values():  # stop the ranks that did connect: their run is over
-            if state.control is not None:
-                try:
-                    state.control.send(("abort",))
-                except OSError:
-                    pass
+            abort(state.control, reason)
             state.close()
+        while True:  # and those whose connections arrived but were not read yet
+            try:
+                (_, kind, _), conn = listener.accepted.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "control":
+                abort(conn, reason)
+            conn.close()
         raise
     return world_size, ranks
+
+
+def abort(control: SignedConnection | None, reason: str) -> None:
+    """Tell a worker to exit now, saying why (its stderr shows the reason)."""
+    if control is not None:
+        try:
+            control.send(("abort", reason))
+        except OSError:
+            pass
 
 
 class ExternalPool(PoolBase):
@@ -471,6 +527,9 @@ class ExternalPool(PoolBase):
                          f"{info.get('socket_ifname') or '?'} "
                          f"{','.join(info.get('socket_addresses') or []) or '(no address)'} "
                          f"[{info.get('socket_ifname_source')}]")
+        lines.append(f"ddpbench:   every rank runs the controller's software: torch {first.get('torch_version')}, "
+                     f"ddpbench {first.get('ddpbench_version')} "
+                     f"#{str(first.get('ddpbench_source_sha256'))[:12]}, rank protocol {first.get('rank_protocol')}")
         return lines
 
     def _describe_death(self, code):
@@ -508,18 +567,15 @@ class ExternalPool(PoolBase):
         processes otherwise); ranks that already left after "stop" are left to finish."""
         self.alive = False
         for task_conn, control_conn in zip(self._conns, getattr(self, "_control", [])):
-            if _closed_by_peer(task_conn):
-                continue
-            try:
-                control_conn.send(("abort",))
-            except OSError:
-                pass
+            if not _closed_by_peer(task_conn):
+                abort(control_conn, "the controller tore the pool down after a failed case (its "
+                                    "error says why)")
         for conn in self._conns + getattr(self, "_control", []):
             conn.close()
         self._conns, self._control = [], []
 
 
-def _closed_by_peer(conn: Connection) -> bool:
+def _closed_by_peer(conn: SignedConnection) -> bool:
     try:
         if conn.poll(0):
             conn.recv()
@@ -528,14 +584,42 @@ def _closed_by_peer(conn: Connection) -> bool:
         return True
 
 
+def unmatched_pool(pool: PoolSpec, nodes: int, case_specs) -> str | None:
+    """Why no selected case can run on the pool the workers formed (with the option that fixes
+    it), or None when one can. Without this, every case would skip and the run pass measuring
+    nothing."""
+    wanted = sorted(set(case_specs), key=lambda s: (s.backend, s.world_size, s.device))
+    if not wanted or pool in wanted:
+        return None
+    asked = ", ".join(f"{s.backend} with {s.world_size} ranks on {s.device}" for s in wanted)
+    head = (f"ddpbench: the torchrun workers formed a pool of {pool.world_size} {pool.backend} ranks on "
+            f"{pool.device} ({nodes} node(s)), but no selected case runs on it: they ask for {asked}.")
+    sizes = sorted({s.world_size for s in wanted})
+    if pool.world_size not in sizes:
+        fix = (f"Pass --dist-world-sizes={pool.world_size} to run the cases on these workers, or "
+               f"relaunch torchrun so that --nnodes x --nproc-per-node = "
+               f"{' or '.join(map(str, sizes))}.")
+    else:
+        backends = sorted({s.backend for s in wanted if s.world_size == pool.world_size})
+        fix = (f"Start the workers with --backend={' or --backend='.join(backends)} (python -m "
+               f"ddpbench.worker), or select the {pool.backend} cases (--dist-backend={pool.backend}"
+               f"{' -m gpu' if pool.device == 'cuda' else ''}); GPU cases that this controller "
+               f"marks skipped (it has no CUDA device) do not count.")
+    return f"{head} {fix} The workers were told to exit; nothing ran."
+
+
 class ExternalPoolRegistry:
-    """Stands in for PoolRegistry when pytest runs with --dist-controller: one external pool."""
+    """Stands in for PoolRegistry when pytest runs with --dist-controller: one external pool.
+
+    ``case_specs``: the specs of the selected cases that will run (not marked skipped); a pool
+    that matches none of them raises :class:`PoolMatchesNoCase` once it forms."""
 
     def __init__(self, address: tuple[str, int], secret: bytes, wait_s: float,
-                 announce: Callable[[list[str]], None] | None = None):
+                 announce: Callable[[list[str]], None] | None = None, case_specs=()):
         self._listener = _Listener(address, secret)
         self._wait_s = wait_s
         self._announce = announce
+        self._case_specs = list(case_specs)
         self._pool: ExternalPool | None = None
         self._lost: str | None = None
 
@@ -553,6 +637,11 @@ class ExternalPoolRegistry:
                 raise
             if self._announce is not None:
                 self._announce(self._pool.describe())
+            problem = unmatched_pool(self._pool.spec, self._pool.nodes, self._case_specs)
+            if problem:
+                self._lost = problem
+                self._pool.close()
+                raise PoolMatchesNoCase(problem)
         if not self._pool.alive:
             self._lost = (f"ddpbench: the torchrun-launched pool ({self._pool.spec.label}, "
                           f"{self._pool.nodes} nodes) is gone after an earlier failure; relaunch the "

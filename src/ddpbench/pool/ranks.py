@@ -14,7 +14,7 @@ import time
 import traceback
 
 from . import rendezvous
-from .base import PoolSpec, RankContext
+from .base import PoolSpec, RankContext, TaskError
 from .picklecheck import LoadFailure, TaskUnpickler, load_failure_message
 
 # Where the OS has no pidfds, how often a rank checks that its parent (the controller) still exists.
@@ -134,6 +134,8 @@ def _run_task(ctx: RankContext, task_id: int, payload: bytes) -> tuple:
         return ("ok", task_id, fn(ctx, *args, **kwargs))
     except LoadFailure as failure:  # a class or function the task names cannot be imported here
         return ("error", task_id, load_failure_message(failure))
+    except TaskError as exc:  # its message says it all
+        return ("error", task_id, f"{type(exc).__name__}: {exc}")
     except BaseException:  # noqa: BLE001 - everything goes back to the controller
         return ("error", task_id, traceback.format_exc())
 

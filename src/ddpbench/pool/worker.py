@@ -5,10 +5,13 @@
 
 torchrun provides RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, MASTER_ADDR and MASTER_PORT. Once
 torch is imported, this process connects to the controller (pytest run with ``--dist-controller``) with the shared
-secret ($DDPBENCH_SECRET or ``--secret-file``) and reports its phases there: connected, joining
-the process group (MASTER_ADDR:MASTER_PORT and the interface the transport will use), ready. A
-rank stuck joining is therefore visible in the controller's wait error. It then runs the tasks it
-is sent until the controller says stop or disappears.
+secret ($DDPBENCH_SECRET or ``--secret-file``; every message signed, :mod:`ddpbench.pool.channel`)
+and reports its phases there: connected, joining the process group (MASTER_ADDR:MASTER_PORT and
+the interface the transport will use), ready. A rank stuck joining is therefore visible in the
+controller's wait error. Its hello carries its torch version, ddpbench engine hash and rank
+protocol, and the controller refuses a rank whose software differs from its own. It then runs the
+tasks it is sent until the controller says stop or disappears. A port that accepts the connection
+and never answers fails the connection after ``--connect-timeout`` (at most 30 s), naming it.
 
 Interface: gloo (and NCCL) pick their network interface from GLOO_SOCKET_IFNAME /
 NCCL_SOCKET_IFNAME, and without them from the address the hostname resolves to, which is often
@@ -31,11 +34,13 @@ import sys
 import tempfile
 import threading
 import time
-from multiprocessing.connection import AuthenticationError, Client
+from multiprocessing.connection import AuthenticationError
 
 import psutil
 
+from .channel import HANDSHAKE_TIMEOUT_S, HandshakeTimeout, IncompatiblePeer, connect_signed
 from .external import SecretError, load_secret, parse_address
+from ..identity import identity
 from ..options import parse_timeout
 from .base import RankContext
 from .ranks import serve_tasks
@@ -47,12 +52,18 @@ AUTO_SOURCE = "auto (route to controller)"
 
 
 def _connect(address: tuple[str, int], secret: bytes, timeout_s: float):
-    """Connect and authenticate, retrying while the controller is not listening yet."""
+    """Connect and open the signed channel (:mod:`ddpbench.pool.channel`), retrying while the
+    controller is not listening yet, for ``timeout_s`` in all. Once a connection is accepted, the
+    handshake must finish within ``timeout_s`` or :data:`HANDSHAKE_TIMEOUT_S`, the smaller: a
+    port that accepts and never answers raises HandshakeTimeout, naming the address, instead of
+    holding the rank for ever. AuthenticationError and IncompatiblePeer are not retried."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return Client(address, authkey=secret)
-        except OSError:  # not listening yet; an AuthenticationError is not retried
+            return connect_signed(address, secret, min(timeout_s, HANDSHAKE_TIMEOUT_S))
+        except (HandshakeTimeout, AuthenticationError, IncompatiblePeer):
+            raise
+        except OSError:  # not listening yet (refused, unreachable, the SYN timed out)
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
@@ -170,6 +181,9 @@ def _serve_control(conn, finished: threading.Event) -> None:
         if message[0] == "stacks":
             conn.send(("stacks", _stack_dump()))
         elif message[0] == "abort":
+            if len(message) > 1:
+                print(f"ddpbench.worker: the controller stopped this rank: {message[1]}",
+                      file=sys.stderr, flush=True)
             os._exit(5)
 
 
@@ -180,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with CUDA, else gloo")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     parser.add_argument("--connect-timeout", type=parse_timeout, default=300.0,
-                        help="seconds to keep trying to reach the controller (default 300)")
+                        help=f"seconds to keep trying to reach the controller (default 300); a port "
+                             f"that accepts but does not answer the handshake fails after this or "
+                             f"{HANDSHAKE_TIMEOUT_S:g} s, the smaller")
     return parser
 
 
@@ -221,10 +237,22 @@ def main(argv: list[str] | None = None) -> int:
         print("ddpbench.worker: the controller rejected the shared secret (or answered with a "
               "different one)", file=sys.stderr)
         return 3
+    except HandshakeTimeout as exc:
+        print(f"ddpbench.worker: rank {rank}: {exc} (--connect-timeout {args.connect_timeout:g}; the "
+              f"handshake gets at most {HANDSHAKE_TIMEOUT_S:g} s). Something accepts connections on "
+              f"{args.controller} without answering: check that --controller names the address and "
+              f"port pytest --dist-controller listens on, and that no other program holds that "
+              f"port", file=sys.stderr)
+        return 3
+    except IncompatiblePeer as exc:
+        print(f"ddpbench.worker: the controller at {args.controller}: {exc}; install the "
+              f"controller's ddpbench on every node", file=sys.stderr)
+        return 3
     except OSError as exc:
         print(f"ddpbench.worker: cannot reach the controller at {args.controller}: {exc}", file=sys.stderr)
         return 3
     info["address"] = local_address(task_conn)
+    info.update(identity())  # torch, engine hash, rank protocol: the controller refuses others
     task_conn.send(("hello", "task", info))
     control_conn.send(("hello", "control", info))
     finished = threading.Event()

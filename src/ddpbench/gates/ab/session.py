@@ -41,6 +41,7 @@ class ABSession:
     heap: str = DEFAULT_HEAP  # --dist-ab-heap (ddpbench.gates.ab.heap)
     seed: int = 0  # --dist-ab-seed, or drawn for this run
     allow_missing: bool = False  # --dist-ab-allow-missing
+    allow_baseline_failure: bool = False  # --dist-ab-allow-baseline-failure
     fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
     profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
@@ -87,6 +88,7 @@ class ABSession:
         seed = new_seed() if seed is None else seed
         return cls(baseline, candidate, settings, heap, seed=seed,
                    allow_missing=config.getoption("dist_ab_allow_missing"),
+                   allow_baseline_failure=config.getoption("dist_ab_allow_baseline_failure", False),
                    fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"),
                    profile=config.getoption("dist_ab_profile", DEFAULT_PROFILE),
                    profile_root=_profile_root(config, seed))
@@ -146,7 +148,7 @@ class ABSession:
         except SideFailed as failure:
             if failure.side == "candidate":
                 self._lost(case_id, failure)
-            return self._new(own_pool, workload, plan, timeout_s, case_id, extra_info, failure)
+            return self._alone(own_pool, workload, plan, timeout_s, case_id, extra_info, failure)
         summary = outcome.summary(self.sides())
         summary["heap"] = self.heap
         summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
@@ -174,10 +176,16 @@ class ABSession:
             pytest.skip(f"{message.splitlines()[0]} (allowed by --dist-ab-allow-missing)")
         pytest.fail(message, pytrace=False)
 
-    def _new(self, own_pool, workload, plan, timeout_s, case_id, extra_info, failure) -> CaseRounds:
-        """The baseline could not run this case (it fails or lacks it there): nothing to compare
-        with, so the candidate is measured alone and the verdict is ``new``."""
-        summary = {"verdict": "new", "reason": f"baseline pool {failure.pool} failed",
+    def _alone(self, own_pool, workload, plan, timeout_s, case_id, extra_info, failure) -> CaseRounds:
+        """The baseline side failed this case: nothing to compare with, so the candidate is
+        measured alone. The verdict is ``new`` when the baseline lacks the case's code (its ranks
+        cannot import what the case names), else ``baseline-failed``, which fails the run unless
+        --dist-ab-allow-baseline-failure: a baseline that crashes, hangs or computes a wrong result
+        must not let every change pass as new."""
+        lacks = baseline_lacks_case(failure.error)
+        summary = {"verdict": "new" if lacks else "baseline-failed",
+                   "reason": (f"baseline pool {failure.pool} lacks its code" if lacks
+                              else f"baseline pool {failure.pool} failed"),
                    "error": str(failure), "seed": self.seed, "sides": self.sides()}
         extra_info["ab"] = summary
         rounds = CaseRounds.of(own_pool.run(measure_workload, workload, plan, timeout_s=timeout_s))
@@ -190,13 +198,15 @@ class ABSession:
         return ab_report(ab_verdicts(self.results), self.sides())
 
     def exit_status(self) -> int:
-        return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)[0]
+        return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,
+                                         self.allow_baseline_failure)[0]
 
     def summary_lines(self) -> list[tuple[str, bool]]:
         """(line, whether it reports a failure) of the verdict table and the gate's outcome."""
         report = self.report()
         lines = [(line, line.endswith("<<")) for line in format_text(report).splitlines()]
-        _, outcome = report.gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX)
+        _, outcome = report.gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,
+                                        self.allow_baseline_failure)
         for profile in self.profiles:
             lines += [(f"ddpbench A/B: {line}", False) for line in profile.lines()]
         lines += [(f"ddpbench A/B: {line}", "exit status 1" in line) for line in outcome]
@@ -207,6 +217,16 @@ class ABSession:
         """The cases the candidate lost, for the run's JSON (they have no benchmark entry)."""
         return [{"name": name, "ab": summary} for name, summary, _ in self.results
                 if summary.get("verdict") == "missing"]
+
+
+def baseline_lacks_case(error: BaseException) -> bool:
+    """Whether a baseline's failure says it lacks the case (every failing rank could not import
+    what the task names: a case the baseline does not have), not that it ran it and failed."""
+    from ...pool import TaskFailed
+    from ...pool.picklecheck import LOAD_FAILURE_PREFIX
+
+    return (isinstance(error, TaskFailed) and bool(error.errors) and not error.dead and not error.stuck
+            and all(text.startswith(LOAD_FAILURE_PREFIX) for text in error.errors.values()))
 
 
 def _profile_root(config, seed: int) -> Path:

@@ -32,6 +32,7 @@ import sysconfig
 import types
 from dataclasses import dataclass, field
 
+from ...identity import DIGEST_SOURCE, source_digest
 from ...pool import RankLaunch
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -39,26 +40,9 @@ PROBE_TIMEOUT_S = 120.0
 # A ddpbench without ddpbench.rank_process.RANK_PROTOCOL speaks the first protocol.
 FIRST_PROTOCOL = 1
 
-# The engine's identity: a hash of every .py file of the ddpbench package (relative path and
-# bytes). Kept as source text because the probe runs it in the side's interpreter, whose ddpbench
-# may be another version; the controller runs the same text for its own.
-_DIGEST_SOURCE = r'''
-def source_digest(package_dir):
-    import hashlib, os
-    digest = hashlib.sha256()
-    for root, dirs, files in os.walk(package_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(root, name)
-                digest.update(os.path.relpath(path, package_dir).replace(os.sep, "/").encode() + b"\0")
-                with open(path, "rb") as fh:
-                    digest.update(fh.read() + b"\0")
-    return digest.hexdigest()
-'''
-_namespace: dict = {}
-exec(_DIGEST_SOURCE, _namespace)  # noqa: S102 - our own constant text, shared with the probe
-source_digest = _namespace["source_digest"]
+# The engine's identity (ddpbench.identity): the probe runs the same digest text in the side's
+# interpreter, whose ddpbench may be another version.
+_DIGEST_SOURCE = DIGEST_SOURCE
 
 # Run by the side's interpreter, environment and import path (after ddpbench.pool.RANK_BOOTSTRAP):
 # what its ranks would import. Reads {"facts": bool, "modules": [names]} on stdin.

@@ -140,8 +140,13 @@ def test_the_piped_gate_steps_are_found():
 
 @pytest.mark.parametrize("step, shell, env", PIPED_GATE_STEPS)
 @pytest.mark.parametrize("status", [1, 0])
+@pytest.mark.parametrize("under", ["the runner's shell", "plain bash -e"])
 def test_a_piped_gate_step_fails_exactly_when_its_gate_fails_and_still_writes_its_output(
-        tmp_path, step, shell, env, status):
+        tmp_path, step, shell, env, status, under):
+    # Plain bash -e too: the step's own lines must carry the gate's status, so a step copied into
+    # a workflow without the `shell: bash` default (or run by hand) still fails on a regression.
+    if under == "plain bash -e":
+        shell = None
     workspace = _workspace(tmp_path)
     result = _run_step(step, shell, env, workspace, FAKE_STATUS=str(status))
     log = f"shell {RUNNER_SHELLS.get(shell, shell)!r}\n{step['run']}\n{result.stdout}{result.stderr}"

@@ -443,3 +443,20 @@ def test_settings_a_b_mode_cannot_measure_are_usage_errors(pytester, args, messa
                                            timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def test_the_controller_reports_torch_as_its_ranks_do_local_tag_included(tmp_path, monkeypatch):
+    """On a GPU image whose torch metadata says 2.11.0 while torch.__version__ says 2.11.0+cu130,
+    the candidate (the controller's interpreter) and the probed baseline read as two torches."""
+    import sys
+
+    from ddpbench.gates.ab import sides
+
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('the controller must not import torch')\n")
+    (fake / "version.py").write_text("__version__ = '9.9.0+cu999'\ndebug = False\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert sides._torch_version_without_import() == "9.9.0+cu999"
+    assert sides.local_facts()["torch_version"] == "9.9.0+cu999"

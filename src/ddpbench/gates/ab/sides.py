@@ -217,6 +217,28 @@ def probe(side: Side, expected_protocol: int | None) -> Side:
     return dataclasses.replace(side, facts=facts)
 
 
+def _torch_version_without_import() -> str | None:
+    """``torch.__version__`` as the ranks' probe reports it (local tag included: 2.11.0+cu130),
+    read from torch/version.py so the controller need not import torch; the distribution's
+    metadata may lack the tag, and one torch must not read as two."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            text = open(os.path.join(folder, "version.py"), encoding="utf-8").read()
+        except OSError:
+            continue
+        match = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if match:
+            return match.group(1)
+    return None
+
+
 def local_facts() -> dict:
     """The controller's own interpreter, ddpbench (engine identity) and torch versions, without
     importing torch."""
@@ -226,10 +248,12 @@ def local_facts() -> dict:
 
     from ... import rank_process
 
-    try:
-        torch_version = version("torch")
-    except PackageNotFoundError:
-        torch_version = None
+    torch_version = _torch_version_without_import()
+    if torch_version is None:
+        try:
+            torch_version = version("torch")
+        except PackageNotFoundError:
+            torch_version = None
     return {"python": sys.executable, "python_version": sys.version.split()[0],
             "ddpbench_file": ddpbench.__file__, "ddpbench_version": ddpbench.__version__,
             "rank_protocol": rank_process.RANK_PROTOCOL,

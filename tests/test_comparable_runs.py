@@ -21,7 +21,6 @@ import pytest
 from benchjson import FINGERPRINT, MACHINE, bench, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import compare as cmp
-from ddpbench.gates import fingerprint
 
 
 def sample(seed, median, n=30):
@@ -167,7 +166,9 @@ def test_a_case_measured_differently_is_marked_not_compared(tmp_path, capsys):
     assert case["verdict"] == "improvement" and case["reason"] == "unlike, allowed: pinned_cores False -> True"
 
 
-def test_ops_per_round_compares_the_setting_not_the_count_auto_chose(tmp_path, capsys):
+def test_ops_per_round_compares_the_setting_not_the_count_auto_chose():
+    from ddpbench.gates import fingerprint
+
     gpu_case = dict(CPU_CASE, device="cuda", backend="nccl")
     auto = lambda n: dict(gpu_case, ops_per_round=n, round_fixed_cost_s=1e-5)
     assert fingerprint.case_differences(auto(8), auto(16)) == []  # auto both times: the same setting

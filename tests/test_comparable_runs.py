@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchjson import FINGERPRINT, MACHINE, bench, run_doc, write
+from benchjson import MACHINE, bench, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import compare as cmp
 

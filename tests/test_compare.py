@@ -245,8 +245,8 @@ def test_the_correction_is_a_column_in_text_markdown_and_json(tmp_path, capsys):
     assert all(case["calibrated"] and case["calibration_factor"] == pytest.approx(1.2) for case in cases)
     assert all(case["details"]["raw_ratio"] > 1.1 for case in cases)
     rc, out, _ = _main(capsys, "compare", b, c, "--calibration", "never")
-    assert sum(line.rstrip().endswith("same") or " raw " in line for line in out.splitlines()
-               if line.startswith("case")) >= 0 and "probe ÷" not in out
+    rows = [line for line in out.splitlines() if line.startswith("case") and not line.startswith("case ")]
+    assert len(rows) == 4 and all(" raw " in row for row in rows) and "probe ÷" not in out
 
 
 def test_probe_noise_within_tolerance_is_not_normalised(tmp_path):

@@ -441,8 +441,10 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools,
 
 
 def _saving(config) -> bool:
+    """Whether this process saves the run (xdist workers and --benchmark-disable record nothing)."""
     bench_session = getattr(config, "_benchmarksession", None)
-    return bool(bench_session is not None and (bench_session.save or bench_session.autosave or bench_session.json))
+    return bool(bench_session is not None and not bench_session.disabled
+                and (bench_session.save or bench_session.autosave or bench_session.json))
 
 
 @pytest.hookimpl(wrapper=True)

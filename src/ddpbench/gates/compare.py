@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,9 +327,9 @@ def choose_runs(storage_dir: str | Path) -> Selection:
     else:
         raise CompareError(
             f"no complete saved run of this machine to compare {current.name} with in "
-            f"{Path(current).parent}: " + "; ".join(line for _, line in skipped) + ". An incomplete run (failed cases, "
-            f"-x / --maxfail, a crash) never becomes the baseline by default: rerun the benchmarks, "
-            f"or name the runs to compare: ddpbench compare BASELINE CURRENT")
+            f"{Path(current).parent}: " + "; ".join(line for _, line in skipped) + ". By default the baseline "
+            f"is a complete run (no failed case, not stopped by -x / --maxfail or a crash) of the same "
+            f"machine: save one, or name the runs to compare: ddpbench compare BASELINE CURRENT")
     lines = [f"baseline chosen: {why}"]
     skipped = [line for path, line in skipped if storage.run_number(path) > storage.run_number(chosen)]
     lines += [f"passed over {line}" for line in skipped[:_SHOWN_SKIPS]]

@@ -53,10 +53,13 @@ def run_facts(machine_info: dict) -> dict[str, Any]:
     from ..devices import cpu_count, gpu_description
     from .ab.sides import source_digest
 
-    try:
-        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else None
-    except Exception:  # noqa: BLE001 - a CUDA build without NCCL
-        nccl = None
+    nccl = None
+    if torch.version.cuda:  # the NCCL torch was built with, GPU or not
+        try:
+            version = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, version)) if isinstance(version, (tuple, list)) else str(version)
+        except Exception:  # noqa: BLE001 - a CUDA build without NCCL
+            nccl = None
     gpus = gpu_description() or {}
     cpu = machine_info.get("cpu") if isinstance(machine_info.get("cpu"), dict) else {}
     return {

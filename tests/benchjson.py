@@ -33,17 +33,31 @@ def bench(name, data, extra_info=None, group=None, include_data=True, module="be
             "stats": stats_of(data, include_data)}
 
 
+# A fingerprint as ddpbench records it (ddpbench.gates.fingerprint.run_facts).
+FINGERPRINT = {"version": 1, "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "engine": "e" * 64,
+               "ddpbench_version": "0.1.0", "python": "CPython 3.11.7", "cpu_model": "Test CPU",
+               "cpu_cores": 2, "gpus": [], "kernel": "6.0"}
+
+
 def run_doc(benchmarks, probe_s=0.001, machine=None, include_probe=True, commit=None,
-            saved="2026-01-01T00:00:00"):
+            saved="2026-01-01T00:00:00", fingerprint=None, run=None):
     """A run; ``commit``: commit_info fields (pytest-benchmark's id, time, branch, dirty) over the
-    default ``{"id": "abc"}``; ``saved``: the run's datetime."""
+    default ``{"id": "abc"}``; ``saved``: the run's datetime; ``fingerprint``: facts over
+    :data:`FINGERPRINT` (default: none recorded, as an older ddpbench saved); ``run``: the run's
+    completeness record (``{"complete": False, "failed": 1, ...}``; default: none)."""
     machine_info = dict(MACHINE if machine is None else machine)
     if include_probe:
         machine_info["ddpbench_calibration"] = {
             "kind": "memcpy-4MiB+matmul-128-float32-1thread", "version": 1, "min_s": probe_s,
             "median_s": probe_s * 1.1, "repeats": 100}
-    return {"machine_info": machine_info, "commit_info": {"id": "abc", **(commit or {})},
-            "benchmarks": list(benchmarks), "datetime": saved, "version": "5.3.1"}
+    if fingerprint is not None:
+        machine_info["ddpbench_fingerprint"] = {**FINGERPRINT, **fingerprint}
+    doc = {"machine_info": machine_info, "commit_info": {"id": "abc", **(commit or {})},
+           "benchmarks": list(benchmarks), "datetime": saved, "version": "5.3.1"}
+    if run is not None:
+        doc["ddpbench_run"] = {"complete": True, "exitstatus": 0, "failed": 0, "failed_cases": [],
+                               "stopped": None, **run}
+    return doc
 
 
 def write(path, doc) -> Path:

@@ -3,8 +3,8 @@
 
 Exit status of ``compare``: 0 no regression, 1 at least one regression or a case the baseline has
 and the current run lost (unless ``--allow-missing``; inconclusive cases too with
-``--fail-on-inconclusive``), 2 bad input (missing or unreadable runs, or runs without raw rounds
-unless ``--allow-summary-stats``). ``history`` exits 0 whatever the steps (it is a view, not a
+``--fail-on-inconclusive``), 2 bad input (missing or unreadable runs, runs that are not comparable
+unless ``--allow-different``, or runs without raw rounds unless ``--allow-summary-stats``). ``history`` exits 0 whatever the steps (it is a view, not a
 gate) and 2 on bad input.
 """
 
@@ -49,6 +49,15 @@ def _confidence(text: str) -> float:
     return value
 
 
+def _facts(text: str) -> set[str]:
+    from .gates.fingerprint import parse_allowed
+
+    try:
+        return parse_allowed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     import ddpbench
 
@@ -61,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "with a confidence interval from the raw rounds, and a verdict. "
                                    "Exit 0: no regression, 1: regression(s), 2: bad input.")
     c.add_argument("baseline", nargs="?", help="baseline run: a JSON file, or a saved run's number "
-                   "(e.g. 0003). Default: the second newest run in the storage. A single A/B run "
+                   "(e.g. 0003). Default: the newest complete run (no failed cases, not stopped early) "
+                   "of the current run's machine and branch. A single A/B run "
                    "(--dist-baseline-* / --dist-candidate-env) prints its own verdicts")
     c.add_argument("current", nargs="?", help="current run (file or number). Default: the newest run")
     c.add_argument("--storage", default=DEFAULT_STORAGE, help="pytest-benchmark storage folder (default .benchmarks)")
@@ -71,7 +81,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="confidence of the intervals and the rank test (default 0.95)")
     c.add_argument("--calibration", choices=("auto", "always", "never"), default="auto",
                    help="normalise by the runs' calibration probes: auto (when they differ by more "
-                        f"than {cmp.DRIFT_TOLERANCE * 100:g}%%), always, never (default auto)")
+                        f"than {cmp.DRIFT_TOLERANCE * 100:g}%%), always, never (default auto); a probe "
+                        f"ratio beyond 0.8-1.25 is never corrected (those cases are inconclusive)")
+    c.add_argument("--allow-different", type=_facts, action="append", default=[], metavar="FACTS",
+                   help="compare although these facts differ between the runs (comma list; all: any): "
+                        "torch, cuda, nccl, engine, python, cpu_model, cpu_cores, gpus refuse the runs "
+                        "(exit 2); backend, world_size, device, nodes, pinned_cores, ops_per_round, "
+                        "cuda_graphs make a case inconclusive")
     c.add_argument("--allow-summary-stats", action="store_true",
                    help="runs without raw rounds: give verdicts from the summary stats and exit 0/1 "
                         "instead of 2")
@@ -220,13 +236,17 @@ def run_compare(args) -> int:
                                        f"to compare it with; name the current run too")
             cur_path = runs[-1]
         else:
-            base_path, cur_path = cmp.default_runs(args.storage)
+            selection = cmp.choose_runs(args.storage)
+            base_path, cur_path = selection.baseline, selection.current
         if base_path.resolve() == cur_path.resolve():
             raise cmp.CompareError(f"baseline and current are the same file: {base_path}")
         base = base or cmp.load_run(base_path)
         cur = cmp.load_run(cur_path)
         result = cmp.compare_runs(base, cur, threshold=args.threshold, confidence=args.confidence,
-                                  calibration=args.calibration)
+                                  calibration=args.calibration, allow_different=set().union(*args.allow_different))
+        if not (args.baseline or args.current):
+            result.selection = selection.lines
+            result.preamble += selection.lines
     except cmp.CompareError as exc:
         return _error("compare", str(exc))
     status = _print_report(args, result)

@@ -451,8 +451,32 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools,
 
 
 # ----------------------------------------------------------------------------------------------
-# The run's end: the A/B gate's verdicts, and never a partial run saved over the user's baselines
+# The run's end: the A/B gate's verdicts, never a partial run saved over the user's baselines, a
+# partial run marked as such, and saves that are whole or nothing (ddpbench.storage)
 # ----------------------------------------------------------------------------------------------
+
+
+def _saving(config) -> bool:
+    """Whether this process saves the run (xdist workers and --benchmark-disable record nothing)."""
+    bench_session = getattr(config, "_benchmarksession", None)
+    return bool(bench_session is not None and not bench_session.disabled
+                and (bench_session.save or bench_session.autosave or bench_session.json))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A case whose extra_info JSON cannot hold fails here, named, rather than breaking the save
+    of the whole run (only when the run is saved)."""
+    result = yield
+    fixture = getattr(item, "funcargs", {}).get("benchmark")
+    if fixture is not None and _saving(item.config) and not getattr(fixture, "has_error", False):
+        from .storage import unsaveable
+
+        problem = unsaveable(fixture.extra_info, "extra_info")
+        if problem:
+            fixture.has_error = True  # pytest-benchmark leaves a case with an error out of the run
+            pytest.fail(f"this case's results cannot be saved: {problem}", pytrace=False)
+    return result
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -467,7 +491,30 @@ def pytest_sessionfinish(session, exitstatus):
             session.config.get_terminal_writer().line(
                 "ddpbench: run interrupted; no benchmark results were saved and stored baselines "
                 "are untouched.", yellow=True)
+    save_errors: list[str] = []
+    if bench_session is not None:
+        from . import storage
+
+        storage.install(bench_session, save_errors.append)
+        # pytest-benchmark saves in its own pytest_sessionfinish, inside this one: what the run
+        # says about itself (pytest_benchmark_update_json) is known by then
+        session.config._ddpbench_run_end = (session, exitstatus)
     yield
+    for message in save_errors:
+        session.config.get_terminal_writer().line(f"ddpbench: ERROR: {message}", red=True, bold=True)
+    if save_errors and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR  # 3: the run's results were lost
+
+
+def _failed_cases(config) -> list[str]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    stats = getattr(reporter, "stats", {}) or {}
+    names = []
+    for report in list(stats.get("failed", [])) + list(stats.get("error", [])):
+        nodeid = getattr(report, "nodeid", None)
+        if nodeid and nodeid not in names:
+            names.append(nodeid)
+    return names
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -481,13 +528,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_json(config, benchmarks, output_json):
-    """A/B runs list the cases the candidate lost: they have no benchmark entry of their own, and
-    ``ddpbench compare RUN.json`` must still see them."""
+    """Every run says whether it is complete (:mod:`ddpbench.gates.completeness`); A/B runs list
+    the cases the candidate lost: they have no benchmark entry of their own, and ``ddpbench compare
+    RUN.json`` must still see them."""
     ab = getattr(config, "_ddpbench_ab", None)
     if ab is not None:
         from .gates.verdicts import LOST_CASES_KEY
 
         output_json[LOST_CASES_KEY] = ab.lost_cases()
+    end = getattr(config, "_ddpbench_run_end", None)
+    if end is not None:
+        from .gates.completeness import RUN_KEY, record
+
+        session, exitstatus = end
+        stopped = session.shouldfail or session.shouldstop
+        output_json[RUN_KEY] = record(exitstatus, session.testsfailed, str(stopped) if stopped else None,
+                                      _failed_cases(config))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -498,8 +554,10 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config, machine_info):
     """Store a short local probe (:mod:`ddpbench.gates.calibration`) that ``ddpbench compare`` uses
-    to normalise a uniformly slower or faster machine. Runs once per saved run, a few hundred ms."""
+    to normalise a uniformly slower or faster machine (a few hundred ms), and the facts that decide
+    what the cases measure (:mod:`ddpbench.gates.fingerprint`), once per saved run."""
     from .gates.calibration import MACHINE_INFO_KEY, run_probe
+    from .gates.fingerprint import FINGERPRINT_KEY, run_facts
 
     try:
         machine_info[MACHINE_INFO_KEY] = run_probe()
@@ -511,3 +569,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         gpus = {"error": f"{type(exc).__name__}: {exc}"}
     if gpus is not None:
         machine_info[GPU_INFO_KEY] = gpus
+    try:
+        machine_info[FINGERPRINT_KEY] = run_facts(machine_info)
+    except Exception as exc:  # never lose a run's results over it: compare then says it is unknown
+        machine_info[FINGERPRINT_KEY] = {"error": f"{type(exc).__name__}: {exc}"}

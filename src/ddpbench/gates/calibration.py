@@ -5,6 +5,11 @@ noisy neighbour that stays for the whole run - shifts every case by about the sa
 ``ddpbench compare`` divides the current/baseline ratios by the ratio of the two runs' probe times
 when they differ by more than a tolerance, and says so.
 
+The correction is bounded (:data:`MAX_CORRECTION`): a probe ratio outside 1/1.25 .. 1.25 means the
+machine changed more than one short probe can speak for (another CPU class, heavy load), so the
+CPU cases it would correct are ``inconclusive`` instead; and a correction never turns a measured
+slowdown into an improvement or a measured speed-up into a regression (:mod:`.compare`).
+
 The probe is a fixed piece of local work shaped like what the CPU cases do: a memcpy of a 4 MiB
 float32 buffer and a small matmul, single-threaded. It is repeated for a bounded time (a few hundred
 ms) and the *minimum* repetition is the machine's speed (transient load only adds time; the minimum
@@ -97,6 +102,17 @@ def overload(probe: dict | None) -> str | None:
     if isinstance(load, (int, float)) and isinstance(cpus, int) and cpus > 0 and load > cpus:
         return f"load {load:.1f} on {cpus} CPUs"
     return None
+
+
+# The largest machine drift the probe may correct, either way: a probe ratio outside
+# [1 / MAX_CORRECTION, MAX_CORRECTION] = [0.8, 1.25] is not a drift but another machine, or one under
+# load that one 0.3 s probe cannot describe.
+MAX_CORRECTION = 1.25
+
+
+def within_correction(drift: float) -> bool:
+    """Whether the probe may correct a drift of ``drift`` (current / baseline probe time)."""
+    return 1 / MAX_CORRECTION <= drift <= MAX_CORRECTION
 
 
 def drift_factor(baseline_probe: dict | None, current_probe: dict | None) -> float | None:

@@ -19,30 +19,49 @@ the probe's own noise would only add noise) and both probes were steady (median 
 whose load a probe cannot tell from drift); ``"always"`` / ``"never"`` force it. A run saved while
 the load average exceeded the CPU count gets a warning: load that changes between runs is not in
 the rounds' noise, so no within-run statistic can guard against it.
+
+The correction is bounded and never flips a verdict's sign. A probe ratio outside
+[1 / MAX_CORRECTION, MAX_CORRECTION] = [0.8, 1.25] (:data:`ddpbench.gates.calibration.MAX_CORRECTION`)
+is not corrected: the cases it would correct are ``inconclusive``, with the probe ratio as the reason
+(``--calibration never`` compares them raw, with a warning). Within the band, a case whose raw
+interval lies wholly above 1 (measured slower) can end ``regression``, ``same`` or ``inconclusive``,
+never ``improvement``; wholly below 1 (measured faster), never ``regression``: such a would-be flip is
+``inconclusive`` with the reason. So a raw regression becomes ``same`` only when the probe's drift,
+at most 25%, explains it. Each case's correction is a column of the table (``probe ÷1.180`` or
+``raw``) and ``calibration_factor`` in JSON, with the raw ratio in ``details``.
+
+Only comparable runs are compared (:mod:`.fingerprint`): runs whose torch, CUDA, NCCL, engine,
+Python, CPU or GPUs differ are refused (:class:`CompareError`, exit 2) unless the difference is
+allowed (``allow_different``); a case whose own facts (backend, world size, pinning, ops per round,
+CUDA graphs...) differ is ``inconclusive`` with the difference as its reason. With no run named,
+:func:`choose_runs` takes the newest saved run as the current one and, as the baseline, the newest
+*complete* run (:mod:`.completeness`) of the same machine and branch, and says which runs it passed
+over.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import stats, verdicts
-from .calibration import MAX_PROBE_SPREAD, drift_factor, overload, probe_of, probe_spread
+from .. import storage
+from . import fingerprint, stats, verdicts
+from .calibration import MAX_CORRECTION, MAX_PROBE_SPREAD, drift_factor, overload, probe_of, probe_spread, \
+    within_correction
+from .completeness import Completeness, completeness_of
 from .verdicts import CaseVerdict, Column, GateReport
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_CONFIDENCE = stats.DEFAULT_CONFIDENCE
 DRIFT_TOLERANCE = 0.10
-# machine_info fields whose difference makes timings hard to compare
-MACHINE_FIELDS = ("node", "processor", "machine", "system", "release", "python_implementation",
-                  "python_version", "ddpbench_gpus")
-RUN_NAME = re.compile(r"^(\d{4})_.*\.json$")
+RUN_NAME = storage.RUN_NAME  # NNNN_*.json, four digits or more
+# commit_info branches that name no branch: a detached checkout (a CI job's pull request merge)
+NO_BRANCH = (None, "", "HEAD", "(detached head)", "(unknown)")
 
 
 class CompareError(Exception):
@@ -89,6 +108,7 @@ class Run:
     cases: dict[str, Case]
     # A/B runs: the cases the candidate lost, which have no benchmark entry (ddpbench.gates.verdicts).
     lost_ab_cases: list = field(default_factory=list)
+    completeness: Completeness = field(default_factory=lambda: Completeness(True, False))
 
     @property
     def label(self) -> str:
@@ -103,8 +123,8 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def load_run(path: str | Path) -> Run:
-    """Read one pytest-benchmark JSON file; :class:`CompareError` with a clear message if unusable."""
+def read_doc(path: str | Path) -> dict:
+    """One JSON run document as a dict; :class:`CompareError` naming the problem and the fix."""
     path = Path(path)
     if not path.exists():
         raise CompareError(f"{path}: no such file")
@@ -126,6 +146,13 @@ def load_run(path: str | Path) -> Run:
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise CompareError(f"{path}: not a pytest-benchmark result (no 'benchmarks' list); expected a "
                            f"file saved by --benchmark-autosave/--benchmark-save or --benchmark-json")
+    return doc
+
+
+def load_run(path: str | Path) -> Run:
+    """Read one pytest-benchmark JSON file; :class:`CompareError` with a clear message if unusable."""
+    path = Path(path)
+    doc = read_doc(path)
     cases: dict[str, Case] = {}
     for index, bench in enumerate(doc["benchmarks"]):
         stats = bench.get("stats") if isinstance(bench, dict) else None
@@ -154,28 +181,29 @@ def load_run(path: str | Path) -> Run:
             stats=stats,
             data=data,
         )
+    completeness = completeness_of(doc)
     if not cases:
-        raise CompareError(f"{path}: the run holds no benchmarks (were they all skipped or deselected?)")
+        why = "" if completeness.complete else f" It is {completeness.describe()}."
+        raise CompareError(f"{path}: the run holds no benchmarks (were they all skipped or deselected?).{why}")
     machine_info = doc.get("machine_info") if isinstance(doc.get("machine_info"), dict) else {}
     commit_info = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
     from .verdicts import LOST_CASES_KEY
 
     lost = doc.get(LOST_CASES_KEY) if isinstance(doc.get(LOST_CASES_KEY), list) else []
-    return Run(path, machine_info, commit_info, doc.get("datetime"), cases, lost)
+    return Run(path, machine_info, commit_info, doc.get("datetime"), cases, lost, completeness)
 
 
-def saved_runs(storage: str | Path) -> list[Path]:
+def saved_runs(storage_dir: str | Path) -> list[Path]:
     """Saved runs (``<storage>/<machine-id>/NNNN_*.json``) of the machine id with the most recently
-    saved run, oldest first (by pytest-benchmark's run number)."""
-    storage = Path(storage)
-    if not storage.is_dir():
+    saved run, oldest first (by pytest-benchmark's run number, of any width: 10000 after 9999)."""
+    storage_dir = Path(storage_dir)
+    if not storage_dir.is_dir():
         return []
-    files = [p for p in storage.glob("*/*.json") if RUN_NAME.match(p.name)]
+    files = [p for p in storage_dir.glob("*/*.json") if RUN_NAME.match(p.name)]
     if not files:
         return []
     newest_dir = max(files, key=lambda p: p.stat().st_mtime).parent
-    mine = [p for p in files if p.parent == newest_dir]
-    return sorted(mine, key=lambda p: (int(RUN_NAME.match(p.name).group(1)), p.name))
+    return storage.saved_run_files(newest_dir)
 
 
 def unreadable_run(path: Path) -> str | None:
@@ -189,52 +217,134 @@ def unreadable_run(path: Path) -> str | None:
 
 def compare_target_problem(storage_option: str, machine_id: str, compare_option) -> str | None:
     """For ``pytest --benchmark-compare[=NUM]``: a message when the saved run it would compare
-    against is unreadable. pytest-benchmark skips such a file with a warning that scrolls away and
-    silently compares against an older run; an interrupted save leaves exactly such a newest file."""
+    against is unreadable, or when the default target (the newest run) is incomplete or numbered
+    past 9999. pytest-benchmark skips an unreadable file with a warning that scrolls away and
+    silently compares against an older run (an interrupted save leaves exactly such a newest file);
+    it takes an incomplete run as it is; and its four-digit glob does not see run 10000 and later."""
     if not compare_option or ("://" in storage_option and not storage_option.startswith("file://")):
         return None  # nothing to compare, or a storage that is not a folder (elasticsearch)
     folder = Path(storage_option.removeprefix("file://")) / machine_id
-    runs = sorted((p for p in folder.glob("*.json") if RUN_NAME.match(p.name)),
-                  key=lambda p: (int(RUN_NAME.match(p.name).group(1)), p.name))
+    runs = storage.saved_run_files(folder)
     if compare_option is not True:
         runs = [p for p in runs if p.name.startswith(str(compare_option))]
     if not runs:
         return None
     target = runs[-1]
-    problem = unreadable_run(target)
-    if problem is None:
-        return None
     which = "the newest saved run" if compare_option is True else f"saved run {compare_option}"
-    return (f"--benchmark-compare: {which} cannot be read: {problem} pytest-benchmark "
-            f"would skip it and compare against an older run without saying so in the results. "
-            f"Delete or restore that file (an interrupted save leaves a truncated one), or name "
-            f"the run to compare against: --benchmark-compare=NNNN")
+    problem = unreadable_run(target)
+    if problem is not None:
+        return (f"--benchmark-compare: {which} cannot be read: {problem} pytest-benchmark "
+                f"would skip it and compare against an older run without saying so in the results. "
+                f"Delete or restore that file (an interrupted save leaves a truncated one), or name "
+                f"the run to compare against: --benchmark-compare=NNNN")
+    if compare_option is not True:
+        return None  # a run the user named is taken as named
+    if storage.run_number(target) > 9999:
+        return (f"--benchmark-compare: the newest saved run, {target.name}, is numbered past 9999, and "
+                f"pytest-benchmark's own search sees only four-digit numbers: it would compare against "
+                f"an older run. Name it: --benchmark-compare={storage.run_number(target)}")
+    status = load_run(target).completeness
+    if not status.complete:
+        return (f"--benchmark-compare: the newest saved run, {target.name}, is {status.describe()}; "
+                f"as a baseline it would silently lack those cases. Name a complete run to compare "
+                f"against: --benchmark-compare=NNNN (ddpbench compare picks one by itself)")
+    return None
 
 
-def resolve_run(spec: str, storage: str | Path) -> Path:
+def resolve_run(spec: str, storage_dir: str | Path) -> Path:
     """A file path, or a saved run's number / name prefix (``0003``, ``3``) in ``storage``."""
     path = Path(spec)
     if path.exists() or spec.endswith(".json") or "/" in spec:
         return path
-    runs = saved_runs(storage)
+    runs = saved_runs(storage_dir)
     wanted = f"{int(spec):04d}" if spec.isdigit() else spec
-    matches = [p for p in runs if p.name.startswith(wanted)]
+    matches = [p for p in runs if p.name.startswith(wanted + "_")] if spec.isdigit() else \
+        [p for p in runs if p.name.startswith(wanted)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise CompareError(f"no saved run matching {spec!r} in {storage} (and no such file)")
+        raise CompareError(f"no saved run matching {spec!r} in {storage_dir} (and no such file)")
     raise CompareError(f"{spec!r} matches several saved runs: {', '.join(p.name for p in matches)}")
 
 
-def default_runs(storage: str | Path) -> tuple[Path, Path]:
-    runs = saved_runs(storage)
+# ----------------------------------------------------------------------------------------------
+# The default pair: the newest run and the newest complete run of the same machine and branch
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Selection:
+    """The two runs ``ddpbench compare`` compares when none is named, and why those."""
+
+    baseline: Path
+    current: Path
+    lines: list[str] = field(default_factory=list)
+
+
+def _branch(doc: dict) -> str | None:
+    commit = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
+    branch = commit.get("branch")
+    return None if branch in NO_BRANCH or not isinstance(branch, str) else branch
+
+
+_SHOWN_SKIPS = 10
+
+
+def choose_runs(storage_dir: str | Path) -> Selection:
+    """The newest saved run, and as its baseline the newest older run that is complete, of the
+    same machine (:data:`ddpbench.gates.fingerprint.MACHINE_FACTS`) and of the same branch; when
+    the current run names no branch (a detached CI checkout) or no run of its branch qualifies,
+    the newest complete run of that machine on any branch, said so. :class:`CompareError` when
+    none qualifies, naming what was passed over."""
+    runs = saved_runs(storage_dir)
     if len(runs) < 2:
         found = "no saved run" if not runs else f"only one saved run ({runs[0]})"
         raise CompareError(
-            f"need a baseline and a current run, but {storage} has {found}. Save runs with "
+            f"need a baseline and a current run, but {storage_dir} has {found}. Save runs with "
             f"`pytest benchmarks/ --benchmark-autosave --benchmark-save-data` (as `make bench` does) "
             f"or name two --benchmark-json files: ddpbench compare BASELINE.json CURRENT.json")
-    return runs[-2], runs[-1]
+    current = runs[-1]
+    cur_doc = read_doc(current)
+    branch = _branch(cur_doc)
+    skipped: list[tuple[Path, str]] = []
+    other_branch: tuple[Path, str | None] | None = None  # the newest qualifying run of another branch
+    chosen = None
+    for path in reversed(runs[:-1]):
+        doc = read_doc(path)
+        status = completeness_of(doc)
+        if not status.complete:
+            skipped.append((path, f"{path.name}: {status.describe()}"))
+            continue
+        machine = fingerprint.run_differences(doc.get("machine_info"), cur_doc.get("machine_info"),
+                                              facts=fingerprint.MACHINE_FACTS).differ
+        if machine:
+            skipped.append((path, f"{path.name}: another machine ({'; '.join(d.describe() for d in machine)})"))
+            continue
+        if branch is None or _branch(doc) == branch:
+            chosen = path
+            break
+        if other_branch is None:
+            other_branch = (path, _branch(doc))
+        skipped.append((path, f"{path.name}: branch {_branch(doc) or 'unknown'}, not {branch}"))
+    if chosen is None and other_branch is not None:
+        chosen, its_branch = other_branch
+        why = (f"the newest complete run of this machine, from branch {its_branch or 'unknown'}: no complete "
+               f"run of branch {branch} qualifies")
+    elif chosen is not None:
+        why = ("the newest complete run of this machine" + (f" on branch {branch}" if branch else
+               " (the current run names no branch: any branch)"))
+    else:
+        raise CompareError(
+            f"no complete saved run of this machine to compare {current.name} with in "
+            f"{Path(current).parent}: " + "; ".join(line for _, line in skipped) + ". By default the baseline "
+            f"is a complete run (no failed case, not stopped by -x / --maxfail or a crash) of the same "
+            f"machine: save one, or name the runs to compare: ddpbench compare BASELINE CURRENT")
+    lines = [f"baseline chosen: {why}"]
+    skipped = [line for path, line in skipped if storage.run_number(path) > storage.run_number(chosen)]
+    lines += [f"passed over {line}" for line in skipped[:_SHOWN_SKIPS]]
+    if len(skipped) > _SHOWN_SKIPS:
+        lines.append(f"passed over {len(skipped) - _SHOWN_SKIPS} more run(s)")
+    return Selection(chosen, current, lines)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,47 +361,80 @@ class Comparison(GateReport):
     drift: float | None = None  # current / baseline calibration probe
     normalised: bool = False  # the CPU cases' ratios were divided by the drift
     summary_only: bool = False  # a run lacks raw rounds: verdicts from summary statistics
+    selection: list[str] = field(default_factory=list)  # why these two runs (no run named)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         out.update(baseline=self.baseline, current=self.current, drift=self.drift, normalised=self.normalised,
-                   summary_only=self.summary_only)
+                   summary_only=self.summary_only, selection=list(self.selection))
         return out
 
 
 ROUNDS_COLUMN = Column("rounds", lambda c: "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}")
 
 
-def machine_differences(base: dict, cur: dict) -> list[str]:
-    diffs = []
-    for key in MACHINE_FIELDS:
-        if base.get(key) != cur.get(key):
-            diffs.append(f"{key}: {base.get(key)!r} -> {cur.get(key)!r}")
-    base_cpu = (base.get("cpu") or {}).get("brand_raw") if isinstance(base.get("cpu"), dict) else None
-    cur_cpu = (cur.get("cpu") or {}).get("brand_raw") if isinstance(cur.get("cpu"), dict) else None
-    if base_cpu != cur_cpu:
-        diffs.append(f"cpu: {base_cpu!r} -> {cur_cpu!r}")
-    return diffs
+def _calibration_cell(case: CaseVerdict) -> str:
+    if case.baseline_median_s is None or case.current_median_s is None:
+        return "-"  # missing or new: nothing compared
+    return f"probe ÷{case.calibration_factor:.3f}" if case.calibrated else "raw"
 
 
-def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
-                 confidence: float = DEFAULT_CONFIDENCE, calibration: str = "auto",
-                 seed: int = 0) -> Comparison:
-    if not threshold >= 0:
-        raise CompareError(f"--threshold must be >= 0, got {threshold}")
-    if not 0 < confidence < 1:
-        raise CompareError(f"--confidence must be between 0 and 1, got {confidence}")
-    if calibration not in ("auto", "always", "never"):
-        raise CompareError(f"--calibration must be auto, always or never, got {calibration!r}")
-    result = Comparison("ddpbench compare", [], threshold, confidence, columns=[ROUNDS_COLUMN],
-                        preamble=[f"baseline: {base.path}", f"current:  {cur.path}"],
-                        baseline=str(base.path), current=str(cur.path))
+CALIBRATION_COLUMN = Column("calibration", _calibration_cell)
 
-    diffs = machine_differences(base.machine_info, cur.machine_info)
-    if diffs:
-        result.warnings.append("the runs come from different machines or environments ("
-                               + "; ".join(diffs) + "); ratios mix code and machine changes")
 
+# ----------------------------------------------------------------------------------------------
+# Only comparable runs
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_comparable(result: Comparison, base: Run, cur: Run, allowed: set[str]) -> None:
+    """Refuse runs whose facts differ (unless allowed); say what cannot be checked."""
+    diffs = fingerprint.run_differences(base.machine_info, cur.machine_info)
+    refused = [d for d in diffs.differ if d.fact not in allowed]
+    if refused:
+        facts = ",".join(d.fact for d in refused)
+        raise CompareError(
+            f"the runs are not comparable: what decides their cases' measurements differs: "
+            + "; ".join(d.describe() for d in refused)
+            + f" ({base.label} -> {cur.label}). A verdict would mix that change with the code's. Compare "
+              f"runs measured alike, or accept the difference with --allow-different {facts} "
+              f"(--allow-different all accepts any)")
+    if diffs.differ:
+        result.warnings.append("compared although " + "; ".join(d.describe() for d in diffs.differ)
+                               + " (--allow-different): ratios mix that change with the code's")
+    if diffs.unrecorded:
+        labels = {"baseline": base.label, "current": cur.label}
+        which = " and ".join(labels[side] for side in diffs.unrecorded)
+        result.warnings.append(f"{which} recorded no fingerprint (saved by an older ddpbench or another "
+                               f"tool): {', '.join(diffs.unknown) or 'nothing'} cannot be checked; compared "
+                               f"on the facts recorded")
+    result.notes.extend(diffs.notes)
+
+
+def _check_complete(result: Comparison, base: Run, cur: Run) -> None:
+    if not base.completeness.complete:
+        result.warnings.append(f"the baseline {base.label} is {base.completeness.describe()}: cases it "
+                               f"lacks read as new")
+    if not cur.completeness.complete:
+        result.warnings.append(f"the current run {cur.label} is {cur.completeness.describe()}: cases it "
+                               f"lost read as missing")
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine drift: the bounded correction
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Correction:
+    """What the CPU cases measured on this machine get: their ratio divided by ``factor``, or,
+    when the probe ratio is out of the band, ``refused`` (the reason they are inconclusive)."""
+
+    factor: float = 1.0
+    refused: str | None = None
+
+
+def _plan_correction(result: Comparison, base: Run, cur: Run, calibration: str) -> Correction:
     probes = {r.label: probe_of(r.machine_info) for r in (base, cur)}
     busy = {label: overload(p) for label, p in probes.items() if overload(p)}
     if busy:
@@ -302,34 +445,98 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
              if probe_spread(p) is not None and probe_spread(p) > MAX_PROBE_SPREAD}
     drift = drift_factor(probe_of(base.machine_info), probe_of(cur.machine_info))
     result.drift = drift
-    scale = 1.0
-    if drift is not None and noisy and calibration == "auto":
-        result.notes.append(
-            f"not normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's time "
-            f"but was unsteady (median/min " + ", ".join(f"{v:.2f} in {k}" for k, v in noisy.items())
-            + f", limit {MAX_PROBE_SPREAD}): a busy machine, whose load cannot be told from drift")
-    elif drift is None:
+    band = f"{1 / MAX_CORRECTION:.2f}-{MAX_CORRECTION:.2f}"
+    if drift is None:
         if calibration != "never":
             missing = [r.label for r in (base, cur) if probe_of(r.machine_info) is None]
             why = (f"no calibration probe in {', '.join(missing)}" if missing
                    else "the runs' calibration probes differ in kind")
             result.notes.append(f"not normalised for machine drift: {why}")
-    elif calibration == "always" or (calibration == "auto" and abs(drift - 1) > DRIFT_TOLERANCE):
-        scale = drift
+        return Correction()
+    if not within_correction(drift):
+        if calibration == "never":
+            result.warnings.append(
+                f"the calibration probe ran {drift:.3f}x the baseline's time, outside the {band} a probe "
+                f"may correct: the machine changed; the CPU cases are compared raw (--calibration never)")
+            return Correction()
+        result.warnings.append(
+            f"the calibration probe ran {drift:.3f}x the baseline's time, outside the {band} it may "
+            f"correct: another machine, or one under load that one short probe cannot describe; the CPU "
+            f"cases measured on it are inconclusive (compare runs from one machine, or --calibration "
+            f"never for raw verdicts)")
+        return Correction(refused=f"probe {drift:.2f}x, outside {band}")
+    if noisy and calibration == "auto":
+        result.notes.append(
+            f"not normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's time "
+            f"but was unsteady (median/min " + ", ".join(f"{v:.2f} in {k}" for k, v in noisy.items())
+            + f", limit {MAX_PROBE_SPREAD}): a busy machine, whose load cannot be told from drift")
+        return Correction()
+    if calibration == "always" or (calibration == "auto" and abs(drift - 1) > DRIFT_TOLERANCE):
         result.normalised = True
         direction = "slower" if drift > 1 else "faster"
         raw_cases = sum(1 for c in cur.cases.values() if c.fullname in base.cases and not c.calibrated_by_probe)
         result.notes.append(
             f"normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's "
             f"time (current machine's CPU {abs(drift - 1) * 100:.1f}% {direction}); the CPU cases' ratios "
-            f"are divided by {drift:.3f}"
+            f"are divided by {drift:.3f} (column 'calibration'), never so far as to reverse what was "
+            f"measured"
             + (f"; {raw_cases} CUDA or multi-node case(s) are compared raw (the probe times this "
                f"machine's CPU only)" if raw_cases else ""))
-    elif calibration == "auto":
+        return Correction(factor=drift)
+    if calibration == "auto":
         result.notes.append(f"calibration probe {drift:.3f}x the baseline's, within +-"
                             f"{DRIFT_TOLERANCE * 100:.0f}% of it: not normalised")
     else:
         result.notes.append(f"calibration probe {drift:.3f}x the baseline's: not normalised (--calibration never)")
+    return Correction()
+
+
+def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: float | None,
+               correction: Correction, threshold: float, confidence: float) -> None:
+    """The case's verdict from its raw ratio and interval and the run's correction: the sign rule
+    of the module docstring."""
+    if correction.refused:
+        verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio, lo, hi, p
+        verdict.verdict, verdict.reason = "inconclusive", correction.refused
+        return
+    factor = correction.factor
+    verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio / factor, lo / factor, hi / factor, p
+    verdict.verdict = stats.decide_unpaired(verdict.ratio, verdict.ci_low, verdict.ci_high, p, threshold, confidence)
+    if factor == 1.0:
+        return
+    verdict.calibrated, verdict.calibration_factor = True, factor
+    verdict.details.update(raw_ratio=ratio, raw_ci=[lo, hi])
+    measured = "slower" if lo > 1 else "faster" if hi < 1 else None
+    if (measured, verdict.verdict) in (("slower", "improvement"), ("faster", "regression")):
+        verdict.reason = (f"measured {measured} (raw {ratio:.3f} [{lo:.3f}, {hi:.3f}]); the probe's "
+                          f"÷{factor:.3f} would read {verdict.verdict}")
+        verdict.verdict = "inconclusive"
+
+
+# ----------------------------------------------------------------------------------------------
+# The comparison
+# ----------------------------------------------------------------------------------------------
+
+
+def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
+                 confidence: float = DEFAULT_CONFIDENCE, calibration: str = "auto",
+                 seed: int = 0, allow_different: set[str] | frozenset[str] = frozenset()) -> Comparison:
+    """Each case's verdict; :class:`CompareError` for bad settings and for runs that are not
+    comparable (facts not in ``allow_different`` differ)."""
+    if not threshold >= 0:
+        raise CompareError(f"--threshold must be >= 0, got {threshold}")
+    if not 0 < confidence < 1:
+        raise CompareError(f"--confidence must be between 0 and 1, got {confidence}")
+    if calibration not in ("auto", "always", "never"):
+        raise CompareError(f"--calibration must be auto, always or never, got {calibration!r}")
+    allowed = set(allow_different)
+    result = Comparison("ddpbench compare", [], threshold, confidence,
+                        columns=[ROUNDS_COLUMN, CALIBRATION_COLUMN],
+                        preamble=[f"baseline: {base.path}", f"current:  {cur.path}"],
+                        baseline=str(base.path), current=str(cur.path))
+    _check_comparable(result, base, cur, allowed)
+    _check_complete(result, base, cur)
+    correction = _plan_correction(result, base, cur, calibration)
 
     raw = base.has_raw_data and cur.has_raw_data
     if not raw:
@@ -339,6 +546,7 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
             f"no raw round times in {', '.join(missing)} (saved without --benchmark-save-data): verdicts "
             f"fall back to the summary stats (median, IQR, rounds) and are less reliable")
 
+    unlike: set[str] = set()
     for fullname, bcase in base.cases.items():
         if fullname not in cur.cases:
             result.cases.append(CaseVerdict(bcase.name, "missing", fullname, baseline_median_s=bcase.median))
@@ -361,14 +569,23 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
             p = None
             verdict.baseline_rounds = bcase.stats.get("rounds")
             verdict.current_rounds = ccase.stats.get("rounds")
-        case_scale = scale if ccase.calibrated_by_probe and bcase.calibrated_by_probe else 1.0
-        verdict.calibrated = case_scale != 1.0
-        ratio, lo, hi = ratio / case_scale, lo / case_scale, hi / case_scale
-        verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio, lo, hi, p
-        verdict.verdict = stats.decide_unpaired(ratio, lo, hi, p, threshold, confidence)
-        if result.normalised and not verdict.calibrated:
-            verdict.reason = "raw"
+        by_probe = ccase.calibrated_by_probe and bcase.calibrated_by_probe
+        _corrected(verdict, ratio, lo, hi, p, correction if by_probe else Correction(), threshold, confidence)
+        differ = fingerprint.case_differences(bcase.extra_info, ccase.extra_info)
+        if differ:
+            refused = [d for d in differ if d.fact not in allowed]
+            what = "; ".join(d.describe() for d in differ)
+            if refused:
+                unlike.update(d.fact for d in refused)
+                verdict.verdict, verdict.reason = "inconclusive", f"unlike: {what}"
+            else:
+                verdict.reason = f"unlike, allowed: {what}"
         result.cases.append(verdict)
+    if unlike:
+        count = sum(1 for c in result.cases if (c.reason or "").startswith("unlike: "))
+        result.warnings.append(
+            f"{count} case(s) not compared: what decides their measurement differs between the runs "
+            f"(see each case); --allow-different {','.join(sorted(unlike))} compares them anyway")
     result.cases = result.sorted_cases()
     return result
 

@@ -1,9 +1,9 @@
 """Saved runs -> series of points: one series per (machine, backend, case), points in commit order.
 
 A series never mixes machines or backends: a step between two machines' runs would be a machine
-change, not a code change. A machine is its hardware (machine_info's node, CPU brand and GPU models,
-as in :data:`ddpbench.gates.compare.MACHINE_FIELDS`); a new Python, torch or CUDA stays inside a
-series, because such changes are what a history should show.
+change, not a code change. A machine is its hardware (machine_info's node, CPU brand and GPU
+models); a new Python, torch or CUDA stays inside a series, because such changes are what a history
+should show.
 
 Runs are ordered by commit time (pytest-benchmark's ``commit_info["time"]``, the commit's ISO time),
 else by the run's own ``datetime``, ties by the run's datetime: the order the code changed in, not

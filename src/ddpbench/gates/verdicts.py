@@ -127,26 +127,22 @@ class GateReport:
         if self.count("regression"):
             status = 1
             lines.append(f"{self.count('regression')} regression(s): exit status 1")
-        missing = [c.fullname or c.name for c in self.cases if c.verdict == "missing"]
-        if missing:
-            names = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            what = (f"{len(missing)} case(s) the baseline has were lost by the {self.current_label} run "
-                    f"({names}): crashed, hung or removed")
-            if allow_missing:
-                lines.append(f"{what}; allowed by {allow}")
+        for verdict, allowed, option, cause in (
+                ("missing", allow_missing, allow,
+                 f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
+                ("baseline-failed", allow_baseline_failure, allow_failed,
+                 f"failed on the baseline side ({{names}}): nothing to compare the {self.current_label} with, "
+                 f"and a broken baseline is not a new case")):
+            cases = [c.fullname or c.name for c in self.cases if c.verdict == verdict]
+            if not cases:
+                continue
+            names = ", ".join(cases[:5]) + (" ..." if len(cases) > 5 else "")
+            what = f"{len(cases)} case(s) " + cause.format(names=names)
+            if allowed:
+                lines.append(f"{what}; allowed by {option}")
             else:
                 status = 1
-                lines.append(f"{what}. Exit status 1 ({allow} accepts them)")
-        failed = [c.fullname or c.name for c in self.cases if c.verdict == "baseline-failed"]
-        if failed:
-            names = ", ".join(failed[:5]) + (" ..." if len(failed) > 5 else "")
-            what = (f"{len(failed)} case(s) failed on the baseline side ({names}): nothing to compare "
-                    f"the {self.current_label} with, and a broken baseline is not a new case")
-            if allow_baseline_failure:
-                lines.append(f"{what}; allowed by {allow_failed}")
-            else:
-                status = 1
-                lines.append(f"{what}. Exit status 1 ({allow_failed} accepts them)")
+                lines.append(f"{what}. Exit status 1 ({option} accepts them)")
         inconclusive = self.count("inconclusive")
         if inconclusive:
             if fail_on_inconclusive:

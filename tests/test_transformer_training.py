@@ -133,3 +133,14 @@ def test_workload_is_picklable():
 
     workload = TransformerTraining(impl="fsdp2", precision="bf16")
     assert pickle.loads(pickle.dumps(workload)) == workload
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["ddp", "fsdp2"])
+def test_compiled_cases_pass_their_check(pool, impl):
+    """torch.compile (inductor, a C++ build on the CPU: minutes on 2 cores, hence slow)."""
+    workload = TransformerTraining(impl=impl, compile=True, batch_size=2, measure_peak=False)
+    reason = workload.skip_reason(PoolSpec("gloo", 2, "cpu"))
+    if reason:
+        pytest.skip(reason)
+    _measure(pool, workload)

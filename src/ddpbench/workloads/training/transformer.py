@@ -123,6 +123,8 @@ class TransformerTraining(Workload):
     data_batches: int = 4  # distinct micro-batches per rank, cycled
     measure_peak: bool = True  # the matmul probe in set-up (peak_flops_measured)
     comm_hooks: ClassVar[dict] = COMM_HOOKS
+    # The rank's loop class (None: _TransformerLoop); a subclass may swap one in (planted bugs).
+    loop_class: ClassVar[Any] = None
 
     def __post_init__(self):
         gpt_config(self.size)
@@ -205,7 +207,7 @@ class TransformerTraining(Workload):
 
         started = time.perf_counter()
         inputs, targets = make_tokens(self.config, self.micro_batch, self.data_batches, self.seed, ctx.rank)
-        loop = _TransformerLoop(ctx, self, inputs.to(ctx.device), targets.to(ctx.device))
+        loop = (self.loop_class or _TransformerLoop)(ctx, self, inputs.to(ctx.device), targets.to(ctx.device))
         state: dict[str, Any] = {"ctx": ctx, "loop": loop, "setup_seconds": time.perf_counter() - started}
         if self.measure_peak:
             dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32

@@ -256,7 +256,7 @@ class TransformerTraining(Workload):
         grads = loop.full_gradients()
         inputs = _gather_cat(fresh[0].reshape(-1, self.config.seq_len).to(ctx.device))
         targets = _gather_cat(fresh[1].reshape(-1, self.config.seq_len).to(ctx.device))
-        reference = _reference_gradients(self.config, names, start, inputs, targets, ctx)
+        reference = _reference_gradients(self.config, start, inputs, targets, ctx)
         rtol = gradient_rtol(self.precision, self.comm_hook, ctx.device_type)
         problems = compare_gradients(names, grads, reference, rtol, ctx.world_size)
         _raise_everywhere(who, ctx, problems)
@@ -398,21 +398,24 @@ class _TransformerLoop:
         return grads
 
 
-def _reference_gradients(cfg, names, start, inputs, targets, ctx) -> list:
-    """Rank 0's single-process float64 gradient of the mean loss over the global batch, broadcast."""
+def _reference_gradients(cfg, start, inputs, targets, ctx) -> list:
+    """Rank 0's single-process float64 gradient of the mean loss over the global batch, broadcast;
+    computed on rank 0's device (GPT-2's float64 logits alone are gigabytes: a GPU does it in
+    seconds, a CPU in minutes)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     sizes = [t.numel() for t in start]
     if ctx.rank == 0:
-        model = build_gpt(cfg).to(torch.float64)
+        model = build_gpt(cfg).to(device=ctx.device, dtype=torch.float64)
         with torch.no_grad():
-            for (name, p), value in zip(model.named_parameters(), start):
+            for p, value in zip(model.parameters(), start):
                 p.copy_(value)
-        logits = model(inputs.cpu())
-        F.cross_entropy(logits.flatten(0, 1), targets.cpu().flatten()).backward()
-        packed = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).to(ctx.device)
+        logits = model(inputs)
+        F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+        del logits
+        packed = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     else:
         packed = torch.empty(sum(sizes), dtype=torch.float64, device=ctx.device)
     dist.broadcast(packed, src=0)

@@ -74,12 +74,27 @@ def test_fsdp2_reducing_with_a_sum_fails_the_check(pool):
 
 
 def test_tolerances_follow_precision_and_hook():
-    assert gradient_rtol("fp32", "none", "cpu") == 1e-3
-    assert gradient_rtol("fp32", "none", "cuda") == 1e-2
-    assert gradient_rtol("bf16", "none", "cpu") == 5e-2
-    assert gradient_rtol("bf16", "none", "cuda") == 1e-1
-    assert gradient_rtol("fp32", "fp16", "cpu") == pytest.approx(1e-3 + 8 * 2**-11)
-    assert gradient_rtol("fp32", "bf16", "cuda") == pytest.approx(1e-2 + 8 * 2**-8)
+    assert gradient_rtol("fp32", "none", "cpu") == (1e-3, 1e-3)
+    assert gradient_rtol("fp32", "none", "cuda") == (1e-2, 1e-2)
+    assert gradient_rtol("bf16", "none", "cpu") == (0.25, 5e-2)
+    assert gradient_rtol("bf16", "none", "cuda") == (0.25, 1e-1)
+    assert gradient_rtol("fp32", "fp16", "cpu") == pytest.approx((1e-3 + 8 * 2**-11,) * 2)
+    assert gradient_rtol("fp32", "bf16", "cuda") == pytest.approx((1e-2 + 8 * 2**-8,) * 2)
+
+
+def test_gradient_comparison_per_parameter_and_whole():
+    import torch
+
+    from ddpbench.workloads.training.transformer import compare_gradients
+
+    ref = [torch.ones(100, dtype=torch.float64), torch.ones(1, dtype=torch.float64)]
+    small_off = [ref[0] * 1.01, ref[1] * 1.2]  # 20% on the small parameter, ~1% overall
+    assert compare_gradients(["w", "b"], small_off, ref, 0.25, 2, 0.05) == []
+    assert compare_gradients(["w", "b"], small_off, ref, 1e-3, 2)[0].startswith("2 of 2 parameters off (worst b: off by 0.2")
+    spread = [ref[0] * 1.1, ref[1]]  # each within 0.25, the whole 10% off
+    assert compare_gradients(["w", "b"], spread, ref, 0.25, 2, 0.05)[0].startswith("the whole gradient is off by 0.0995")
+    doubled = [r * 2 for r in ref]
+    assert "= the world size" in compare_gradients(["w", "b"], doubled, ref, 0.25, 2, 0.05)[0]
 
 
 @pytest.mark.parametrize("knobs, case_id", [

@@ -20,7 +20,7 @@ backward (``torch.utils.checkpoint``, non-reentrant).
 The check (untimed, after the rounds): one more optimizer step on fresh micro-batches, whose
 averaged gradient on every parameter must match a single-process float64 step on every rank's
 micro-batches of that step, within :func:`gradient_rtol` (set by the precision and the hook's own
-rounding). PowerSGD's low-rank gradients are not the average by design: there the ranks must agree
+rounding; per parameter and over the whole gradient). PowerSGD's low-rank gradients are not the average by design: there the ranks must agree
 and :data:`POWERSGD_CHECK_STEPS` more steps on one fixed batch must lower its loss.
 """
 
@@ -73,15 +73,21 @@ COMM_HOOKS: dict[str, Any] = {"none": None, "fp16": _register_fp16, "bf16": _reg
 _HOOK_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 
 
-def gradient_rtol(precision: str, comm_hook: str, device_type: str) -> float:
-    """The check's tolerance on each parameter's averaged gradient, relative to the reference's
-    norm: fp32 as the existing training check (1e-3 CPU, 1e-2 CUDA); bf16 compute 5e-2 CPU, 1e-1
-    CUDA (8 mantissa bits through every matmul; other kernels on CUDA); plus, for a compressing
-    hook, 8 units of its dtype's roundoff (each rank's gradient and the sum are rounded once). A
-    reduction that sums, or a bucket left unreduced, is off by O(1)."""
+def gradient_rtol(precision: str, comm_hook: str, device_type: str) -> tuple[float, float]:
+    """The check's tolerances, relative to the reference's norm: (each parameter's gradient, the
+    whole gradient). fp32: 1e-3 for both on the CPU (1e-2 CUDA), as the existing training check.
+    bf16: 0.25 per parameter and 5e-2 for the whole gradient (1e-1 CUDA): FSDP2's bf16 parameters
+    run every op, LayerNorm included, in bf16, and the small LayerNorm-bias gradients of early
+    blocks come out ~0.1 off after 6 blocks (cpu-large), while the large weights that carry the
+    norm stay ~1e-2 off. A compressing hook adds 8 units of its dtype's roundoff to both (each
+    rank's gradient and the sum are rounded once). A reduction that sums, or a bucket left
+    unreduced, is off by O(1)."""
     cuda = device_type == "cuda"
-    base = (1e-1 if cuda else 5e-2) if precision == "bf16" else (1e-2 if cuda else 1e-3)
-    return base + 8 * _HOOK_ROUNDOFF.get(comm_hook, 0.0)
+    hook = 8 * _HOOK_ROUNDOFF.get(comm_hook, 0.0)
+    if precision == "bf16":
+        return 0.25 + hook, (1e-1 if cuda else 5e-2) + hook
+    base = 1e-2 if cuda else 1e-3
+    return base + hook, base + hook
 
 
 @functools.lru_cache(maxsize=None)
@@ -257,8 +263,8 @@ class TransformerTraining(Workload):
         inputs = _gather_cat(fresh[0].reshape(-1, self.config.seq_len).to(ctx.device))
         targets = _gather_cat(fresh[1].reshape(-1, self.config.seq_len).to(ctx.device))
         reference = _reference_gradients(self.config, start, inputs, targets, ctx)
-        rtol = gradient_rtol(self.precision, self.comm_hook, ctx.device_type)
-        problems = compare_gradients(names, grads, reference, rtol, ctx.world_size)
+        rtol, whole_rtol = gradient_rtol(self.precision, self.comm_hook, ctx.device_type)
+        problems = compare_gradients(names, grads, reference, rtol, ctx.world_size, whole_rtol)
         _raise_everywhere(who, ctx, problems)
         if problems:
             raise AssertionError(f"{who}: the averaged gradients of one optimizer step differ from a "
@@ -422,20 +428,27 @@ def _reference_gradients(cfg, start, inputs, targets, ctx) -> list:
     return [part.view(value.shape) for part, value in zip(packed.cpu().split(sizes), start)]
 
 
-def compare_gradients(names, grads, reference, rtol: float, world_size: int) -> list[str]:
-    """Per parameter, |grad - reference| / |reference| within ``rtol``; the worst one named, and a
-    hint when the whole gradient is a multiple (the world size: a sum without the division)."""
+def compare_gradients(names, grads, reference, rtol: float, world_size: int,
+                      whole_rtol: float | None = None) -> list[str]:
+    """Per parameter, |grad - reference| / |reference| within ``rtol``, and the same over the whole
+    gradient within ``whole_rtol`` (default ``rtol``); the worst parameter named, and a hint when
+    the whole gradient is a multiple (the world size: a sum without the division)."""
     import torch
 
+    flat_g = torch.cat([g.reshape(-1) for g in grads])
+    flat_r = torch.cat([r.reshape(-1) for r in reference])
+    whole_rtol = rtol if whole_rtol is None else whole_rtol
+    whole = float((flat_g - flat_r).norm()) / max(float(flat_r.norm()), 1e-300)
     wrong = []
     for name, g, r in zip(names, grads, reference):
         err = float((g - r).norm()) / max(float(r.norm()), 1e-300)
         if not err <= rtol:
             wrong.append((err, name))
-    if not wrong:
+    if not wrong and whole <= whole_rtol:
         return []
-    flat_g = torch.cat([g.reshape(-1) for g in grads])
-    flat_r = torch.cat([r.reshape(-1) for r in reference])
+    if not wrong:
+        return [f"the whole gradient is off by {whole:.3g} of its norm (tolerance {whole_rtol:g}); every "
+                f"parameter is within {rtol:g}"]
     scale = float((flat_g * flat_r).sum()) / max(float((flat_r * flat_r).sum()), 1e-300)
     hint = ""
     if float((flat_g - scale * flat_r).norm()) <= 0.1 * float(flat_g.norm()) and abs(scale - 1) > 0.1:
@@ -444,7 +457,7 @@ def compare_gradients(names, grads, reference, rtol: float, world_size: int) -> 
             hint += f" (= the world size: a reduction that sums over the {world_size} ranks without dividing)"
     err, name = max(wrong)
     return [f"{len(wrong)} of {len(names)} parameters off (worst {name}: off by {err:.3g} of its norm, "
-            f"tolerance {rtol:g})" + hint]
+            f"tolerance {rtol:g}; the whole gradient: {whole:.3g})" + hint]
 
 
 def _raise_everywhere(who: str, ctx, problems: list[str]) -> None:

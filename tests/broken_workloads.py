@@ -9,12 +9,14 @@ controller's sys.path, which holds tests/.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ddpbench.workloads.collectives import Collective
 from ddpbench.workloads.datasets import DatasetEpoch
 from ddpbench.workloads.syncbn import SyncBNCase
 from ddpbench.workloads.training import Training
 from ddpbench.workloads.training.loops import _ManualLoop, reduce_gradients
+from ddpbench.workloads.training.transformer import COMM_HOOKS, TransformerTraining, _TransformerLoop
 
 # ----------------------------------------------------------------------------------------------
 # Collectives
@@ -294,3 +296,66 @@ class UnshardedEpoch(DatasetEpoch):
         return DataLoader(data, batch_size=self.batch_size, shuffle=True, collate_fn=collate_fn,
                           num_workers=self.num_workers, persistent_workers=persistent,
                           multiprocessing_context=self.worker_start if self.num_workers else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Transformer training (DDP communication hooks with a planted bug)
+# ----------------------------------------------------------------------------------------------
+
+
+def _summing_hook(state, bucket):
+    """All-reduce (sum) every bucket and forget to divide by the world size."""
+    import torch.distributed as dist
+
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _dropping_first_bucket_hook(state, bucket):
+    """Average every bucket but the first, which each rank keeps as its own local gradient."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    if bucket.index() == 0:
+        fut = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+    buffer.div_(dist.get_world_size())
+    fut = dist.all_reduce(buffer, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _register(hook):
+    def register(ddp, ctx):
+        ddp.register_comm_hook(None, hook)
+    return register
+
+
+@dataclass(frozen=True)
+class SummingHookTransformer(TransformerTraining):
+    comm_hooks: ClassVar[dict] = {**COMM_HOOKS, "none": _register(_summing_hook)}
+
+
+@dataclass(frozen=True)
+class DroppedBucketTransformer(TransformerTraining):
+    comm_hooks: ClassVar[dict] = {**COMM_HOOKS, "none": _register(_dropping_first_bucket_hook)}
+
+
+class _SummingFSDPLoop(_TransformerLoop):
+    """FSDP2 whose reduce-scatter sums: gradient divide factor 1 on every sharded module (and plain
+    sum reductions, since the divide factor alone asks gloo for PREMUL_SUM, which it lacks)."""
+
+    def __init__(self, ctx, workload, inputs, targets):
+        from torch.distributed.fsdp import FSDPModule
+
+        super().__init__(ctx, workload, inputs, targets)
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+
+
+@dataclass(frozen=True)
+class SummingFSDPTransformer(TransformerTraining):
+    loop_class: ClassVar[Any] = _SummingFSDPLoop

@@ -371,3 +371,23 @@ def test_output_and_chart_folders_that_do_not_exist_are_named_and_nothing_is_cre
     assert not missing.exists()
     # The default charts folder is still created on a fresh checkout (make bench relies on it).
     assert cli.main(["report", str(path), "--no-charts", "--output", str(tmp_path / "r.md")]) == 0
+
+
+def test_transformer_cases_get_their_own_table(tmp_path):
+    info = {"backend": "gloo", "world_size": 2, "device": "cpu", "impl": "fsdp2", "size": "cpu-small",
+            "tokens_per_second": 4096.0, "model_flops_per_step": 1e10, "mfu": 0.125, "peak_flops_measured": 2e11,
+            "param_bytes": 8 * MB, "sharded_param_bytes": 4 * MB, "final_loss": 4.5, "peak_rss_bytes": 400 * MB}
+    path = write(tmp_path / "run.json", run_doc([
+        bench("test_transformer[gloo-2p-cpu-small-fsdp2]", [0.2, 0.25, 0.3], info),
+        bench("test_training[ddp-2p-accum1]", [0.05, 0.06], {"backend": "gloo", "world_size": 2, "device": "cpu",
+                                                           "impl": "ddp", "model": "mlp", "grad_accum": 1,
+                                                           "batch_size": 32, "samples_per_second": 1000.0})],
+        machine=MACHINE_WITH_CORES))
+    text = report.markdown_report(load_run(path))
+    header, rows = _table_rows(text, "## Transformer training")
+    assert header == ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)", "Params",
+                      "Params per rank", "Final loss", "Peak memory"]
+    assert rows == [["test_transformer[gloo-2p-cpu-small-fsdp2]", "2", "250.000", "4096", "0.125", "200.0",
+                     "8.0 MB", "4.0 MB", "4.5000", "400.0 MB"]]
+    _, training_rows = _table_rows(text, "## Training")
+    assert [row[1] for row in training_rows] == ["mlp"]  # the transformer case is not a training row

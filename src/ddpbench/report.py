@@ -101,6 +101,8 @@ def family(case: Case) -> str:
         return "collectives"
     if "variant" in info and "hidden_dim" in info:
         return "syncbn"
+    if "tokens_per_second" in info and "model_flops_per_step" in info:
+        return "transformer"
     if "impl" in info:
         return "training"
     if "layout" in info:
@@ -331,6 +333,24 @@ def training_tables(cases: list[Case]) -> str:
     return "\n\n".join(parts)
 
 
+def transformer_table(cases: list[Case]) -> str:
+    """One row per case: its knobs (the case id's parameters), tokens/s, MFU against the measured
+    peak, parameter bytes (whole and held per rank), final loss and peak memory."""
+    rows = []
+    for case in sorted(cases, key=lambda c: (str(c.extra_info.get("size")), c.extra_info.get("world_size") or 0,
+                                             c.name)):
+        info = case.extra_info
+        memory = info.get("peak_memory_allocated_bytes") or info.get("peak_rss_bytes")
+        rows.append([case.name, str(info.get("world_size", "?")), f"{case.median * 1e3:.3f}",
+                     _num(info.get("tokens_per_second"), "{:.0f}"), _num(info.get("mfu"), "{:.3f}"),
+                     _num(info.get("peak_flops_measured"), "{:.1f}", 1e-9),
+                     _mem(info.get("param_bytes")), _mem(info.get("sharded_param_bytes")),
+                     _num(info.get("final_loss"), "{:.4f}"), _mem(memory)])
+    return _with_straggler(_table(
+        ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)", "Params",
+         "Params per rank", "Final loss", "Peak memory"], rows), cases)
+
+
 def datasets_table(cases: list[Case]) -> str:
     rows = []
 
@@ -365,6 +385,7 @@ SECTIONS = (
     ("collectives", "Collectives", collectives_tables),
     ("syncbn", "SyncBatchNorm", syncbn_table),
     ("training", "Training", training_tables),
+    ("transformer", "Transformer training", transformer_table),
     ("datasets", "Dataset sharing", datasets_table),
     ("other", "Other cases", other_table),
 )

@@ -27,7 +27,7 @@ from ..report import backend_label, family, spread
 
 SAVE_HINT = ("save runs with `pytest benchmarks/ --benchmark-autosave --benchmark-save-data` "
              "(as `make bench` does)")
-FAMILIES = ("collectives", "syncbn", "datasets", "training", "other")  # page order
+FAMILIES = ("collectives", "syncbn", "datasets", "training", "transformer", "other")  # page order
 
 
 @dataclass(frozen=True)

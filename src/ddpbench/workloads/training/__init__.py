@@ -50,14 +50,19 @@ Allocations made on threads other than the one that runs the loop (gloo's worker
 not seen; if the profiler saw less than the model's own parameter bytes (kineto can miss events
 when it was first initialised on another thread of the process) the key is left out rather than
 reported wrong. That extra step is the same for every implementation and is not recorded.
+
+The transformer family (:class:`TransformerTraining`: a GPT-style decoder, DDP knobs and FSDP2, bf16,
+torch.compile) lives in :mod:`.transformer` (workload and check), :mod:`.gpt` (model and token
+data) and :mod:`.metrics` (tokens/s, FLOPs, MFU, memory: the training metrics in one module).
 """
 
 from .lightning import lightning_unavailable_reason
 from .loops import LOOPS, make_buckets, reduce_gradients
 from .models import IMAGE_SHAPE, IMPLS, MODELS, NUM_CLASSES, SEQ_LEN, VOCAB, build_model, flat_parameters, make_data
 from .reference import check_rtol, reference_step
+from .transformer import TransformerTraining
 from .workload import Training
 
-__all__ = ["IMAGE_SHAPE", "IMPLS", "LOOPS", "MODELS", "NUM_CLASSES", "SEQ_LEN", "VOCAB", "Training", "build_model",
-           "check_rtol", "flat_parameters", "lightning_unavailable_reason", "make_buckets", "make_data",
+__all__ = ["IMAGE_SHAPE", "IMPLS", "LOOPS", "MODELS", "NUM_CLASSES", "SEQ_LEN", "VOCAB", "Training",
+           "TransformerTraining", "build_model", "check_rtol", "flat_parameters", "lightning_unavailable_reason", "make_buckets", "make_data",
            "reduce_gradients", "reference_step"]

@@ -1,0 +1,136 @@
+"""The metrics of a training step, in one place: tokens per second, model FLOPs per step, MFU with a
+measured peak beside the datasheet's, peak memory per rank and parameter bytes.
+
+Nothing here runs inside a timed round: FLOPs are counted once per case on a meta-device copy of
+the model, the peak probe runs in a rank's set-up, memory is read after the rounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+# Dense bf16 tensor-core peaks from NVIDIA's datasheets (SXM parts, no sparsity), by a substring of
+# torch.cuda.get_device_name(). Shown beside the measured peak, never used in place of it.
+DATASHEET_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
+
+
+def count_flops(fn, *args) -> int:
+    """FLOPs that :class:`torch.utils.flop_counter.FlopCounterMode` counts while ``fn(*args)`` runs:
+    matrix multiplications, convolutions and attention (forward and, if ``fn`` calls backward,
+    backward), 2 per multiply-add; element-wise work, norms and softmax outside attention are not
+    counted (the usual model-FLOPs convention of MFU)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return int(counter.get_total_flops())
+
+
+@functools.lru_cache(maxsize=None)
+def gpt_flops_per_sequence(size: str) -> int:
+    """Model FLOPs of forward + backward of one sequence of the named GPT size (full context),
+    counted on the meta device (no memory, no compute); activation recomputation is not counted
+    (model FLOPs, not hardware FLOPs)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .gpt import build_gpt, gpt_config
+
+    cfg = gpt_config(size)
+    with torch.device("meta"):
+        model = build_gpt(cfg)
+        tokens = torch.zeros(1, cfg.seq_len, dtype=torch.int64)
+
+    def step(x):
+        logits = model(x)
+        F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+
+    return count_flops(step, tokens)
+
+
+def tokens_per_second(tokens_per_step: int, median_s: float) -> float:
+    """Global tokens (every rank's micro-batches of one optimizer step) per second of the median step."""
+    return tokens_per_step / median_s
+
+
+def mfu(model_flops_per_step: float, median_s: float, world_size: int, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s / (ranks x peak FLOP/s of one rank's device)."""
+    return model_flops_per_step / median_s / (world_size * peak_flops)
+
+
+def add_mfu(info: dict[str, Any]) -> dict[str, Any]:
+    """``mfu`` (against the measured peak) and ``mfu_datasheet`` (where the device's datasheet
+    figure is known) from a case's extra_info: the achieved FLOP/s comes from the case's median
+    step, the peaks from its ranks (combined as the largest rank's probe)."""
+    out: dict[str, Any] = {}
+    achieved, ranks = info.get("achieved_flops_per_second"), info.get("world_size")
+    if not (achieved and ranks):
+        return out
+    for key, peak_key in (("mfu", "peak_flops_measured"), ("mfu_datasheet", "peak_flops_datasheet")):
+        peak = info.get(peak_key)
+        if peak:
+            out[key] = round(achieved / (ranks * peak), 6)
+    return out
+
+
+def measure_peak_flops(device, dtype, size: int | None = None, repeats: int = 5) -> float:
+    """This device's dense matmul FLOP/s in ``dtype``: the best of ``repeats`` square
+    ``size`` x ``size`` products (after one warm-up), 2 size^3 FLOPs each."""
+    import torch
+
+    cuda = device.type == "cuda"
+    n = size or (8192 if cuda else 1024)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for i in range(repeats + 1):
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if cuda:
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        if i:  # the first is the warm-up
+            best = min(best, elapsed)
+    return 2.0 * n**3 / best
+
+
+def datasheet_peak_flops(device, dtype) -> float | None:
+    """The datasheet's dense peak for this device and dtype, where this module knows it (bf16 on
+    H100 / H200), else None."""
+    import torch
+
+    if device.type != "cuda" or dtype != torch.bfloat16:
+        return None
+    name = torch.cuda.get_device_name(device)
+    for part, flops in DATASHEET_BF16_FLOPS.items():
+        if part in name:
+            return flops
+    return None
+
+
+def peak_memory(device) -> dict[str, int]:
+    """CUDA: the caching allocator's peak allocated and reserved bytes on this rank's device; CPU:
+    the process's resident-set high-water mark (everything the process ever held, set-up included)."""
+    if device.type == "cuda":
+        import torch
+
+        return {"peak_memory_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+                "peak_memory_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
+    import resource
+
+    return {"peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def parameter_bytes(model) -> dict[str, int]:
+    """``param_bytes``: the whole model's parameters; ``sharded_param_bytes``: what this rank holds
+    of them (differs from ``param_bytes`` for FSDP2's sharded DTensor parameters)."""
+    total = local = 0
+    for p in model.parameters():
+        total += p.numel() * p.element_size()
+        held = p.to_local() if hasattr(p, "to_local") else p
+        local += held.numel() * held.element_size()
+    return {"param_bytes": total, "sharded_param_bytes": local}

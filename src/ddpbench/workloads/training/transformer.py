@@ -1,0 +1,502 @@
+"""The transformer training workload: a GPT-style decoder (:mod:`.gpt`) trained with DDP or FSDP2,
+each knob a parameter; a round is one optimizer step (``grad_accum`` micro-batches, AdamW).
+
+Implementations:
+
+* ``ddp``: :class:`~torch.nn.parallel.DistributedDataParallel` with ``bucket_cap_mb``,
+  ``gradient_as_bucket_view``, ``static_graph``, ``find_unused_parameters`` and a communication
+  hook (``none``, ``fp16`` / ``bf16`` compression, ``powersgd`` rank 1 with error feedback); the
+  first ``grad_accum - 1`` micro-batches under ``no_sync()``; ``precision="bf16"`` runs forward
+  and loss under ``torch.autocast`` (parameters and gradients stay fp32);
+* ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every block, then on the root, with
+  ``reshard_after_forward``; ``precision="bf16"`` is ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)``; gradient sync only on the last micro-batch
+  (``set_requires_gradient_sync``).
+
+Both: ``compile`` wraps the trained module in ``torch.compile`` (the case is skipped, with
+inductor's reason, where it cannot build); ``activation_checkpointing`` recomputes each block in
+backward (``torch.utils.checkpoint``, non-reentrant).
+
+The check (untimed, after the rounds): one more optimizer step on fresh micro-batches, whose
+averaged gradient on every parameter must match a single-process float64 step on every rank's
+micro-batches of that step, within :func:`gradient_rtol` (set by the precision and the hook's own
+rounding; per parameter and over the whole gradient). PowerSGD's low-rank gradients are not the average by design: there the ranks must agree
+and :data:`POWERSGD_CHECK_STEPS` more steps on one fixed batch must lower its loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .. import Workload
+from .gpt import build_gpt, gpt_config, make_tokens
+from .metrics import (datasheet_peak_flops, gpt_flops_per_sequence, measure_peak_flops, parameter_bytes,
+                      peak_memory)
+from .models import CHECK_DATA_SEED_OFFSET
+from .reference import _full_float32, _gather_cat
+
+TRANSFORMER_IMPLS = ("ddp", "fsdp2")
+PRECISIONS = ("fp32", "bf16")
+POWERSGD_CHECK_STEPS = 12
+
+
+def _register_fp16(ddp, ctx) -> Any:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+
+
+def _register_bf16(ddp, ctx) -> Any:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+
+
+def _register_powersgd(ddp, ctx) -> Any:
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    # start_powerSGD_iter >= 2 is DDP's minimum with error feedback / warm start on.
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                        use_error_feedback=True, warm_start=True)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return state
+
+
+# name -> register(ddp, ctx) (None: DDP's built-in all-reduce); TransformerTraining.comm_hooks.
+COMM_HOOKS: dict[str, Any] = {"none": None, "fp16": _register_fp16, "bf16": _register_bf16,
+                              "powersgd": _register_powersgd}
+# Unit roundoff of the dtype a hook sends gradients in (its own bound on the reduced gradient).
+_HOOK_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+
+
+def gradient_rtol(precision: str, comm_hook: str, device_type: str) -> tuple[float, float]:
+    """The check's tolerances, relative to the reference's norm: (each parameter's gradient, the
+    whole gradient). fp32: 1e-3 for both on the CPU (1e-2 CUDA), as the existing training check.
+    bf16: 0.25 per parameter and 5e-2 for the whole gradient (1e-1 CUDA): FSDP2's bf16 parameters
+    run every op, LayerNorm included, in bf16, and the small LayerNorm-bias gradients of early
+    blocks come out ~0.1 off after 6 blocks (cpu-large), while the large weights that carry the
+    norm stay ~1e-2 off. A compressing hook adds 8 units of its dtype's roundoff to both (each
+    rank's gradient and the sum are rounded once). A reduction that sums, or a bucket left
+    unreduced, is off by O(1)."""
+    cuda = device_type == "cuda"
+    hook = 8 * _HOOK_ROUNDOFF.get(comm_hook, 0.0)
+    if precision == "bf16":
+        return 0.25 + hook, (1e-1 if cuda else 5e-2) + hook
+    base = 1e-2 if cuda else 1e-3
+    return base + hook, base + hook
+
+
+@functools.lru_cache(maxsize=None)
+def compile_unavailable_reason() -> str | None:
+    """Why ``torch.compile`` (inductor) cannot build here, found by compiling a tiny function once
+    per process; None when it can."""
+    try:
+        import torch
+
+        fn = torch.compile(lambda x: torch.sin(x) * 2 + 1)
+        fn(torch.randn(8))
+    except Exception as exc:  # noqa: BLE001 - any failure to build is the reason to skip
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"torch.compile cannot build on this machine: {type(exc).__name__}: {first[:300]}"
+    return None
+
+
+@dataclass(frozen=True)
+class TransformerTraining(Workload):
+    """One transformer training configuration; a round is one optimizer step."""
+
+    size: str = "cpu-small"
+    impl: str = "ddp"
+    batch_size: int = 0  # sequences per rank and micro-batch; 0: the size's default
+    grad_accum: int = 1
+    precision: str = "fp32"
+    compile: bool = False
+    activation_checkpointing: bool = False
+    # DDP
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    comm_hook: str = "none"
+    # FSDP2
+    reshard_after_forward: bool = True
+    seed: int = 0
+    lr: float = 1e-3
+    data_batches: int = 4  # distinct micro-batches per rank, cycled
+    measure_peak: bool = True  # the matmul probe in set-up (peak_flops_measured)
+    comm_hooks: ClassVar[dict] = COMM_HOOKS
+    # The rank's loop class (None: _TransformerLoop); a subclass may swap one in (planted bugs).
+    loop_class: ClassVar[Any] = None
+
+    def __post_init__(self):
+        gpt_config(self.size)
+        if self.impl not in TRANSFORMER_IMPLS:
+            raise ValueError(f"unknown transformer implementation {self.impl!r}; expected one of "
+                             f"{', '.join(TRANSFORMER_IMPLS)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; expected one of {', '.join(PRECISIONS)}")
+        if self.comm_hook not in self.comm_hooks:
+            raise ValueError(f"unknown comm_hook {self.comm_hook!r}; expected one of {', '.join(self.comm_hooks)}")
+        for name in ("grad_accum", "data_batches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 0:
+            raise ValueError(f"batch_size must be a positive integer (0: the size's default), got {self.batch_size!r}")
+        if not self.bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}")
+        if self.impl == "fsdp2":
+            ddp_only = [name for name, default in (("bucket_cap_mb", 25.0), ("gradient_as_bucket_view", False),
+                                                   ("static_graph", False), ("find_unused_parameters", False),
+                                                   ("comm_hook", "none")) if getattr(self, name) != default]
+            if ddp_only:
+                raise ValueError(f"{', '.join(ddp_only)}: DDP knobs, not FSDP2's")
+        elif not self.reshard_after_forward:
+            raise ValueError("reshard_after_forward is an FSDP2 knob, not DDP's")
+
+    @property
+    def config(self):
+        return gpt_config(self.size)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch_size or self.config.batch_size
+
+    @property
+    def group(self) -> str:  # type: ignore[override]
+        return f"transformer-{self.size}"
+
+    @property
+    def id_parts(self) -> list[str]:
+        """A readable part per knob that differs from its default, e.g. ``ddp-cap1-gbv-static``."""
+        parts = [self.size, self.impl]
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        if self.bucket_cap_mb != 25.0:
+            parts.append(f"cap{self.bucket_cap_mb:g}")
+        parts += [label for flag, label in ((self.gradient_as_bucket_view, "gbv"), (self.static_graph, "static"),
+                                            (self.find_unused_parameters, "unused"),
+                                            (not self.reshard_after_forward, "noreshard"),
+                                            (self.activation_checkpointing, "ckpt"), (self.compile, "compiled"))
+                  if flag]
+        if self.comm_hook != "none":
+            parts.append(f"hook-{self.comm_hook}")
+        if self.grad_accum != 1:
+            parts.append(f"accum{self.grad_accum}")
+        if self.batch_size:
+            parts.append(f"b{self.batch_size}")
+        return parts
+
+    @property
+    def case_id(self) -> str:
+        return "-".join(self.id_parts)
+
+    def skip_reason(self, spec) -> str | None:
+        if self.comm_hook == "bf16" and spec.backend != "nccl":
+            return ("DDP's bf16_compress_hook needs NCCL (torch refuses it on other backends: \"BF16 all "
+                    "reduce communication hook required CUDA 11+ and NCCL 2.10+\")")
+        if self.static_graph and self.grad_accum > 1:
+            return ("DDP static_graph with no_sync() micro-batches fails in torch's reducer "
+                    "(expect_autograd_hooks_ internal assert, torch 2.13)")
+        if self.compile:
+            return compile_unavailable_reason()
+        return None
+
+    # -- rank side ------------------------------------------------------------------------------
+
+    def setup(self, ctx) -> dict[str, Any]:
+        import torch
+
+        started = time.perf_counter()
+        inputs, targets = make_tokens(self.config, self.micro_batch, self.data_batches, self.seed, ctx.rank)
+        loop = (self.loop_class or _TransformerLoop)(ctx, self, inputs.to(ctx.device), targets.to(ctx.device))
+        state: dict[str, Any] = {"ctx": ctx, "loop": loop, "setup_seconds": time.perf_counter() - started}
+        if self.measure_peak:
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+            state["peak_flops_measured"] = measure_peak_flops(ctx.device, dtype)
+            state["peak_flops_datasheet"] = datasheet_peak_flops(ctx.device, dtype)
+        return state
+
+    def run_round(self, state) -> None:
+        state["loop"].step()
+
+    def rank_metrics(self, state) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        ctx, loop = state["ctx"], state["loop"]
+        last = torch.tensor([loop.losses[-1] if loop.losses else float("nan")], dtype=torch.float64,
+                            device=ctx.device)
+        dist.all_reduce(last)
+        metrics: dict[str, Any] = {"final_loss": float(last.item()) / ctx.world_size,
+                                   "optimizer_steps": len(loop.losses),
+                                   "setup_seconds": round(state["setup_seconds"], 4)}
+        metrics.update(parameter_bytes(loop.model))
+        metrics.update(peak_memory(ctx.device))
+        for key in ("peak_flops_measured", "peak_flops_datasheet"):
+            if state.get(key):
+                metrics[key] = state[key]
+        return metrics
+
+    def check(self, state) -> None:
+        ctx, loop = state["ctx"], state["loop"]
+        who = f"transformer {self.case_id} on rank {ctx.rank}"
+        import math
+
+        bad = [loss for loss in loop.losses if not math.isfinite(loss)]
+        if bad:
+            raise AssertionError(f"{who}: non-finite loss {bad[0]}")
+        if self.comm_hook == "powersgd":
+            _check_ranks_agree(who, ctx, loop)
+            _check_loss_goes_down(who, self, ctx, loop)
+            return
+        names, start = loop.full_parameters()
+        fresh = make_tokens(self.config, self.micro_batch, self.grad_accum, self.seed + CHECK_DATA_SEED_OFFSET,
+                            ctx.rank)
+        with loop.training_on(*(t.to(ctx.device) for t in fresh)), _full_float32(ctx.device_type):
+            loop.step()
+        grads = loop.full_gradients()
+        inputs = _gather_cat(fresh[0].reshape(-1, self.config.seq_len).to(ctx.device))
+        targets = _gather_cat(fresh[1].reshape(-1, self.config.seq_len).to(ctx.device))
+        reference = _reference_gradients(self.config, start, inputs, targets, ctx)
+        rtol, whole_rtol = gradient_rtol(self.precision, self.comm_hook, ctx.device_type)
+        problems = compare_gradients(names, grads, reference, rtol, ctx.world_size, whole_rtol)
+        _raise_everywhere(who, ctx, problems)
+        if problems:
+            raise AssertionError(f"{who}: the averaged gradients of one optimizer step differ from a "
+                                 f"single-process float64 step on the {inputs.shape[0]} gathered sequences "
+                                 f"of that step: " + "; ".join(problems))
+        if self.impl == "ddp":
+            _check_ranks_agree(who, ctx, loop)
+
+    def teardown(self, state) -> None:
+        state.clear()
+
+    # -- controller side ------------------------------------------------------------------------
+
+    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
+        sequences = self.micro_batch * self.grad_accum * world_size
+        tokens = sequences * self.config.seq_len
+        flops = gpt_flops_per_sequence(self.size) * sequences
+        info: dict[str, Any] = {"impl": self.impl, "model": f"gpt-{self.size}", "size": self.size,
+                                "precision": self.precision, "grad_accum": self.grad_accum,
+                                "batch_size": self.micro_batch, "seq_len": self.config.seq_len,
+                                "compile": self.compile, "activation_checkpointing": self.activation_checkpointing}
+        if self.impl == "ddp":
+            info.update(bucket_cap_mb=self.bucket_cap_mb, gradient_as_bucket_view=self.gradient_as_bucket_view,
+                        static_graph=self.static_graph, find_unused_parameters=self.find_unused_parameters,
+                        comm_hook=self.comm_hook)
+        else:
+            info["reshard_after_forward"] = self.reshard_after_forward
+        from .metrics import tokens_per_second
+
+        info["tokens_per_step"] = tokens
+        info["tokens_per_second"] = round(tokens_per_second(tokens, median_s), 3)
+        info["samples_per_second"] = round(sequences / median_s, 3)
+        info["model_flops_per_step"] = flops
+        info["achieved_flops_per_second"] = flops / median_s
+        return info
+
+
+class _TransformerLoop:
+    """One rank's model, wrapper, optimizer and data; ``step()`` is one optimizer step."""
+
+    def __init__(self, ctx, w: TransformerTraining, inputs, targets):
+        import torch
+
+        self.ctx, self.w = ctx, w
+        self.inputs, self.targets, self.cursor = inputs, targets, 0
+        self.losses: list[float] = []
+        torch.manual_seed(w.seed * 7919 + 104729 * ctx.rank + 1)  # rank-dependent: DDP must broadcast
+        self.model = build_gpt(w.config, w.activation_checkpointing).to(ctx.device)
+        self.hook_state = None
+        if w.impl == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [ctx.device.index] if ctx.device_type == "cuda" else None
+            self.wrapped = DistributedDataParallel(
+                self.model, device_ids=device_ids, bucket_cap_mb=w.bucket_cap_mb,
+                gradient_as_bucket_view=w.gradient_as_bucket_view, static_graph=w.static_graph,
+                find_unused_parameters=w.find_unused_parameters)
+            register = w.comm_hooks[w.comm_hook]
+            if register is not None:
+                self.hook_state = register(self.wrapped, ctx)
+        else:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if w.precision == "bf16" else MixedPrecisionPolicy())
+            for block in self.model.blocks:
+                fully_shard(block, reshard_after_forward=w.reshard_after_forward, mp_policy=mp)
+            fully_shard(self.model, reshard_after_forward=w.reshard_after_forward, mp_policy=mp)
+            self.wrapped = self.model
+        self.forward = torch.compile(self.wrapped) if w.compile else self.wrapped
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=w.lr)
+
+    def _autocast(self):
+        import torch
+
+        if self.w.precision == "bf16" and self.w.impl == "ddp":
+            return torch.autocast(self.ctx.device_type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _sync(self, last: bool):
+        if self.w.impl == "ddp":
+            return contextlib.nullcontext() if last else self.wrapped.no_sync()
+        self.wrapped.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def step(self) -> float:
+        import torch.nn.functional as F
+
+        accum = self.w.grad_accum
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(accum):
+            k = self.cursor % self.inputs.shape[0]
+            self.cursor += 1
+            x, y = self.inputs[k], self.targets[k]
+            with self._sync(i == accum - 1):
+                with self._autocast():
+                    logits = self.forward(x)
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+                (loss / accum).backward()
+            total += float(loss.detach())
+        self.optimizer.step()
+        self.losses.append(total / accum)
+        return self.losses[-1]
+
+    @contextlib.contextmanager
+    def training_on(self, inputs, targets):
+        saved = self.inputs, self.targets, self.cursor
+        self.inputs, self.targets, self.cursor = inputs, targets, 0
+        try:
+            yield
+        finally:
+            self.inputs, self.targets, self.cursor = saved
+
+    def full_parameters(self):
+        """(names, float64 CPU copies of the whole parameters), tied ones once (collective for FSDP2)."""
+        import torch
+
+        names, values = [], []
+        for name, p in self.model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            names.append(name)
+            values.append(full.detach().to("cpu", torch.float64).clone())
+        return names, values
+
+    def full_gradients(self) -> list:
+        import torch
+
+        grads = []
+        for p in self.model.parameters():
+            g = p.grad
+            if g is None:
+                grads.append(torch.zeros(p.shape, dtype=torch.float64))
+                continue
+            full = g.full_tensor() if hasattr(g, "full_tensor") else g
+            grads.append(full.detach().to("cpu", torch.float64))
+        return grads
+
+
+def _reference_gradients(cfg, start, inputs, targets, ctx) -> list:
+    """Rank 0's single-process float64 gradient of the mean loss over the global batch, broadcast;
+    computed on rank 0's device (GPT-2's float64 logits alone are gigabytes: a GPU does it in
+    seconds, a CPU in minutes)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    sizes = [t.numel() for t in start]
+    if ctx.rank == 0:
+        model = build_gpt(cfg).to(device=ctx.device, dtype=torch.float64)
+        with torch.no_grad():
+            for p, value in zip(model.parameters(), start):
+                p.copy_(value)
+        logits = model(inputs)
+        F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+        del logits
+        packed = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    else:
+        packed = torch.empty(sum(sizes), dtype=torch.float64, device=ctx.device)
+    dist.broadcast(packed, src=0)
+    return [part.view(value.shape) for part, value in zip(packed.cpu().split(sizes), start)]
+
+
+def compare_gradients(names, grads, reference, rtol: float, world_size: int,
+                      whole_rtol: float | None = None) -> list[str]:
+    """Per parameter, |grad - reference| / |reference| within ``rtol``, and the same over the whole
+    gradient within ``whole_rtol`` (default ``rtol``); the worst parameter named, and a hint when
+    the whole gradient is a multiple (the world size: a sum without the division)."""
+    import torch
+
+    flat_g = torch.cat([g.reshape(-1) for g in grads])
+    flat_r = torch.cat([r.reshape(-1) for r in reference])
+    whole_rtol = rtol if whole_rtol is None else whole_rtol
+    whole = float((flat_g - flat_r).norm()) / max(float(flat_r.norm()), 1e-300)
+    wrong = []
+    for name, g, r in zip(names, grads, reference):
+        err = float((g - r).norm()) / max(float(r.norm()), 1e-300)
+        if not err <= rtol:
+            wrong.append((err, name))
+    if not wrong and whole <= whole_rtol:
+        return []
+    if not wrong:
+        return [f"the whole gradient is off by {whole:.3g} of its norm (tolerance {whole_rtol:g}); every "
+                f"parameter is within {rtol:g}"]
+    scale = float((flat_g * flat_r).sum()) / max(float((flat_r * flat_r).sum()), 1e-300)
+    hint = ""
+    if float((flat_g - scale * flat_r).norm()) <= 0.1 * float(flat_g.norm()) and abs(scale - 1) > 0.1:
+        hint = f"; the gradient is {scale:.3g} x the reference's"
+        if world_size > 1 and abs(scale - world_size) <= 0.05 * world_size:
+            hint += f" (= the world size: a reduction that sums over the {world_size} ranks without dividing)"
+    err, name = max(wrong)
+    return [f"{len(wrong)} of {len(names)} parameters off (worst {name}: off by {err:.3g} of its norm, "
+            f"tolerance {rtol:g}; the whole gradient: {whole:.3g})" + hint]
+
+
+def _raise_everywhere(who: str, ctx, problems: list[str]) -> None:
+    """Every rank learns whether any rank found a problem (one rank raising alone would leave the
+    others waiting in the next collective); the ranks that found none raise too, naming it."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if problems else 0.0], device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if float(flag) and not problems:
+        raise AssertionError(f"{who}: another rank's averaged gradients differ from the float64 reference")
+
+
+def _check_ranks_agree(who: str, ctx, loop) -> None:
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.cat([p.detach().reshape(-1) for p in loop.model.parameters()]).to(torch.float64)
+    reference = mine.clone()
+    dist.broadcast(reference, src=0)
+    worst = (mine - reference).abs().max().reshape(1)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    if float(worst) > 1e-6:
+        raise AssertionError(f"{who}: the ranks' parameters differ from rank 0's (max |diff| {float(worst):.3g}); "
+                             f"the gradient reduction is broken")
+
+
+def _check_loss_goes_down(who: str, w: TransformerTraining, ctx, loop) -> None:
+    """PowerSGD's bound: with error feedback on, POWERSGD_CHECK_STEPS more steps on one fixed set
+    of fresh micro-batches must lower its loss (the mean of the last 3) by 2% or more."""
+    if loop.hook_state is not None and not getattr(loop.hook_state, "use_error_feedback", True):
+        raise AssertionError(f"{who}: PowerSGD runs without error feedback")
+    fresh = make_tokens(w.config, w.micro_batch, w.grad_accum, w.seed + CHECK_DATA_SEED_OFFSET, ctx.rank)
+    losses = []
+    for _ in range(POWERSGD_CHECK_STEPS):
+        with loop.training_on(*(t.to(ctx.device) for t in fresh)):
+            losses.append(loop.step())
+    last = sum(losses[-3:]) / 3
+    if not last <= 0.98 * losses[0]:
+        raise AssertionError(f"{who}: the loss did not go down by 2% over {POWERSGD_CHECK_STEPS} steps on one "
+                             f"batch ({losses[0]:.4g} -> mean of the last 3 {last:.4g})")

@@ -50,6 +50,7 @@ def test_step(dist_benchmark):
 PYTEST_ARGS = ["--", "-p", "no:cacheprovider", "-m", "not gpu", "--dist-ab-block-time=0.02",
                "--dist-ab-threshold=50%", "--dist-ab-pools-per-side=1"]
 PLANTED = 11  # the 1-based commit after GOOD that adds the all_reduce
+BROKEN = 8  # ... and one that does not collect: the search's first probe after confirming BAD
 
 
 def _git(repo, *args):
@@ -57,9 +58,10 @@ def _git(repo, *args):
                            *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _history(root, commits=16, planted=PLANTED):
+def _history(root, commits=16, planted=PLANTED, broken=None):
     """GOOD (the root commit) and ``commits`` first-parent commits after it, the ``planted``-th
-    of which adds the extra all_reduce; the others change a comment or a notes file."""
+    of which adds the extra all_reduce, the ``broken``-th a syntax error (the next one fixes it);
+    the others change a comment or a notes file."""
     root.mkdir()
     _git(root, "init", "-q", "-b", "main")
     (root / "pytest.ini").write_text("[pytest]\n")
@@ -78,7 +80,10 @@ def _history(root, commits=16, planted=PLANTED):
             subject = f"notes {i}"
         else:
             subject = f"step: comment {i}"
-        (root / "mystep.py").write_text(STEP.format(extra=extra, note=f"revision {i if i % 3 else i - 1}"))
+        text = STEP.format(extra=extra, note=f"revision {i if i % 3 else i - 1}")
+        if i == broken:
+            text, subject = text + "\ndef unfinished(:\n", "step: half a refactoring"
+        (root / "mystep.py").write_text(text)
         _git(root, "add", ".")
         _git(root, "commit", "-q", "-m", subject)
         shas.append(_git(root, "rev-parse", "HEAD"))
@@ -104,7 +109,7 @@ def scratch(tmp_path):
 
 def test_bisect_finds_the_commit_that_added_an_all_reduce(tmp_path, scratch):
     repo = tmp_path / "project"
-    shas = _history(repo)
+    shas = _history(repo, broken=BROKEN)
     started = time.monotonic()
     run = _bisect(repo, scratch, shas[0], "main", "-k", "test_step", "--max-time", "3", *PYTEST_ARGS)
     seconds = time.monotonic() - started
@@ -117,13 +122,16 @@ def test_bisect_finds_the_commit_that_added_an_all_reduce(tmp_path, scratch):
     tested = dict(probes)
     assert tested[shas[-1][:12]] == "bad" and tested[shas[PLANTED][:12]] == "bad"
     assert tested[shas[PLANTED - 1][:12]] == "good"
+    # The commit that does not collect is skipped, as git bisect skip does, and a neighbour tested.
+    assert tested[shas[BROKEN][:12]] == "skip" and "did not give verdicts (pytest exit 2)" in out
+    assert "ERROR test_bench.py" in out  # the probe's own rootdir and ini, not GOOD's
     assert 3 <= len(probes) <= 8, out
     assert re.search(r"test_step\[gloo-2p\]: x\d+\.\d{3} \[\d+\.\d{3}, \d+\.\d{3}\] regression", out)
     # The command that repeats the culprit's verdict: both worktrees, GOOD as the baseline, the seed.
     assert f"git worktree add ../ddpbench-good {shas[0][:12]} && git worktree add ../ddpbench-probe " \
            f"{shas[PLANTED][:12]}" in out
     assert re.search(r"cd \.\./ddpbench-probe && \S+ -m pytest -k test_step -p no:cacheprovider -m 'not gpu' .* "
-                     r"--dist-baseline-path \.\./ddpbench-good .*--dist-ab-max-time=\d+ --benchmark-json=ab\.json --dist-ab-seed=\d+", out)
+                     r"--dist-baseline-path=\.\./ddpbench-good .*--dist-ab-max-time=\d+ --benchmark-json=ab\.json --dist-ab-seed=\d+", out)
     # Its worktrees and temporary folder are gone.
     assert _worktrees(repo) == 1 and list(scratch.iterdir()) == []
 

@@ -130,11 +130,8 @@ class Bisect:
             raise BisectError(f"GOOD {self.args.good} is not an ancestor of BAD {self.args.bad}: bisect searches the "
                               f"commits from GOOD to BAD. Swap them if GOOD is the later one, or name as GOOD a "
                               f"commit BAD descends from (git merge-base {self.args.good} {self.args.bad})")
-        listed = _git(self.top, "rev-list", "--first-parent", "--reverse", f"{self.good}..{self.bad}").stdout.split()
-        if not listed or listed[-1] != self.bad:
-            raise BisectError(f"BAD {self.args.bad} is not on the first-parent line from GOOD; name commits of "
-                              f"one branch's history")
-        self.commits = listed
+        self.commits = _git(self.top, "rev-list", "--first-parent", "--reverse",
+                            f"{self.good}..{self.bad}").stdout.split()  # ends with BAD
         dirty = [line for line in _git(self.top, "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
                  if line.strip()]
         if dirty:
@@ -254,10 +251,11 @@ class Bisect:
     def ab_command(self, sha: str, good_root: str, python: str, max_time: float, json_path: str,
                    seed: int | None = None) -> list[str]:
         command = [python, "-m", "pytest", *self._selection()]
-        for path in self.baseline_paths(good_root):
-            command += ["--dist-baseline-path", path]
+        # OPTION=VALUE, never two words: pytest takes a bare path argument for a place to look for
+        # its rootdir and ini file, and would then read GOOD's pytest.ini in the probe's run.
+        command += [f"--dist-baseline-path={path}" for path in self.baseline_paths(good_root)]
         if self.args.python:
-            command += ["--dist-baseline-python", f"{good_root}/{self.args.python}"]
+            command.append(f"--dist-baseline-python={good_root}/{self.args.python}")
         if not any(a.startswith("--dist-ab-profile") for a in self.pytest_args):
             command.append("--dist-ab-profile=off")  # profiles cost time at every bad probe
         command += [f"--dist-ab-max-time={max_time:g}", f"--benchmark-json={json_path}"]

@@ -349,12 +349,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _main(argv: list[str] | None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed; for ``bisect``, what follows ``--`` is pytest's (``pytest_args``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     rest: list[str] = []
-    if argv[:1] == ["bisect"] and "--" in argv:  # pytest's own arguments follow --
+    if argv[:1] == ["bisect"] and "--" in argv:
         argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = _parser().parse_args(argv)
+    if args.command == "bisect":
+        args.pytest_args = rest
+    return args
+
+
+def _main(argv: list[str] | None) -> int:
+    args = parse_args(argv)
     if args.command == "bisect":
         from .bisect import run_bisect
 
@@ -363,7 +371,6 @@ def _main(argv: list[str] | None) -> int:
                                     "too, or leave --python out to use this interpreter")
         if args.max_time <= 0:
             return _error("bisect", f"--max-time must be above 0, got {args.max_time:g}")
-        args.pytest_args = rest
         return run_bisect(args)
     if args.command == "compare":
         return run_compare(args)

@@ -139,9 +139,18 @@ def test_bisect_finds_the_commit_that_added_an_all_reduce(tmp_path, scratch):
 def test_without_a_regression_between_good_and_bad_it_stops_after_confirming(tmp_path, scratch):
     repo = tmp_path / "project"
     shas = _history(repo, commits=4, planted=99)
-    run = _bisect(repo, scratch, shas[0], shas[-1], "-k", "test_step", "--max-time", "3", *PYTEST_ARGS)
+    # --setup builds each commit's environment once, in its worktree (here: an interpreter wrapper
+    # that logs where it runs); --python names what it built, for both sides.
+    log = tmp_path / "setup.log"
+    setup = (f"git rev-parse HEAD >> {log} && printf '#!/bin/sh\\necho \"$PWD\" >> {log}.py\\n"
+             f"exec {sys.executable} \"$@\"\\n' > py && chmod +x py")
+    run = _bisect(repo, scratch, shas[0], shas[-1], "-k", "test_step", "--max-time", "3", "--setup", setup,
+                  "--python", "py", *PYTEST_ARGS)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"no regression between GOOD {shas[0][:12]} and BAD {shas[-1][:12]}: nothing to bisect" in run.stdout
+    assert sorted(log.read_text().split()) == sorted([shas[0], shas[-1]])  # once per commit, reused
+    used = set(log.with_suffix(".log.py").read_text().split())
+    assert any(path.endswith("/good") for path in used) and any(path.endswith(f"/{shas[-1][:12]}") for path in used)
     assert len(re.findall(r"^  \[\d+\] ", run.stdout, re.M)) == 1  # one probe: BAD itself
     assert "searching" not in run.stdout
     assert _worktrees(repo) == 1 and list(scratch.iterdir()) == []
@@ -158,6 +167,8 @@ def test_bad_input_is_a_usage_error_naming_the_fix(tmp_path, scratch):
     assert run.returncode == 2 and "is not an ancestor of BAD" in run.stderr and "Swap them" in run.stderr
     run = _bisect(repo, scratch, "nosuchrev", shas[1])
     assert run.returncode == 2 and "GOOD 'nosuchrev' is not a commit" in run.stderr
+    run = _bisect(repo, scratch, shas[0], shas[-1], "--python", ".venv/bin/python")
+    assert run.returncode == 2 and "give --setup too" in run.stderr
     run = _bisect(repo, scratch, shas[0], shas[-1], "--", "--dist-ab-max-time=3")
     assert run.returncode == 2 and "give it as ddpbench bisect --max-time" in run.stderr
     run = _bisect(repo, scratch, shas[0], shas[-1], "-k", "no_such_case", "--", "-p", "no:cacheprovider")
@@ -190,3 +201,16 @@ def test_an_interrupt_removes_the_worktrees(tmp_path, scratch):
     assert child.returncode == 130, out + err
     assert "interrupted; removing its worktrees" in err
     assert _worktrees(repo) == 1 and list(scratch.iterdir()) == []
+
+
+def test_the_baseline_gets_the_import_folder_of_each_selected_test_file(tmp_path):
+    from ddpbench.bisect import _import_dirs
+
+    (tmp_path / "benchmarks" / "pkg").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "benchmarks" / "pkg" / "test_x.py").write_text("")
+    (tmp_path / "test_y.py").write_text("")
+    # The root itself is on the baseline's path already; a package's tests import from above it.
+    assert _import_dirs(tmp_path, ["benchmarks/pkg/test_x.py::test_a", "test_y.py::test_b"], "") == ["benchmarks"]
+    # Run from a sub-folder, node ids are relative to it (or to the rootdir, when an ini sits above).
+    assert _import_dirs(tmp_path, ["pkg/test_x.py::test_a"], "benchmarks/") == ["benchmarks"]

@@ -209,9 +209,10 @@ class Bisect:
     @staticmethod
     def _tail(log: Path, lines: int = 6) -> str:
         try:
-            text = log.read_text(errors="replace").strip().splitlines()
+            text = log.read_text(errors="replace").splitlines()
         except OSError:
             return ""
+        text = [line.strip() for line in text if line.strip(" =!_-")]  # pytest's rules carry nothing
         return " | ".join(text[-lines:])
 
     def _env(self, sha: str) -> dict:
@@ -356,7 +357,7 @@ class Bisect:
                  f"{self.bad[:12]}; worktrees in {self.tmp}")
         ids = self.collect(self.bad, "BAD")
         self.collect(self.good, "GOOD")
-        self.test_dirs = _import_dirs(self.cwd(self.bad), ids, self.prefix)
+        self.test_dirs = _import_dirs(self.worktree(self.bad), ids, self.prefix)
         self.say(f"selection: {len(ids)} case(s) at BAD, e.g. {ids[0]}")
         self.say("confirming that BAD is slower than GOOD:")
         confirm = self.probe(n - 1)
@@ -405,17 +406,19 @@ class Bisect:
             self.say(f"  {line}")
 
 
-def _import_dirs(cwd: Path, ids: list[str], prefix: str) -> list[str]:
-    """Folders (relative to the checkout's root) that pytest's 'prepend' import mode puts on
-    sys.path for the collected test files: the first folder above each file without __init__.py."""
+def _import_dirs(root: Path, ids: list[str], prefix: str) -> list[str]:
+    """Folders (relative to the checkout's ``root``) that pytest's 'prepend' import mode puts on
+    sys.path for the collected test files: the first folder above each file without __init__.py.
+    Node ids are relative to pytest's rootdir: the folder run in, or the checkout's root."""
     dirs = []
     for node in ids:
-        folder = (cwd / node.split("::", 1)[0]).parent
-        while (folder / "__init__.py").exists() and folder != cwd.parent:
+        name = node.split("::", 1)[0]
+        path = root / prefix / name if (root / prefix / name).exists() else root / name
+        folder = path.parent
+        while (folder / "__init__.py").exists() and folder != root:
             folder = folder.parent
-        rel = os.path.relpath(folder, cwd)
-        rel = os.path.normpath(os.path.join(prefix, rel)) if prefix else rel
-        if rel != ".":
+        rel = os.path.relpath(folder, root)
+        if rel != "." and not rel.startswith(".."):
             dirs.append(rel)
     return list(dict.fromkeys(dirs))
 

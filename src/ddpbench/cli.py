@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "baseline, the probe's the candidate). Exit 0: found, or no regression to "
                                    "search; 1: undecided; 2: bad input.")
     b.add_argument("good", metavar="GOOD", help="a commit whose code is fast (the baseline of every probe)")
-    b.add_argument("bad", metavar="BAD", help="a later commit, on GOOD's first-parent line, that is slower")
+    b.add_argument("bad", metavar="BAD", help="a later commit, descending from GOOD, that is slower")
     b.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest -k: the cases to compare (keep it narrow)")
     b.add_argument("--max-time", type=float, default=60.0, metavar="SECONDS",
                    help="--dist-ab-max-time of each A/B run; an inconclusive probe is run once more with twice "

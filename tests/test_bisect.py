@@ -214,3 +214,34 @@ def test_the_baseline_gets_the_import_folder_of_each_selected_test_file(tmp_path
     assert _import_dirs(tmp_path, ["benchmarks/pkg/test_x.py::test_a", "test_y.py::test_b"], "") == ["benchmarks"]
     # Run from a sub-folder, node ids are relative to it (or to the rootdir, when an ini sits above).
     assert _import_dirs(tmp_path, ["pkg/test_x.py::test_a"], "benchmarks/") == ["benchmarks"]
+
+
+def test_skipped_commits_between_the_last_good_and_first_bad_leave_it_undecided(capsys):
+    # The search alone, with each probe's outcome given: 0-7 good, 8-9 unmeasurable, 10 on bad.
+    import io
+    import types
+
+    from ddpbench.bisect import Bisect, Probe
+
+    outcomes = ["good"] * 8 + ["skip"] * 2 + ["bad"] * 6
+    search = Bisect(types.SimpleNamespace(max_time=1.0, pytest_args=[], keyword=None), out=io.StringIO())
+    search.commits, search.good = [f"{i:040x}" for i in range(1, 17)], "0" * 40
+    order = []
+
+    def probe(index):
+        order.append(index)
+        search.probes[index] = Probe(index, search.commits[index], f"commit {index}", outcomes[index],
+                                     command="(command)")
+        return search.probes[index]
+
+    search.probe = probe
+    assert search.search() == 1
+    # BAD first, then the middle of what is left; after a skip (9) the untested commit nearest the
+    # middle (8 and 10 tie: the earlier), until only skipped commits lie between good and bad.
+    assert order == [15, 7, 11, 9, 8, 10]
+    text = search.out.getvalue()
+    assert f"the first bad commit is one of {search.commits[8][:12]}, {search.commits[9][:12]}, " \
+           f"{search.commits[10][:12]}" in text
+    outcomes[8:10] = ["good", "bad"]  # measurable after all: found
+    search.probes.clear(), order.clear()
+    assert search.search() == 0 and f"first bad commit: {search.commits[9]} commit 9" in search.out.getvalue()

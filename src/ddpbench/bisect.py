@@ -359,6 +359,11 @@ class Bisect:
         self.collect(self.good, "GOOD")
         self.test_dirs = _import_dirs(self.worktree(self.bad), ids, self.prefix)
         self.say(f"selection: {len(ids)} case(s) at BAD, e.g. {ids[0]}")
+        return self.search()
+
+    def search(self) -> int:
+        """BAD confirmed first, then the probes; the exit status."""
+        n = len(self.commits)
         self.say("confirming that BAD is slower than GOOD:")
         confirm = self.probe(n - 1)
         if confirm.outcome == "good":

@@ -56,6 +56,10 @@ def test_the_step_table_names_the_step_and_its_commit_range(history_page):
     assert f'href="#{step.series.chart_id}"' in row and "&times;1.5" in row
     assert re.search(rf"{commit_of(STEP_AT - 1)[:7]}</code> 2026-02-06 &rarr; <code>{commit_of(STEP_AT)[:7]}</code> "
                      rf"2026-02-07", row)
+    # ... and the ddpbench bisect command that searches those commits for the one that made it slower.
+    command = f"ddpbench bisect {commit_of(STEP_AT - 1)[:7]} {commit_of(STEP_AT)[:7]} -k '{STEP_CASE}'"
+    assert step.bisect_command().startswith(command) and f"<code>{command.replace(chr(39), '&#x27;')}" in row
+    assert step.to_dict()["bisect"] == step.bisect_command()
 
 
 @pytest.fixture(scope="module")

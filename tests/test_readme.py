@@ -5,8 +5,8 @@
   ``make TARGET`` (CI runs ``make test``; ``make bench`` runs below on one small case),
   ``.venv/bin/pytest ...`` (collected with ``--collect-only`` in a copy of the suite, which checks
   its options, markers and the cases it selects), ``.venv/bin/ddpbench ...`` (parsed by the CLI;
-  tests/test_compare.py, tests/test_report.py, tests/test_history.py and tests/test_benchmark_flow.py run the
-  subcommands), the multi-node commands (the secret is generated and accepted here; the torchrun
+  tests/test_compare.py, tests/test_report.py, tests/test_history.py, tests/test_bisect.py and
+  tests/test_benchmark_flow.py run the subcommands), the multi-node commands (the secret is generated and accepted here; the torchrun
   flags are the ones tests/test_multinode.py launches two nodes with). A command of any other
   kind fails the test until it is covered.
 * Every ``--dist-*`` option the plugin registers is documented, and the README stays ≤ 250 lines.
@@ -195,8 +195,8 @@ def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_cop
 
 @pytest.mark.parametrize("command", _ids("ddpbench"), ids=_short)
 def test_readme_ddpbench_command_is_accepted_by_the_cli(command):
-    args = cli._parser().parse_args(shlex.split(command)[1:])
-    assert args.command in ("compare", "report", "history")
+    args = cli.parse_args(shlex.split(command)[1:])
+    assert args.command in ("compare", "report", "history", "bisect")
 
 
 def test_readme_make_targets_run_in_ci_or_here():

@@ -1,11 +1,13 @@
 """``ddpbench compare`` (the noise-aware gate), ``ddpbench report`` (tables and charts) and
-``ddpbench history`` (a static HTML page of every saved run, with the steps detected in each case).
+``ddpbench history`` (a static HTML page of every saved run, with the steps detected in each case)
+and ``ddpbench bisect`` (the commit between two that made a case slower, through the A/B gate).
 
 Exit status of ``compare``: 0 no regression, 1 at least one regression or a case the baseline has
 and the current run lost (unless ``--allow-missing``; inconclusive cases too with
 ``--fail-on-inconclusive``), 2 bad input (missing or unreadable runs, runs that are not comparable
-unless ``--allow-different``, or runs without raw rounds unless ``--allow-summary-stats``). ``history`` exits 0 whatever the steps (it is a view, not a
-gate) and 2 on bad input.
+unless ``--allow-different``, or runs without raw rounds unless ``--allow-summary-stats``).
+``history`` exits 0 whatever the steps (it is a view, not a gate) and 2 on bad input. ``bisect``: 0
+found (or no regression to search), 1 undecided, 2 bad input (:mod:`ddpbench.bisect`).
 """
 
 from __future__ import annotations
@@ -136,6 +138,25 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--skip-unreadable", action="store_true",
                    help="leave unreadable saved runs out (a warning each) instead of stopping")
     h.add_argument("--json", action="store_true", help="print the detected steps as JSON (for CI)")
+
+    b = sub.add_parser("bisect", help="find the commit that made a case slower (A/B gate at each probe)",
+                       usage="ddpbench bisect GOOD BAD [-k EXPR] [--max-time S] [--setup CMD [--python PATH]] "
+                             "[-- PYTEST_ARGS...]",
+                       description="Run in a git checkout of your project: bisects the first-parent commits "
+                                   "from GOOD to BAD, running the A/B gate at each probe (GOOD's worktree the "
+                                   "baseline, the probe's the candidate). Exit 0: found, or no regression to "
+                                   "search; 1: undecided; 2: bad input.")
+    b.add_argument("good", metavar="GOOD", help="a commit whose code is fast (the baseline of every probe)")
+    b.add_argument("bad", metavar="BAD", help="a later commit, descending from GOOD, that is slower")
+    b.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest -k: the cases to compare (keep it narrow)")
+    b.add_argument("--max-time", type=float, default=60.0, metavar="SECONDS",
+                   help="--dist-ab-max-time of each A/B run; an inconclusive probe is run once more with twice "
+                        "this (default 60)")
+    b.add_argument("--setup", metavar="CMD", help="shell command run once in each commit's worktree before its "
+                   "runs (e.g. build a venv: python -m venv .venv && .venv/bin/pip install -e . ddpbench); "
+                   "a commit where it fails is skipped")
+    b.add_argument("--python", metavar="PATH", help="with --setup: the interpreter it made, relative to the "
+                   "worktree (e.g. .venv/bin/python); default: this one")
     return parser
 
 
@@ -348,8 +369,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _main(argv: list[str] | None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed; for ``bisect``, what follows ``--`` is pytest's (``pytest_args``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest: list[str] = []
+    if argv[:1] == ["bisect"] and "--" in argv:
+        argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = _parser().parse_args(argv)
+    if args.command == "bisect":
+        args.pytest_args = rest
+    return args
+
+
+def _main(argv: list[str] | None) -> int:
+    args = parse_args(argv)
+    if args.command == "bisect":
+        from .bisect import run_bisect
+
+        if args.python and not args.setup:
+            return _error("bisect", "--python names the interpreter --setup builds in each worktree; give --setup "
+                                    "too, or leave --python out to use this interpreter")
+        if args.max_time <= 0:
+            return _error("bisect", f"--max-time must be above 0, got {args.max_time:g}")
+        return run_bisect(args)
     if args.command == "compare":
         return run_compare(args)
     if args.command == "history":

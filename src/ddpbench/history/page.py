@@ -111,6 +111,13 @@ def _commit_cell(point: Point) -> str:
     return f"<code>{escape(record.commit)}</code> {_date(record)}"
 
 
+def _bisect_cell(step) -> str:
+    command = step.bisect_command()
+    if command is None:
+        return '<span class="muted">&mdash;</span>'
+    return f"<code>{escape(command)}</code>"
+
+
 def steps_section(history: History) -> str:
     """The table of detected steps, largest first, each linking to its chart."""
     if not history.steps:
@@ -125,9 +132,11 @@ def steps_section(history: History) -> str:
             f'<td><a href="#{series.chart_id}">{escape(series.name)}</a></td>'
             f"<td>{escape(series.machine.label)}</td><td>{escape(series.backend)}</td>"
             f'<td class="num">{step.before_s * 1e3:.4g}</td><td class="num">{step.after_s * 1e3:.4g}</td>'
-            f"<td>{_commit_cell(step.last_before)} &rarr; {_commit_cell(step.first_after)}</td></tr>")
+            f"<td>{_commit_cell(step.last_before)} &rarr; {_commit_cell(step.first_after)}</td>"
+            f"<td>{_bisect_cell(step)}</td></tr>")
     return ('<table class="steps"><thead><tr><th>Ratio</th><th>Case</th><th>Machine</th><th>Backend</th>'
             "<th>Before (ms)</th><th>After (ms)</th><th>Between (last run before &rarr; first after)</th>"
+            "<th>Find the commit</th>"
             "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 

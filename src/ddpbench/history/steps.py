@@ -19,6 +19,7 @@ before / after medians are those of the segments that remain.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +85,16 @@ class Step:
     def first_after(self) -> Point:
         return self.series.points[self.index]
 
+    def bisect_command(self) -> str | None:
+        """The ``ddpbench bisect`` command that searches this step's commits for the one that made
+        the case slower; None for a faster step (bisect searches slowdowns) or unknown commits."""
+        before, after = self.last_before.record.commit, self.first_after.record.commit
+        if self.ratio <= 1 or "unknown" in (before, after):
+            return None
+        path = self.series.fullname.split("::", 1)[0]
+        tail = f" -- {shlex.quote(path)}" if path.endswith(".py") else ""
+        return f"ddpbench bisect {before} {after} -k {shlex.quote(self.series.name)}{tail}"
+
     def to_dict(self) -> dict:
         def side(point: Point) -> dict:
             record = point.record
@@ -94,7 +105,8 @@ class Step:
                 "machine": self.series.machine.label, "backend": self.series.backend,
                 "chart": self.series.chart_id, "before_median_s": self.before_s,
                 "after_median_s": self.after_s, "ratio": self.ratio,
-                "last_before": side(self.last_before), "first_after": side(self.first_after)}
+                "last_before": side(self.last_before), "first_after": side(self.first_after),
+                "bisect": self.bisect_command()}
 
     def describe(self) -> str:
         """One line: 'x1.50 case on machine, backend: 10.0 -> 15.0 ms between abc1234 (date) and ...'."""

@@ -77,6 +77,12 @@ def pytest_addoption(parser):
                          "auto: enough that the round's fixed cost (timer, launch, barrier exit) is "
                          "at most 1%% of it. Default: auto for CUDA cases, 1 on the CPU (gloo's ops "
                          "are synchronous: nothing to hide)")
+    cases.addoption("--dist-exposed-comm", type=opts.parse_exposed_comm, default="auto", metavar="auto|off|N",
+                    help="after a case's rounds, time N rounds each of its workload's compute-only "
+                         "step and its collectives replayed alone, interleaved with N more steps "
+                         "(extra_info compute_s, exposed_comm_s, comm_isolated_s, comm_overlap_pct); "
+                         "auto: as each case asks (the default transformer cases do); off: never. "
+                         "Default: auto")
     cases.addoption("--dist-cuda-graphs", action="store_true",
                     help="capture each round's ops in a CUDA graph and replay it between the timing "
                          "events (nccl-tests -G); CUDA cases only")
@@ -446,6 +452,7 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools,
     return DistBenchmark(benchmark, dist_pool, dist_spec, dist_round_plan,
                          request.config.getoption("dist_timeout"),
                          ab=getattr(request.config, "_ddpbench_ab", None), pools=dist_pools,
+                         exposed_comm=request.config.getoption("dist_exposed_comm", "auto"),
                          case_id=request.node.nodeid,
                          prepare=lambda workload, spec: hook(workload=workload, spec=spec))
 

@@ -333,22 +333,40 @@ def training_tables(cases: list[Case]) -> str:
     return "\n\n".join(parts)
 
 
+def _ms_with_interval(info: dict, key: str) -> str:
+    """``key`` in ms with its ``<key>_ci`` interval: '1.250 [0.310, 2.040]'; '-' when not measured."""
+    if not _is_number(info.get(key)):
+        return "-"
+    text = f"{info[key] * 1e3:.3f}"
+    interval = info.get(f"{key}_ci")
+    if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_is_number(v) for v in interval):
+        text += f" [{interval[0] * 1e3:.3f}, {interval[1] * 1e3:.3f}]"
+    return text
+
+
 def transformer_table(cases: list[Case]) -> str:
     """One row per case: its knobs (the case id's parameters), tokens/s, MFU against the measured
-    peak, parameter bytes (whole and held per rank), final loss and peak memory."""
+    peak, the step's compute, exposed communication (with its 95% interval) and communication
+    alone with the share of it hidden, parameter bytes (whole and held per rank), final loss and
+    peak memory ('-' where a case measured no exposed communication)."""
     rows = []
     for case in sorted(cases, key=lambda c: (str(c.extra_info.get("size")), c.extra_info.get("world_size") or 0,
                                              c.name)):
         info = case.extra_info
         memory = info.get("peak_memory_allocated_bytes") or info.get("peak_rss_bytes")
+        overlap = info.get("comm_overlap_pct")
         rows.append([case.name, str(info.get("world_size", "?")), f"{case.median * 1e3:.3f}",
                      _num(info.get("tokens_per_second"), "{:.0f}"), _num(info.get("mfu"), "{:.3f}"),
                      _num(info.get("peak_flops_measured"), "{:.1f}", 1e-9),
+                     _ms_with_interval(info, "compute_s"), _ms_with_interval(info, "exposed_comm_s"),
+                     _num(info.get("comm_isolated_s"), "{:.3f}", 1e3) if "comm_isolated_s" in info else "-",
+                     f"{overlap:.0f}%" if _is_number(overlap) else "-",
                      _mem(info.get("param_bytes")), _mem(info.get("sharded_param_bytes")),
                      _num(info.get("final_loss"), "{:.4f}"), _mem(memory)])
     return _with_straggler(_table(
-        ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)", "Params",
-         "Params per rank", "Final loss", "Peak memory"], rows), cases)
+        ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)", "Compute (ms)",
+         "Exposed comm (ms)", "Comm alone (ms)", "Comm hidden", "Params", "Params per rank", "Final loss",
+         "Peak memory"], rows), cases)
 
 
 def datasets_table(cases: list[Case]) -> str:

@@ -16,6 +16,14 @@ from typing import Any, Callable
 from ..pool.picklecheck import unpicklable_message
 
 
+#: A variant whose round computes what the workload's round computes but sends nothing between
+#: ranks: each collective hands its data back unreduced (the step's compute time).
+COMPUTE_ONLY = "compute_only"
+#: A variant whose round issues the collectives of one workload round alone, back to back (the
+#: step's communication time in isolation).
+COMMUNICATION_ONLY = "communication_only"
+
+
 class Workload:
     """Base class of a benchmark workload, with the optional hooks filled in.
 
@@ -54,6 +62,13 @@ class Workload:
 
     def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
         """Case-level extra_info computed in the controller from the median round time."""
+        return {}
+
+    def variants(self) -> dict[str, "Workload"]:
+        """Workloads the engine times interleaved with this one's rounds when a case asks for them
+        (``RoundPlan.variant_rounds``; ``--dist-exposed-comm``), each recorded as its own rounds,
+        never as the case's. ddpbench reads two names (:data:`COMPUTE_ONLY`,
+        :data:`COMMUNICATION_ONLY`); ``{}``: none, the default."""
         return {}
 
     def skip_reason(self, spec) -> str | None:

@@ -38,6 +38,11 @@ class _Loop:
         # The (inputs, targets) micro-batches of the last finished optimizer step (Training.check).
         self.last_step_batches: list = []
         self.optimizer = None  # the torch optimizer (Training.check reads its momentum buffers)
+        self.skipped = None  # compute-only: what the step's exchanges would have sent (.compute_only)
+        if workload.compute_only:
+            from .compute_only import SkippedCollectives
+
+            self.skipped = SkippedCollectives()
 
     def next_batch(self):
         i = self.cursor % self.inputs.shape[0]
@@ -62,6 +67,8 @@ class _Loop:
         """One optimizer step: ``grad_accum`` micro-batches, each loss scaled by 1/grad_accum,
         then ``_before_optimizer_step`` (where a loop reduces gradients itself) and the step."""
         accum = self.w.grad_accum
+        if self.skipped is not None:
+            self.skipped.new_step()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         batches = []
@@ -122,15 +129,20 @@ def make_buckets(params, cap_bytes: int) -> list[list]:
     return buckets
 
 
-def reduce_gradients(buckets, world_size: int) -> None:
-    """Average gradients over ranks: per bucket, flatten, all_reduce (sum), divide, copy back."""
+def reduce_gradients(buckets, world_size: int, skipped=None) -> None:
+    """Average gradients over ranks: per bucket, flatten, all_reduce (sum), divide, copy back.
+    With ``skipped`` (a compute-only step's SkippedCollectives) the all_reduce is left out and
+    recorded there; the rest runs as it is."""
     import torch
     import torch.distributed as dist
 
     for bucket in buckets:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if skipped is not None:
+            skipped.add("all_reduce", flat, world_size)
+        else:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat.div_(world_size)
         offset = 0
         for p, g in zip(bucket, grads):
@@ -158,7 +170,7 @@ class _ManualLoop(_Loop):
         return float(loss.detach())
 
     def _before_optimizer_step(self) -> None:
-        reduce_gradients(self.buckets, self.ctx.world_size)  # once per optimizer step
+        reduce_gradients(self.buckets, self.ctx.world_size, self.skipped)  # once per optimizer step
 
 
 class _DDPLoop(_Loop):
@@ -169,6 +181,10 @@ class _DDPLoop(_Loop):
         model = _seed_model(workload, ctx.rank).to(ctx.device)
         device_ids = [ctx.device.index] if ctx.device_type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=workload.bucket_cap_mb)
+        if self.skipped is not None:
+            from .compute_only import register_compute_only_hook
+
+            register_compute_only_hook(self.ddp, "none", self.skipped)
         self.optimizer = _make_optimizer(workload, self.ddp.parameters())
 
     def module(self):

@@ -79,6 +79,22 @@ def test_the_option_reads_auto_off_or_a_count():
             parse_exposed_comm(bad)
 
 
+def test_the_option_overrides_the_cases_choice_and_off_turns_the_variants_off():
+    from ddpbench.fixture import DistBenchmark
+
+    class Benchmark:
+        disabled, extra_info = False, {}
+
+    def plan(setting, asked):
+        bench = DistBenchmark(Benchmark(), None, PoolSpec("gloo", 2, "cpu"), RoundPlan(), 60.0, exposed_comm=setting)
+        return bench._plan(None, None, asked).variant_rounds
+
+    assert plan("auto", 8) == 8 and plan("auto", None) == 0
+    assert plan(0, 8) == 0 and plan(3, None) == 3 and plan(3, 8) == 3
+    with pytest.raises(ValueError, match=r"variant_rounds=-1\): give a whole number of rounds, 0 or more"):
+        plan("auto", -1)
+
+
 def test_which_workloads_have_variants():
     ddp = TransformerTraining(batch_size=2)
     variants = ddp.variants()

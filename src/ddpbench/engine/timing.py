@@ -14,6 +14,11 @@ iterations back to back and torch.utils.benchmark's blocked_autorange grows its 
 ``cuda_graphs`` the round's ops are captured once into a CUDA graph and each round replays it
 between the events (nccl-tests -G).
 
+Variant rounds (``RoundPlan.variant_rounds``, :meth:`RankSession.time_variants`): after the
+recorded rounds, the workload's variants (``Workload.variants``, e.g. its compute-only step) and
+the workload itself take turns, round by round, by the same rule; they are reported apart and never
+join the case's rounds.
+
 ``measure_workload`` is the task the controller sends to every rank; it never knows what the
 workload does. ``max_over_ranks`` runs in the controller.
 """

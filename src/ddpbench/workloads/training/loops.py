@@ -170,7 +170,11 @@ class _ManualLoop(_Loop):
         return float(loss.detach())
 
     def _before_optimizer_step(self) -> None:
-        reduce_gradients(self.buckets, self.ctx.world_size, self.skipped)  # once per optimizer step
+        # once per optimizer step; a compute-only variant leaves the all_reduce out
+        if self.skipped is None:
+            reduce_gradients(self.buckets, self.ctx.world_size)
+        else:
+            reduce_gradients(self.buckets, self.ctx.world_size, skipped=self.skipped)
 
 
 class _DDPLoop(_Loop):

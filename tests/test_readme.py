@@ -176,8 +176,9 @@ def _short(command: str) -> str:
 @pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
 def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
     args = shlex.split(command)[1:]
-    if "--dist-baseline-python" in args:  # the README's path is an example: use this interpreter
-        args[args.index("--dist-baseline-python") + 1] = sys.executable
+    # The README's baseline interpreter is an example: use this one.
+    args = [f"--dist-baseline-python={sys.executable}" if arg.startswith("--dist-baseline-python=") else arg
+            for arg in args]
     monkeypatch.setenv("DDPBENCH_SECRET", "0123456789abcdef" * 4)  # for --dist-controller
     out = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
                           "-p", "no:cacheprovider"],

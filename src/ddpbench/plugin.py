@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import pytest
 
@@ -158,6 +159,7 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--dist-controller: {exc}") from None
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("--dist-controller serves one external pool: run without -n (xdist)")
+    _check_path_options_written_with_equals(config)
     from .gates.ab.session import ABSession
 
     config._ddpbench_ab = ABSession.from_options(config)
@@ -174,6 +176,24 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: large sizes and long loops, run with -m slow")
     config.addinivalue_line("markers", "dist_extra_world_sizes(*sizes): also run this test's dist_spec "
                             "cases at these world sizes (e.g. 1 as a scaling reference)")
+
+
+#: Options whose value is a path: pytest decides its rootdir (and so which pytest.ini and conftest.py
+#: apply) before it knows a plugin's options, taking every existing path among the words as a test path.
+PATH_OPTIONS = ("--dist-baseline-path", "--dist-baseline-python")
+
+
+def _check_path_options_written_with_equals(config) -> None:
+    """``--dist-baseline-path ../base`` (two words) lets pytest read ``../base`` as a test path when it
+    picks the rootdir, so the run may use the baseline's pytest.ini and conftest.py: a usage error
+    that names the one-word form, which pytest cannot misread."""
+    words = [str(word) for word in config.invocation_params.args]
+    for option, value in zip(words, words[1:]):
+        if option in PATH_OPTIONS and os.path.exists(os.path.join(str(config.invocation_params.dir), value)):
+            raise pytest.UsageError(
+                f"write {option}={value} (one word): given as two words, pytest takes {value!r} for a "
+                f"test path when it chooses the rootdir (here {config.rootpath}), so the baseline's "
+                f"pytest.ini and conftest.py could configure this run")
 
 
 def _check_compare_target(config) -> None:

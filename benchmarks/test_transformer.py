@@ -5,10 +5,11 @@ Case ids read ``test_transformer[<backend>-<world size>p-<size>-<impl>[-<knob>..
 knob that differs from its default (``cap1``: bucket_cap_mb=1, ``gbv``: gradient_as_bucket_view,
 ``static``: static_graph, ``unused``: find_unused_parameters, ``hook-fp16`` / ``hook-bf16`` /
 ``hook-powersgd``, ``accum<k>``, ``bf16``, ``ckpt``, ``compiled``, ``noreshard``). A round is one
-optimizer step. extra_info: ``tokens_per_second`` (global), ``model_flops_per_step``, ``mfu``
-(against ``peak_flops_measured``, a matmul probe on each rank's device in the case's dtype) and
+optimizer step. extra_info (the workload's own, from what the ranks measured):
+``tokens_per_second`` (global), ``model_flops_per_step``, ``mfu`` (against
+``peak_flops_measured``, a matmul probe on each rank's device in the case's dtype) and
 ``mfu_datasheet`` where the GPU's datasheet peak is known, ``param_bytes``,
-``sharded_param_bytes`` and peak memory per rank (``rank_peak_memory``).
+``sharded_param_bytes``; this file adds peak memory per rank (``rank_peak_memory``).
 
 Default run (CPU, cpu-small, 2 gloo ranks): :data:`DEFAULT_CASES`, one case per knob that matters
 most. ``-m slow`` adds every knob on its own for cpu-small and cpu-large, compiled cases included.
@@ -22,7 +23,6 @@ import pytest
 
 from ddpbench.pool import PoolSpec
 from ddpbench.workloads.training import TransformerTraining
-from ddpbench.workloads.training.metrics import add_mfu
 
 CPU_SPEC = pytest.param(PoolSpec("gloo", 2, "cpu"), id="gloo-2p")
 GPU_SPECS = [pytest.param(PoolSpec("nccl", 1, "cuda"), id="nccl-1p", marks=pytest.mark.gpu),
@@ -73,10 +73,9 @@ GPU_CASES = [pytest.param(_workload(size, dict(impl=impl, precision="bf16", comp
 
 def _record(dist_benchmark, workload):
     result = dist_benchmark(workload)
-    info = dist_benchmark.extra_info
-    info.update(add_mfu(result.extra_info))
     memory_keys = ("peak_memory_allocated_bytes", "peak_memory_reserved_bytes", "peak_rss_bytes")
-    info["rank_peak_memory"] = [{k: m[k] for k in memory_keys if k in m} for m in result.rank_metrics]
+    per_rank = [{k: m[k] for k in memory_keys if k in m} for m in result.rank_metrics]
+    dist_benchmark.extra_info["rank_peak_memory"] = per_rank
 
 
 @pytest.mark.parametrize("workload", _cases())

@@ -340,8 +340,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Before any rank starts: every selected collective size must fit in memory, and in A/B mode
-    each side must import its own code."""
+    """Before any rank starts: every selected collective size must fit in memory (unless the run
+    only lists the cases: --collect-only), and in A/B mode each side must import its own code."""
     if getattr(session.config, "_ddpbench_controller", None):
         return  # multi-node: the nodes' memory is not this machine's
     import psutil
@@ -350,7 +350,8 @@ def pytest_collection_finish(session):
 
     ab = getattr(session.config, "_ddpbench_ab", None)
     pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else 1
-    check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
+    if not session.config.getoption("collectonly", False):  # listing cases allocates nothing
+        check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
     if ab is not None:
         _announce(session.config, ab.resolve_modules(session))
 

@@ -118,6 +118,10 @@ def pytest_addoption(parser):
     ab.addoption("--dist-ab-allow-baseline-failure", action="store_true",
                  help="a case whose baseline side failed (raised, died, hung) while the candidate ran "
                       "it does not fail the run (its verdict is baseline-failed either way)")
+    ab.addoption("--dist-ab-accept-structure-change", action="store_true",
+                 help="a structural regression (more collectives, bytes, buckets, graph breaks or "
+                      "recompiles per step than the baseline's census) made on purpose: shown as "
+                      "accepted instead of failing the run")
     ab.addoption("--dist-ab-fail-on-inconclusive", action="store_true",
                  help="exit 1 when any case is inconclusive (by default they are counted and exit 0)")
     ab.addoption("--dist-ab-profile", choices=PROFILE_MODES, default=DEFAULT_PROFILE,

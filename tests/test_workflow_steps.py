@@ -223,6 +223,6 @@ def test_ab_structure_changed_label_passes_the_accepting_option(tmp_path, labels
     given = args.read_text().splitlines()
     assert (option in given) is accepted, given
     if command == "pytest":  # the rest of the gate's command line is as before
-        assert given[given.index("--benchmark-json") + 1] == "ab.json" and "--dist-baseline-python" in given
+        assert "--benchmark-json=ab.json" in given and "--dist-baseline-python=../base/.venv/bin/python" in given
     else:
         assert given[:3] == ["compare", "ab.json", "--markdown"]

@@ -178,7 +178,7 @@ def test_charts_label_sizes_as_the_tables_and_draw_iqr_bars(tmp_path):
         plt.close(fig)
     fig = report.training_figure(plt, groups["training"])
     try:
-        assert len(fig.axes[0].containers) == 3  # ddp, handwritten, lightning (mlp), each with IQR bars
+        assert len(fig.axes[0].containers) == 6  # ddp, handwritten, lightning x accum 1 and 4 (mlp), IQR bars
     finally:
         plt.close(fig)
 

@@ -16,6 +16,7 @@ from .devices import cpu_count
 from .engine.modes import rank_aggregates, rounds_info
 from .engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
 from .pool import PoolSpec
+from .workloads import case_extra_info
 
 
 @dataclass
@@ -169,10 +170,11 @@ class DistBenchmark:
         info.update(getattr(self.pool, "extra_info", None) or {})  # torchrun pools: socket_ifname...
         if self.spec.world_size > cpu_count():
             info["ranks_outnumber_cores"] = True
-        info.update(combine_rank_metrics(rounds_.rank_metrics))
+        rank_metrics = combine_rank_metrics(rounds_.rank_metrics)
+        info.update(rank_metrics)
         info.update(rounds_info(rounds_.round_times, rounds_.rank_cpus, self.pool.nodes))
         info.update(rank_aggregates(rounds_.rank_round_times))
-        info.update(workload.extra_info(self.spec.world_size, median_s))
+        info.update(case_extra_info(workload, self.spec.world_size, median_s, rank_metrics))
         variant_times = dict(rounds_.variant_times or {})
         if variant_times:
             info["variant_round_times"] = variant_times

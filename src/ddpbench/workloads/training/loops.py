@@ -5,22 +5,19 @@ one process). Lightning's loop is in :mod:`.lightning`."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 from .models import build_model, loss_fn
-
-if TYPE_CHECKING:
-    from .workload import Training
+from .settings import TrainingSettings
 
 
-def _seed_model(workload: "Training", rank: int):
+def _seed_model(workload: TrainingSettings, rank: int):
     import torch
 
     torch.manual_seed(workload.seed * 7919 + 104729 * rank + 1)  # rank-dependent on purpose
     return build_model(workload.model)
 
 
-def _make_optimizer(workload: "Training", params):
+def _make_optimizer(workload: TrainingSettings, params):
     import torch
 
     return torch.optim.SGD(params, lr=workload.lr, momentum=workload.momentum)
@@ -29,7 +26,7 @@ def _make_optimizer(workload: "Training", params):
 class _Loop:
     """One rank's training loop; ``step()`` is one optimizer step over ``grad_accum`` micro-batches."""
 
-    def __init__(self, ctx, workload: "Training", data):
+    def __init__(self, ctx, workload: TrainingSettings, data):
         self.ctx = ctx
         self.w = workload
         self.inputs, self.targets = data

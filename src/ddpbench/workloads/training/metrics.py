@@ -62,18 +62,18 @@ def mfu(model_flops_per_step: float, median_s: float, world_size: int, peak_flop
     return model_flops_per_step / median_s / (world_size * peak_flops)
 
 
-def add_mfu(info: dict[str, Any]) -> dict[str, Any]:
-    """``mfu`` (against the measured peak) and ``mfu_datasheet`` (where the device's datasheet
-    figure is known) from a case's extra_info: the achieved FLOP/s comes from the case's median
-    step, the peaks from its ranks (combined as the largest rank's probe)."""
+def mfu_info(achieved_flops_per_second: float, world_size: int, rank_metrics: dict[str, Any]) -> dict[str, Any]:
+    """``mfu`` against the peak the ranks measured (``peak_flops_measured``) and ``mfu_datasheet``
+    where the ranks' device has a datasheet figure (``peak_flops_datasheet``), from the case's
+    median step; ``rank_metrics``: the ranks' metrics combined, so a peak is the largest rank's
+    probe. A peak the ranks did not report gives no key."""
     out: dict[str, Any] = {}
-    achieved, ranks = info.get("achieved_flops_per_second"), info.get("world_size")
-    if not (achieved and ranks):
+    if not (achieved_flops_per_second and world_size):
         return out
     for key, peak_key in (("mfu", "peak_flops_measured"), ("mfu_datasheet", "peak_flops_datasheet")):
-        peak = info.get(peak_key)
+        peak = rank_metrics.get(peak_key)
         if peak:
-            out[key] = round(achieved / (ranks * peak), 6)
+            out[key] = round(achieved_flops_per_second / (world_size * peak), 6)
     return out
 
 

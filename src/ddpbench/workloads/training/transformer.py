@@ -35,8 +35,8 @@ from typing import Any, ClassVar
 
 from .. import COMMUNICATION_ONLY, COMPUTE_ONLY, Workload
 from .gpt import build_gpt, gpt_config, make_tokens
-from .metrics import (datasheet_peak_flops, gpt_flops_per_sequence, measure_peak_flops, parameter_bytes,
-                      peak_memory)
+from .metrics import (datasheet_peak_flops, gpt_flops_per_sequence, measure_peak_flops, mfu_info,
+                      parameter_bytes, peak_memory)
 from .models import CHECK_DATA_SEED_OFFSET
 from .reference import _full_float32, _gather_cat
 
@@ -300,7 +300,8 @@ class TransformerTraining(Workload):
 
     # -- controller side ------------------------------------------------------------------------
 
-    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
+    def extra_info(self, world_size: int, median_s: float,
+                   rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         sequences = self.micro_batch * self.grad_accum * world_size
         tokens = sequences * self.config.seq_len
         flops = gpt_flops_per_sequence(self.size) * sequences
@@ -321,6 +322,7 @@ class TransformerTraining(Workload):
         info["samples_per_second"] = round(sequences / median_s, 3)
         info["model_flops_per_step"] = flops
         info["achieved_flops_per_second"] = flops / median_s
+        info.update(mfu_info(flops / median_s, world_size, rank_metrics or {}))
         return info
 
 

@@ -243,8 +243,9 @@ def test_readme_multinode_commands_work_as_tests_multinode_runs_them(monkeypatch
 
 
 
-# TransformerTraining's fields that are no knob of a case (not in its id): README leaves them out.
-TRANSFORMER_SETTINGS = {"seed", "lr", "data_batches", "measure_peak"}
+# TransformerTraining's fields that are no knob of a case (not in its id; compute_only is the switch
+# of the compute-only variant that variants() makes, docs/design.md): README leaves them out.
+TRANSFORMER_SETTINGS = {"seed", "lr", "data_batches", "measure_peak", "compute_only"}
 
 
 def _transformer_knob_problem(text: str) -> str:

@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .gates.verdicts import VerdictError, ab_verdicts_of_run
+
 BAD_VERDICTS = ("regression", "missing")
 GOOD_VERDICTS = ("same", "improvement")
 DEFAULT_MAX_TIME = 60.0
@@ -61,12 +63,14 @@ class CaseVerdict:
     verdict: str
     ratio: float | None = None
     ci: tuple[float, float] | None = None
+    structure: str = ""  # what the collective census says changed, when it did
 
     def cell(self) -> str:
+        structure = f" (structure: {self.structure})" if self.structure else ""
         if self.ratio is None:
-            return f"{self.verdict}"
+            return f"{self.verdict}{structure}"
         ci = f" [{self.ci[0]:.3f}, {self.ci[1]:.3f}]" if self.ci else ""
-        return f"x{self.ratio:.3f}{ci} {self.verdict}"
+        return f"x{self.ratio:.3f}{ci} {self.verdict}{structure}"
 
 
 @dataclass
@@ -316,15 +320,15 @@ class Bisect:
             probe.outcome, probe.cases = "skip", []
             probe.note = f"the A/B run did not give verdicts (pytest exit {status}): {self._tail(log, 3)}"
             return
-        cases = []
-        for bench in doc.get("benchmarks", []):
-            ab = (bench.get("extra_info") or {}).get("ab")
-            if isinstance(ab, dict):
-                ci = ab.get("ratio_ci")
-                cases.append(CaseVerdict(bench.get("name", "?"), str(ab.get("verdict")), ab.get("ratio"),
-                                         tuple(ci) if isinstance(ci, list) and len(ci) == 2 else None))
-        for lost in doc.get("ddpbench_ab_lost") or []:
-            cases.append(CaseVerdict(str(lost.get("name", "?")), "missing"))
+        try:  # the gates' own reading: a structural regression (the census) makes a case bad too
+            verdicts_of_run = ab_verdicts_of_run(doc)
+        except VerdictError as exc:
+            probe.outcome, probe.cases, probe.note = "skip", [], f"the A/B run's verdicts cannot be read: {exc}"
+            return
+        cases = [CaseVerdict(v.name, v.verdict, v.ratio,
+                             (v.ci_low, v.ci_high) if v.ci_low is not None and v.ci_high is not None else None,
+                             v.structure.line if v.structure is not None and v.structure.verdict != "same" else "")
+                 for v in verdicts_of_run]
         seeds = [b["extra_info"]["ab"].get("seed") for b in doc.get("benchmarks", [])
                  if isinstance((b.get("extra_info") or {}).get("ab"), dict)]
         probe.cases = cases

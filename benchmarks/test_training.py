@@ -21,6 +21,7 @@ import pytest
 
 from ddpbench.pool import PoolSpec
 from ddpbench.workloads.training import MODELS, Training, lightning_unavailable_reason
+from ddpbench.workloads.training.metrics import add_exposed_communication
 
 IMPLS = ("manual", "ddp", "lightning")
 ACCUMS = (1, 4)
@@ -49,6 +50,8 @@ def test_training(dist_benchmark, dist_spec, training_reference, model, impl, gr
     # per-rank view (the seed reports' "Rank | Time | Max Memory Allocated" table; the engine records
     # each rank's median round as rank_median_s)
     dist_benchmark.extra_info["rank_peak_memory_bytes"] = [m.get("peak_memory_bytes") for m in result.rank_metrics]
+    # With --dist-exposed-comm N (manual and ddp): compute_s, exposed_comm_s, comm_isolated_s, comm_overlap_pct.
+    dist_benchmark.extra_info.update(add_exposed_communication(result.extra_info))
     key = (dist_spec.backend, dist_spec.device, model, impl, grad_accum, batch_size)
     samples_per_second = result.extra_info["samples_per_second"]
     if dist_spec.world_size == 1:

@@ -5,10 +5,16 @@ Case ids read ``test_transformer[<backend>-<world size>p-<size>-<impl>[-<knob>..
 knob that differs from its default (``cap1``: bucket_cap_mb=1, ``gbv``: gradient_as_bucket_view,
 ``static``: static_graph, ``unused``: find_unused_parameters, ``hook-fp16`` / ``hook-bf16`` /
 ``hook-powersgd``, ``accum<k>``, ``bf16``, ``ckpt``, ``compiled``, ``noreshard``). A round is one
-optimizer step. extra_info: ``tokens_per_second`` (global), ``model_flops_per_step``, ``mfu``
-(against ``peak_flops_measured``, a matmul probe on each rank's device in the case's dtype) and
+optimizer step. extra_info (the workload's own, from what the ranks measured):
+``tokens_per_second`` (global), ``model_flops_per_step``, ``mfu`` (against
+``peak_flops_measured``, a matmul probe on each rank's device in the case's dtype) and
 ``mfu_datasheet`` where the GPU's datasheet peak is known, ``param_bytes``,
-``sharded_param_bytes`` and peak memory per rank (``rank_peak_memory``).
+``sharded_param_bytes``; this file adds peak memory per rank (``rank_peak_memory``) and exposed
+communication (``compute_s``, ``exposed_comm_s`` with ``exposed_comm_s_ci``, ``comm_isolated_s``,
+``comm_overlap_pct``) from :data:`EXPOSED_COMM_ROUNDS` rounds each of the step, its compute-only
+variant and its collectives replayed alone, interleaved after the case's rounds (not for PowerSGD,
+which has no compute-only form, nor compiled cases, whose variant would compile its model again,
+unless ``--dist-exposed-comm N`` asks; ``--dist-exposed-comm off`` leaves them out).
 
 Default run (CPU, cpu-small, 2 gloo ranks): :data:`DEFAULT_CASES`, one case per knob that matters
 most. ``-m slow`` adds every knob on its own for cpu-small and cpu-large, compiled cases included.
@@ -22,7 +28,7 @@ import pytest
 
 from ddpbench.pool import PoolSpec
 from ddpbench.workloads.training import TransformerTraining
-from ddpbench.workloads.training.metrics import add_mfu
+from ddpbench.workloads.training.metrics import add_exposed_communication
 
 CPU_SPEC = pytest.param(PoolSpec("gloo", 2, "cpu"), id="gloo-2p")
 GPU_SPECS = [pytest.param(PoolSpec("nccl", 1, "cuda"), id="nccl-1p", marks=pytest.mark.gpu),
@@ -71,12 +77,19 @@ GPU_CASES = [pytest.param(_workload(size, dict(impl=impl, precision="bf16", comp
              for size in ("gpt2-124m", "gpt-1b") for impl in ("ddp", "fsdp2") for compiled in (False, True)]
 
 
+# Rounds of each variant (and as many more steps) per case, after its own rounds: 8 round groups
+# give the median difference an order-statistics interval, for 24 more rounds, 2 warm-up rounds and
+# two more set-ups per case (the compute-only model; the replay's, which runs 2 steps to learn the
+# step's collectives).
+EXPOSED_COMM_ROUNDS = 8
+
+
 def _record(dist_benchmark, workload):
-    result = dist_benchmark(workload)
-    info = dist_benchmark.extra_info
-    info.update(add_mfu(result.extra_info))
+    result = dist_benchmark(workload, variant_rounds=0 if workload.compile else EXPOSED_COMM_ROUNDS)
+    dist_benchmark.extra_info.update(add_exposed_communication(result.extra_info))
     memory_keys = ("peak_memory_allocated_bytes", "peak_memory_reserved_bytes", "peak_rss_bytes")
-    info["rank_peak_memory"] = [{k: m[k] for k in memory_keys if k in m} for m in result.rank_metrics]
+    per_rank = [{k: m[k] for k in memory_keys if k in m} for m in result.rank_metrics]
+    dist_benchmark.extra_info["rank_peak_memory"] = per_rank
 
 
 @pytest.mark.parametrize("workload", _cases())

@@ -88,3 +88,63 @@ def raise_sticky_cuda_error_on_rank_zero(ctx):
         raise RuntimeError("CUDA error: an illegal memory access was encountered\n"
                            "CUDA kernel errors might be asynchronously reported at some other API call")
     return ctx.rank
+
+
+# -- exposed communication (tests/test_exposed_comm.py) -----------------------------------------
+
+def collectives_in_steps(ctx, workload, steps):
+    """Set ``workload`` up, run 2 rounds (DDP rebuilds its buckets at the second, broadcasting the
+    new order once), then ``steps`` rounds under torch.profiler; return the collectives the
+    profiler saw (gloo / c10d ops, by name and count) and, for a compute-only variant, its record of
+    the last step's skipped collectives."""
+    from torch.profiler import ProfilerActivity, profile
+
+    state = workload.setup(ctx)
+    try:
+        for _ in range(2):
+            workload.run_round(state)
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            for _ in range(steps):
+                workload.run_round(state)
+        seen = {event.key: int(event.count) for event in profiler.key_averages()
+                if event.key.startswith(("gloo:", "c10d::", "nccl:"))}
+        skipped = getattr(workload, "compute_only", False) and workload.skipped_collectives(state)
+        calls = len(state["calls"]) if "calls" in state else None
+    finally:
+        workload.teardown(state)
+    return {"collectives": seen, "skipped": skipped or None, "replay_calls": calls}
+
+
+ROUND_LOG: list = []
+
+
+class LoggedRounds:
+    """A workload whose rounds append its name to ROUND_LOG (in the rank); the main one's check
+    returns the log, so the test sees the order the engine ran the rounds in."""
+
+    def __init__(self, name, variant_names=()):
+        self.name, self.variant_names = name, tuple(variant_names)
+        self.group, self.pin_to_core, self.cuda_graph_safe = None, True, False
+
+    def setup(self, ctx):
+        if self.variant_names:
+            ROUND_LOG.clear()
+        return {"torn_down": False}
+
+    def run_round(self, state):
+        ROUND_LOG.append(self.name)
+
+    def rank_metrics(self, state):
+        return {}
+
+    def check(self, state):
+        return {"round_log": list(ROUND_LOG)}
+
+    def teardown(self, state):
+        ROUND_LOG.append(f"teardown {self.name}")
+
+    def variants(self):
+        return {name: LoggedRounds(name) for name in self.variant_names}
+
+    def extra_info(self, world_size, median_s):
+        return {}

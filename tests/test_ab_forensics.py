@@ -103,3 +103,24 @@ def test_a_saved_profile_reads_back_and_renders_as_markdown():
     markdown = again.markdown()
     assert f"| `{INJECTED_OP}` | 0.000 | 0.500 | new |" in markdown and "| `k [device]` | 0.200 | 0.300 | 1.50x |" in markdown
     assert CaseProfile.from_summary("t.py::test_x", {"verdict": "same"}) is None
+
+
+def test_each_sides_exposed_communication_is_shown_where_it_was_measured():
+    from ddpbench.gates.ab.forensics import side_exposed_communication
+
+    step, compute, alone = [0.0125, 0.0130, 0.0120], [0.010, 0.0105, 0.0095], [0.004, 0.004, 0.004]
+    rank = lambda skew: {"variant_times": {"step": [t + skew for t in step], "compute_only": compute,
+                                           "communication_only": alone}}
+    candidate = side_exposed_communication([rank(0.0), rank(0.001)])  # the slower rank sets each round
+    assert candidate["exposed_comm_s"] == pytest.approx(0.0035) and candidate["compute_s"] == pytest.approx(0.010)
+    assert side_exposed_communication([{"ops": {}}, {"ops": {}}]) == {}  # an older ddpbench's reply: none
+    profile = CaseProfile("t.py::test_x", "regression", 6, "/tmp/p", exposed={"candidate": candidate})
+    text = "\n".join(profile.lines())
+    assert "exposed communication per step" in text
+    assert "baseline: not measured (its ddpbench or its workload has no compute-only variant)" in text
+    assert "candidate: 3.500 ms exposed (95% interval" in text and "of compute 10.000 ms" in text
+    assert "communication alone 4.000 ms, 12% of it hidden" in text
+    again = CaseProfile.from_summary("t.py::test_x", {"verdict": "regression", "profile": profile.to_dict()})
+    assert again.lines() == profile.lines() and "- candidate: 3.500 ms exposed" in again.markdown()
+    # The control: a profile without exposed communication says nothing about it.
+    assert "exposed communication" not in "\n".join(CaseProfile("t.py::test_x", "regression", 6, "/tmp/p").lines())

@@ -291,7 +291,7 @@ def _pytest_in(cwd, *args):
 def test_flat_layout_run_from_the_head_checkout_times_each_sides_own_code(tmp_path):
     base = _flat_checkout(tmp_path / "base", 0.004)
     head = _flat_checkout(tmp_path / "head", 0.008)  # the pull request doubles the step
-    run = _pytest_in(head, "--dist-baseline-path", "../base", "--benchmark-json=ab.json")
+    run = _pytest_in(head, "--dist-baseline-path=../base", "--benchmark-json=ab.json")
     assert run.returncode == 1, run.stdout + run.stderr
     (case,) = json.loads((head / "ab.json").read_text())["benchmarks"]
     ab = case["extra_info"]["ab"]
@@ -309,7 +309,7 @@ def test_an_a_a_of_two_identical_flat_checkouts_with_another_engine_passes(tmp_p
     _flat_checkout(tmp_path / "base", 0.004)
     head = _flat_checkout(tmp_path / "head", 0.004)
     engine = _engine_copy(tmp_path)
-    run = _pytest_in(head, "--dist-baseline-path", "../base", "--dist-baseline-path", str(engine),
+    run = _pytest_in(head, "--dist-baseline-path=../base", f"--dist-baseline-path={engine}",
                      "--dist-ab-threshold=25%", "--benchmark-json=aa.json")
     assert run.returncode == 0, run.stdout + run.stderr
     (case,) = json.loads((head / "aa.json").read_text())["benchmarks"]
@@ -324,12 +324,22 @@ def test_an_a_a_of_two_identical_flat_checkouts_with_another_engine_passes(tmp_p
 def test_a_baseline_path_that_shadows_nothing_is_a_usage_error(tmp_path):
     head = _flat_checkout(tmp_path / "head", 0.004)
     (tmp_path / "empty").mkdir()
-    run = _pytest_in(head, "--dist-baseline-path", "../empty")
+    run = _pytest_in(head, "--dist-baseline-path=../empty")
     assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
     assert "both sides import every module under test from the same files (" in run.stderr
     assert f"mypkg.step -> {head}/mypkg/step.py" in run.stderr
-    assert f"--dist-baseline-path {tmp_path}/empty asks for other code" in run.stderr
+    assert f"--dist-baseline-path={tmp_path}/empty asks for other code" in run.stderr
     assert "the checkout's root for a flat layout" in run.stderr
+
+
+def test_a_baseline_path_given_as_two_words_is_a_usage_error_naming_the_one_word_form(tmp_path):
+    # pytest picks its rootdir before it knows ddpbench's options, so "../base" as a separate word
+    # counts as a test path there and the base checkout's pytest.ini could configure the run.
+    _flat_checkout(tmp_path / "base", 0.004)
+    head = _flat_checkout(tmp_path / "head", 0.004)
+    run = _pytest_in(head, "--dist-baseline-path", "../base")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    assert "write --dist-baseline-path=../base (one word)" in run.stderr
 
 
 # ----------------------------------------------------------------------------------------------

@@ -245,3 +245,36 @@ def test_skipped_commits_between_the_last_good_and_first_bad_leave_it_undecided(
     outcomes[8:10] = ["good", "bad"]  # measurable after all: found
     search.probes.clear(), order.clear()
     assert search.search() == 0 and f"first bad commit: {search.commits[9]} commit 9" in search.out.getvalue()
+
+
+def test_after_confirming_bad_the_probes_split_the_step_at_its_geometric_midpoint():
+    # BAD x2.17 [2.006, 2.340]: later probes use threshold sqrt(2.006) - 1 = 41.6%, so a commit
+    # at x1.0 reads `same` instead of `inconclusive` at +-5%. A threshold the user set is kept.
+    import io
+    import types
+
+    from ddpbench.bisect import Bisect, CaseVerdict, Probe
+
+    def search_with(pytest_args, cases):
+        search = Bisect(types.SimpleNamespace(max_time=1.0, pytest_args=pytest_args, keyword=None),
+                        out=io.StringIO())
+        search.commits, search.good = [f"{i:040x}" for i in range(1, 5)], "0" * 40
+
+        def probe(index):
+            search.probes[index] = Probe(index, search.commits[index], f"commit {index}",
+                                         "bad" if index >= 2 else "good", cases=cases, command="(command)")
+            return search.probes[index]
+
+        search.probe = probe
+        assert search.search() == 0
+        return search
+
+    step = [CaseVerdict("test_step[gloo-2p]", "regression", 2.17, (2.006, 2.340))]
+    search = search_with([], step)
+    assert search.threshold == pytest.approx(2.006 ** 0.5 - 1)
+    assert "--dist-ab-threshold=41.6%" in search.out.getvalue()
+    assert search_with(["--dist-ab-threshold=10%"], step).threshold is None
+    # A small step never splits below the gate's default; a missing case (no interval) keeps it too.
+    small = [CaseVerdict("test_step[gloo-2p]", "regression", 1.07, (1.06, 1.09))]
+    assert search_with([], small).threshold == 0.05
+    assert search_with([], [CaseVerdict("test_step[gloo-2p]", "missing")]).threshold is None

@@ -13,9 +13,11 @@ import pytest
 import ddpbench
 from ddpbench.engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
 from ddpbench.gates.ab.engine import ABSettings, run_case
+from ddpbench.gates.structure import compare_census
 from ddpbench.pool import PoolRegistry, PoolSpec
 from ddpbench.workloads.collectives import Collective
 from ddpbench.workloads.training import Training
+from ddpbench.workloads.training.transformer import TransformerTraining
 
 from extra_collective import ExtraCollective
 
@@ -73,6 +75,9 @@ def test_a_planted_all_reduce_per_step_moves_the_count_by_one_and_the_bytes_by_i
     assert "ranks_disagree" not in plain and "ranks_disagree" not in planted
     assert plain["graph_breaks"] is None and plain["recompiles"] is None
     assert plain["cuda_kernel_launches"] is None and plain["ddp_buckets"] is None
+    # the records are what the structural verdict reads: the planted call is a regression
+    assert compare_census(plain, planted).verdict == "regression"
+    assert compare_census(plain, plain).verdict == "same"
 
 
 def test_figures_are_per_op_when_a_round_runs_several(pool):
@@ -125,12 +130,41 @@ def test_ranks_that_issue_different_collectives_are_flagged(pool):
 
 # ---- DDP training: its buckets are its all_reduce calls -----------------------------------------
 
-def test_a_ddp_training_case_s_buckets_are_its_all_reduce_calls(pool):
-    census, _ = census_of(pool, Training("mlp", "ddp", bucket_cap_mb=0.05, measure_memory=False))
+@pytest.mark.parametrize("warmup", [2, 1], ids=["rebuilt-before", "rebuilt-in-the-census-round"])
+def test_a_ddp_training_case_s_buckets_are_its_all_reduce_calls(pool, warmup):
+    """DDP rebuilds its buckets in its second step; its logging data shows them a step later, so
+    with one warm-up round the sizes come from the reducer's buckets themselves."""
+    census, _ = census_of(pool, Training("mlp", "ddp", bucket_cap_mb=0.05, measure_memory=False),
+                          RoundPlan(warmup=warmup, rounds=1))
     calls = entries(census)[("all_reduce", "float32", 2)]["call_bytes"]
     assert census["ddp_buckets"] is not None and len(census["ddp_buckets"]) > 1
     assert sorted(census["ddp_buckets"]) == calls
-    assert [c["kind"] for c in census["collectives"]] == ["all_reduce"]
+    if warmup == 2:  # after the rebuild (whose bucket order DDP broadcasts once) only all_reduces
+        assert [c["kind"] for c in census["collectives"]] == ["all_reduce"]
+
+
+@pytest.mark.parametrize("knobs", [dict(bucket_cap_mb=1), dict(bucket_cap_mb=1, comm_hook="fp16")],
+                         ids=["fp32", "fp16-hook"])
+def test_a_transformer_ddp_case_s_buckets_are_its_all_reduce_calls(pool, knobs):
+    census, _ = census_of(pool, TransformerTraining(batch_size=2, measure_peak=False, **knobs))
+    buckets = census["ddp_buckets"]
+    assert buckets is not None and len(buckets) > 1
+    if knobs.get("comm_hook") == "fp16":  # the hook sends each bucket compressed to half its bytes
+        assert entries(census)[("all_reduce", "float16", 2)]["call_bytes"] == sorted(b // 2 for b in buckets)
+    else:
+        assert entries(census)[("all_reduce", "float32", 2)]["call_bytes"] == sorted(buckets)
+
+
+def test_a_transformer_fsdp2_case_gathers_and_scatters_and_has_no_buckets(pool):
+    workload = TransformerTraining(batch_size=2, measure_peak=False, impl="fsdp2")
+    census, per_rank = census_of(pool, workload)
+    kinds = {c["kind"] for c in census["collectives"]}
+    assert {"all_gather", "reduce_scatter"} <= kinds and census["ddp_buckets"] is None
+    assert "ranks_disagree" not in census
+    # every parameter is gathered (forward, and again in backward after resharding) and every
+    # gradient reduce-scattered once: the scattered inputs are the whole model's float32 bytes
+    param_bytes = per_rank[0]["param_bytes"]
+    assert entries(census)[("reduce_scatter", "float32", 2)]["bytes"] >= param_bytes
 
 
 def test_the_manual_training_loop_has_no_ddp_buckets_but_its_all_reduces_are_counted(pool):

@@ -69,3 +69,18 @@ def test_all_reduce(dist_benchmark, dist_message_size):
     result.stderr.fnmatch_lines(["*--dist-sizes: the 4096GB collective cases on gloo, 2 ranks, cpu need about*"
                                  "*of host memory is available*"])
     assert "passed" not in result.stdout.str()  # no case ran, so no rank started
+
+
+def test_listing_the_cases_is_not_refused(pytester):
+    # --collect-only starts no rank and allocates nothing: a size that cannot fit is still listed,
+    # whatever memory the machine has free at that moment.
+    pytester.makepyfile(test_bench='''
+from ddpbench.workloads.collectives import Collective
+
+def test_all_reduce(dist_benchmark, dist_message_size):
+    dist_benchmark(Collective("all_reduce", dist_message_size))
+''')
+    result = pytester.runpytest_subprocess("--dist-sizes=1MB,4096GB", "-p", "no:cacheprovider", "--collect-only",
+                                           "-q", timeout=120)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["*test_all_reduce*4096GB*"])

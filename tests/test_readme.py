@@ -176,8 +176,9 @@ def _short(command: str) -> str:
 @pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
 def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
     args = shlex.split(command)[1:]
-    if "--dist-baseline-python" in args:  # the README's path is an example: use this interpreter
-        args[args.index("--dist-baseline-python") + 1] = sys.executable
+    # The README's baseline interpreter is an example: use this one.
+    args = [f"--dist-baseline-python={sys.executable}" if arg.startswith("--dist-baseline-python=") else arg
+            for arg in args]
     monkeypatch.setenv("DDPBENCH_SECRET", "0123456789abcdef" * 4)  # for --dist-controller
     out = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
                           "-p", "no:cacheprovider"],
@@ -239,3 +240,37 @@ def test_readme_multinode_commands_work_as_tests_multinode_runs_them(monkeypatch
     for flag in [word.split("=")[0] for word in shlex.split(torchrun) if word.startswith("-")]:
         assert f'"{flag}' in launched or f"'{flag}" in launched, f"{flag} is not what test_multinode uses"
     assert "ddpbench.worker" in launched and _ids("secret")
+
+
+
+# TransformerTraining's fields that are no knob of a case (not in its id; compute_only is the switch
+# of the compute-only variant that variants() makes, docs/design.md): README leaves them out.
+TRANSFORMER_SETTINGS = {"seed", "lr", "data_batches", "measure_peak", "compute_only"}
+
+
+def _transformer_knob_problem(text: str) -> str:
+    """'' when README's transformer knob table has exactly one row per TransformerTraining knob,
+    else what is missing or extra."""
+    import dataclasses
+
+    from ddpbench.workloads.training import TransformerTraining
+
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| transformer knob"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line.split("|")[1].strip().split(" ")[0].strip("`"))
+    knobs = [f.name for f in dataclasses.fields(TransformerTraining) if f.name not in TRANSFORMER_SETTINGS]
+    missing = sorted(set(knobs) - set(rows))
+    extra = sorted(name for name in set(rows) if rows.count(name) > 1 or name not in knobs)
+    return f"missing rows: {missing}; extra or repeated rows: {extra}" if missing or extra else ""
+
+
+def test_the_transformer_table_has_one_row_per_knob():
+    assert _transformer_knob_problem(README) == ""
+    row = next(line for line in README.splitlines() if line.startswith("| `static_graph`"))
+    assert _transformer_knob_problem(README.replace(row + "\n", "")) == \
+        "missing rows: ['static_graph']; extra or repeated rows: []"
+    assert "repeated rows: ['static_graph']" in _transformer_knob_problem(README.replace(row, row + "\n" + row))

@@ -178,7 +178,7 @@ def test_charts_label_sizes_as_the_tables_and_draw_iqr_bars(tmp_path):
         plt.close(fig)
     fig = report.training_figure(plt, groups["training"])
     try:
-        assert len(fig.axes[0].containers) == 3  # ddp, handwritten, lightning (mlp), each with IQR bars
+        assert len(fig.axes[0].containers) == 6  # ddp, handwritten, lightning x accum 1 and 4 (mlp), IQR bars
     finally:
         plt.close(fig)
 
@@ -377,17 +377,24 @@ def test_transformer_cases_get_their_own_table(tmp_path):
     info = {"backend": "gloo", "world_size": 2, "device": "cpu", "impl": "fsdp2", "size": "cpu-small",
             "tokens_per_second": 4096.0, "model_flops_per_step": 1e10, "mfu": 0.125, "peak_flops_measured": 2e11,
             "param_bytes": 8 * MB, "sharded_param_bytes": 4 * MB, "final_loss": 4.5, "peak_rss_bytes": 400 * MB}
+    exposed = dict(info, impl="ddp", compute_s=0.2, compute_s_ci=[0.19, 0.21], exposed_comm_s=0.0125,
+                   exposed_comm_s_ci=[-0.001, 0.02], comm_isolated_s=0.05, comm_overlap_pct=75.0)
     path = write(tmp_path / "run.json", run_doc([
         bench("test_transformer[gloo-2p-cpu-small-fsdp2]", [0.2, 0.25, 0.3], info),
+        bench("test_transformer[gloo-2p-cpu-small-ddp]", [0.2, 0.25, 0.3], exposed),
         bench("test_training[ddp-2p-accum1]", [0.05, 0.06], {"backend": "gloo", "world_size": 2, "device": "cpu",
                                                            "impl": "ddp", "model": "mlp", "grad_accum": 1,
                                                            "batch_size": 32, "samples_per_second": 1000.0})],
         machine=MACHINE_WITH_CORES))
     text = report.markdown_report(load_run(path))
     header, rows = _table_rows(text, "## Transformer training")
-    assert header == ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)", "Params",
+    assert header == ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)",
+                      "Compute (ms)", "Exposed comm (ms)", "Comm alone (ms)", "Comm hidden", "Params",
                       "Params per rank", "Final loss", "Peak memory"]
-    assert rows == [["test_transformer[gloo-2p-cpu-small-fsdp2]", "2", "250.000", "4096", "0.125", "200.0",
-                     "8.0 MB", "4.0 MB", "4.5000", "400.0 MB"]]
+    assert rows == [["test_transformer[gloo-2p-cpu-small-ddp]", "2", "250.000", "4096", "0.125", "200.0",
+                     "200.000 [190.000, 210.000]", "12.500 [-1.000, 20.000]", "50.000", "75%",
+                     "8.0 MB", "4.0 MB", "4.5000", "400.0 MB"],
+                    ["test_transformer[gloo-2p-cpu-small-fsdp2]", "2", "250.000", "4096", "0.125", "200.0",
+                     "-", "-", "-", "-", "8.0 MB", "4.0 MB", "4.5000", "400.0 MB"]]
     _, training_rows = _table_rows(text, "## Training")
     assert [row[1] for row in training_rows] == ["mlp"]  # the transformer case is not a training row

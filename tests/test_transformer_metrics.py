@@ -32,10 +32,11 @@ def test_mfu_arithmetic_with_a_fake_peak():
     # 1e12 model FLOPs per step in 0.5 s on 2 ranks of 4e12 FLOP/s each: 2e12 / 8e12.
     assert metrics.mfu(1e12, 0.5, 2, 4e12) == pytest.approx(0.25)
     assert metrics.tokens_per_second(4096, 0.5) == 8192
-    info = {"achieved_flops_per_second": 2e12, "world_size": 2, "peak_flops_measured": 4e12,
-            "peak_flops_datasheet": 989e12}
-    assert metrics.add_mfu(info) == {"mfu": 0.25, "mfu_datasheet": pytest.approx(2e12 / (2 * 989e12), abs=1e-6)}
-    assert metrics.add_mfu({"achieved_flops_per_second": 2e12, "world_size": 2}) == {}
+    # 2e12 FLOP/s achieved on 2 ranks whose largest probe read 4e12 FLOP/s: 2e12 / 8e12.
+    ranks = {"peak_flops_measured": 4e12, "peak_flops_datasheet": 989e12}
+    assert metrics.mfu_info(2e12, 2, ranks) == {"mfu": 0.25,
+                                                "mfu_datasheet": pytest.approx(2e12 / (2 * 989e12), abs=1e-6)}
+    assert metrics.mfu_info(2e12, 2, {}) == {}
 
 
 def test_peak_probe_and_datasheet_on_the_cpu():

@@ -4,8 +4,9 @@
   that command fails and passes when it passes, and still writes what it tees: found by reading the
   scripts, so a new piped step is covered without a change here.
 * ab.yml: a pull request that changes the rank protocol fails the job unless it is labelled
-  ``rank-protocol-changed``; the label reaches the job (labelled / unlabelled runs) and the README
-  documents it beside ``benchmarks-removed``.
+  ``rank-protocol-changed``; one labelled ``structure-changed`` runs the gate and its verdict table
+  with the option that accepts a structural change (and only then); the labels reach the job
+  (labelled / unlabelled runs) and the README documents them beside ``benchmarks-removed``.
 """
 
 from __future__ import annotations
@@ -191,5 +192,37 @@ def test_ab_labels_reach_the_job_and_are_documented():
     # A re-run reads the event it started with: a label added later needs a run of its own.
     assert {"labeled", "unlabeled", "synchronize"} <= set(trigger["types"])
     readme = (ROOT / "README.md").read_text()
-    for label in ("benchmarks-removed", "rank-protocol-changed"):
+    for label in ("benchmarks-removed", "rank-protocol-changed", "structure-changed"):
         assert f"`{label}`" in readme
+        assert f"'{label}'" in str(ab["env"])  # read from the pull request's labels
+
+
+def _ab_step(name: str):
+    (found,) = [(step, shell, env) for workflow, _, step, shell, env in _run_steps()
+                if workflow == "ab.yml" and step.get("name") == name]
+    return found
+
+
+@pytest.mark.parametrize("labels, accepted", [
+    ((), False),
+    (("benchmarks-removed",), False),  # another label does not accept a structural change
+    (("structure-changed",), True),
+])
+@pytest.mark.parametrize("name, command, option", [
+    ("A/B gate (collectives and one training case)", "pytest", "--dist-ab-accept-structure-change"),
+    ("Verdict table", "ddpbench", "--accept-structure-change"),
+])
+def test_ab_structure_changed_label_passes_the_accepting_option(tmp_path, labels, accepted, name, command, option):
+    step, shell, env = _ab_step(name)
+    workspace = _workspace(tmp_path)
+    (workspace / "head" / "ab.json").write_text("{}")  # the verdict table step reads the gate's run
+    args = tmp_path / "args.txt"
+    _fake(workspace / "head" / ".venv" / "bin" / command, f'printf "%s\\n" "$@" > {args}')
+    result = _run_step(step, shell, env, workspace, labels=labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    given = args.read_text().splitlines()
+    assert (option in given) is accepted, given
+    if command == "pytest":  # the rest of the gate's command line is as before
+        assert "--benchmark-json=ab.json" in given and "--dist-baseline-python=../base/.venv/bin/python" in given
+    else:
+        assert given[:3] == ["compare", "ab.json", "--markdown"]

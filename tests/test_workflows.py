@@ -37,7 +37,7 @@ def test_ab_workflow_gates_the_head_against_the_base_revision_in_one_run():
     ab = (WORKFLOWS / "ab.yml").read_text()
     assert "pull_request" in ab and "github.event.pull_request.base.sha" in ab
     assert "make -C base venv" in ab and "make -C head venv" in ab
-    assert "--dist-baseline-python ../base/.venv/bin/python" in ab
+    assert "--dist-baseline-python=../base/.venv/bin/python" in ab
     assert "ddpbench compare ab.json --markdown" in ab and "GITHUB_STEP_SUMMARY" in ab
 
 

@@ -9,6 +9,12 @@ Each probe is one A/B run (a pytest subprocess): the probe commit's git worktree
 * ``bad``: any selected case is ``regression`` or ``missing`` (the gate's exit-1 verdicts);
 * ``good``: every case is ``same`` or ``improvement``;
 * ``inconclusive``: run once more with twice ``--max-time``; still so, it is skipped;
+
+After BAD is confirmed, the probes ask which side of *that* step a commit lies on, not whether it
+is 5% slower: unless the pytest args set ``--dist-ab-threshold``, each later A/B run uses the
+step's geometric midpoint, sqrt(the lower end of BAD's ratio interval), as its threshold (never
+below the gate's default). A step of x2 then splits at x1.41, so an unchanged commit reads
+``same`` after a few pairs instead of ``inconclusive`` at +-5%, which would leave it unclassified.
 * ``skip``: the run did not produce verdicts (setup failed, collection failed, crashed, the
   baseline failed), as ``git bisect skip``: the search tests the untested commit nearest the
   middle instead, and names every candidate when skips leave more than one.
@@ -23,6 +29,7 @@ SIGTERM.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import shutil
@@ -37,6 +44,7 @@ from pathlib import Path
 BAD_VERDICTS = ("regression", "missing")
 GOOD_VERDICTS = ("same", "improvement")
 DEFAULT_MAX_TIME = 60.0
+GATE_DEFAULT_THRESHOLD = 0.05  # the A/B gate's --dist-ab-threshold default
 # Options bisect sets itself on every A/B run; given among the pytest args they are refused.
 OWN_OPTIONS = ("--dist-baseline-path", "--dist-baseline-python", "--benchmark-json", "--dist-ab-max-time",
                "--dist-ab-fail-on-inconclusive")
@@ -102,6 +110,7 @@ class Bisect:
         self.probes: dict[int, Probe] = {}
         self.test_dirs: list[str] = []
         self.children: list[subprocess.Popen] = []
+        self.threshold: float | None = None  # the probes' --dist-ab-threshold once BAD is confirmed
 
     def say(self, line: str = "") -> None:
         print(line, file=self.out, flush=True)
@@ -259,6 +268,8 @@ class Bisect:
             command.append(f"--dist-baseline-python={good_root}/{self.args.python}")
         if not any(a.startswith("--dist-ab-profile") for a in self.pytest_args):
             command.append("--dist-ab-profile=off")  # profiles cost time at every bad probe
+        if self.threshold is not None:
+            command.append(f"--dist-ab-threshold={100 * self.threshold:.1f}%")
         command += [f"--dist-ab-max-time={max_time:g}", f"--benchmark-json={json_path}"]
         if seed is not None:
             command.append(f"--dist-ab-seed={seed}")
@@ -373,6 +384,11 @@ class Bisect:
             self.say(f"could not confirm a regression at BAD {self.bad[:12]} ({confirm.outcome}: "
                      f"{confirm.summary()}); raise --max-time or narrow -k, and run again")
             return 1
+        self.threshold = self.step_threshold(confirm)
+        if self.threshold is not None:
+            self.say(f"probes are classified against the step's midpoint: --dist-ab-threshold="
+                     f"{100 * self.threshold:.1f}% (sqrt of BAD's lowest interval end; set "
+                     f"--dist-ab-threshold among the pytest args to choose it)")
         lo, hi = -1, n - 1  # lo: last known good (-1 = GOOD), hi: first known bad
         self.say(f"searching {hi - lo - 1} commit(s) between them:")
         while True:
@@ -388,6 +404,17 @@ class Bisect:
                 lo = index
         self.report(lo, hi)
         return 0 if hi - lo == 1 else 1
+
+    def step_threshold(self, confirm: Probe) -> float | None:
+        """The threshold that splits GOOD's timing from BAD's in the middle (geometrically): from
+        the lowest interval end among BAD's regressions, never below the gate's default. None when
+        the user chose a threshold or BAD's regressions carry no interval (a missing case)."""
+        if any(a.startswith("--dist-ab-threshold") for a in self.pytest_args):
+            return None
+        lows = [c.ci[0] for c in confirm.cases if c.verdict == "regression" and c.ci and c.ci[0] > 1.0]
+        if not lows:
+            return None
+        return max(GATE_DEFAULT_THRESHOLD, math.sqrt(min(lows)) - 1.0)
 
     def report(self, lo: int, hi: int) -> None:
         self.say()

@@ -2,9 +2,10 @@
 ``ddpbench history`` (a static HTML page of every saved run, with the steps detected in each case)
 and ``ddpbench bisect`` (the commit between two that made a case slower, through the A/B gate).
 
-Exit status of ``compare``: 0 no regression, 1 at least one regression or a case the baseline has
-and the current run lost (unless ``--allow-missing``; inconclusive cases too with
-``--fail-on-inconclusive``), 2 bad input (missing or unreadable runs, runs that are not comparable
+Exit status of ``compare``: 0 no regression, 1 at least one regression (a structural one too:
+more collectives, bytes or graph breaks per step than the baseline's census, unless
+``--accept-structure-change``) or a case the baseline has and the current run lost (unless
+``--allow-missing``; inconclusive cases too with ``--fail-on-inconclusive``), 2 bad input (missing or unreadable runs, runs that are not comparable
 unless ``--allow-different``, or runs without raw rounds unless ``--allow-summary-stats``).
 ``history`` exits 0 whatever the steps (it is a view, not a gate) and 2 on bad input. ``bisect``: 0
 found (or no regression to search), 1 undecided, 2 bad input (:mod:`ddpbench.bisect`).
@@ -99,6 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-baseline-failure", action="store_true",
                    help="A/B runs: cases whose baseline side failed (raised, died, hung) are listed but "
                         "do not fail the gate")
+    c.add_argument("--accept-structure-change", action="store_true",
+                   help="a structural regression (more collectives, bytes, buckets, graph breaks or "
+                        "recompiles per step than the baseline's census) made on purpose: shown as "
+                        "accepted, not failing the gate")
     c.add_argument("--fail-on-inconclusive", action="store_true",
                    help="exit 1 when a case is inconclusive (neither a change nor the same within the "
                         "threshold); by default they are counted and exit 0")
@@ -203,7 +208,8 @@ def run_ab_verdicts(args, run) -> int:
     """``ddpbench compare AB_RUN.json``: the verdicts an A/B run measured (exit 1 on a regression
     or a case the candidate lost)."""
     try:
-        cases = [verdicts.ab_verdict(case.fullname, case.extra_info["ab"], case.median)
+        cases = [verdicts.ab_verdict(case.fullname, case.extra_info["ab"], case.median,
+                                     case.extra_info.get(verdicts.CENSUS_KEY), args.accept_structure_change)
                  for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
         cases += [verdicts.ab_verdict(str(lost.get("name", "?")), lost["ab"], None)
                   for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
@@ -264,7 +270,8 @@ def run_compare(args) -> int:
         base = base or cmp.load_run(base_path)
         cur = cmp.load_run(cur_path)
         result = cmp.compare_runs(base, cur, threshold=args.threshold, confidence=args.confidence,
-                                  calibration=args.calibration, allow_different=set().union(*args.allow_different))
+                                  calibration=args.calibration, allow_different=set().union(*args.allow_different),
+                                  accept_structure_change=args.accept_structure_change)
         if not (args.baseline or args.current):
             result.selection = selection.lines
             result.preamble += selection.lines

@@ -16,6 +16,7 @@ from .devices import cpu_count
 from .engine.modes import rank_aggregates, rounds_info
 from .engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
 from .pool import PoolSpec
+from .workloads import case_extra_info
 
 
 @dataclass
@@ -27,6 +28,9 @@ class CaseResult:
     extra_info: dict[str, Any]
     # each rank's own recorded round times, in rank order (round_times is their max per round)
     rank_round_times: list[list[float]] = field(default_factory=list)
+    # the variant rounds (Workload.variants), per name ("step": the workload's own interleaved
+    # rounds), max over ranks per round; empty when none ran
+    variant_times: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def median_s(self) -> float:
@@ -86,7 +90,7 @@ class DistBenchmark:
     """The ``dist_benchmark`` fixture's value: call it with a workload once per case."""
 
     def __init__(self, benchmark, pool, spec: PoolSpec, plan: RoundPlan, timeout_s: float,
-                 ab=None, pools=None, case_id: str = "", prepare=None):
+                 ab=None, pools=None, case_id: str = "", prepare=None, exposed_comm: str | int = "auto"):
         self.benchmark = benchmark
         self.pool = pool
         self.spec = spec
@@ -95,6 +99,7 @@ class DistBenchmark:
         self.ab = ab  # A/B mode (ddpbench.gates.ab.session.ABSession): both sides, interleaved
         self._pools = pools
         self.case_id = case_id
+        self.exposed_comm = exposed_comm  # --dist-exposed-comm: "auto" (the case's call decides) or rounds
         # pytest_ddpbench_prepare_workload, for plugins that wrap a case's workload
         self._prepare = prepare or (lambda workload, spec: None)
         self.extra_info = benchmark.extra_info  # tests may add their own keys
@@ -118,8 +123,14 @@ class DistBenchmark:
                           f"which a CUDA graph cannot capture")
         return reason
 
-    def _plan(self, rounds: int | None, warmup: int | None) -> RoundPlan:
+    def _plan(self, rounds: int | None, warmup: int | None, variant_rounds: int | None = None) -> RoundPlan:
         plan = self.plan
+        if variant_rounds is not None and (isinstance(variant_rounds, bool) or not isinstance(variant_rounds, int)
+                                           or variant_rounds < 0):
+            raise ValueError(f"dist_benchmark(variant_rounds={variant_rounds!r}): give a whole number of rounds, "
+                             f"0 or more")
+        chosen = (variant_rounds or 0) if self.exposed_comm == "auto" else self.exposed_comm
+        plan = dataclasses.replace(plan, variant_rounds=chosen)
         if plan.ops_per_round is None:  # the default: auto for CUDA cases, 1 on the CPU
             plan = dataclasses.replace(plan, ops_per_round="auto" if self.spec.device == "cuda" else 1)
         if self.benchmark.disabled:
@@ -133,13 +144,15 @@ class DistBenchmark:
         return plan
 
     def __call__(self, workload, *, rounds: int | None = None, warmup: int | None = None,
-                 timeout_s: float | None = None) -> CaseResult:
+                 timeout_s: float | None = None, variant_rounds: int | None = None) -> CaseResult:
         """Measure ``workload``: ``rounds`` / ``warmup`` override --dist-rounds / --dist-warmup,
-        ``timeout_s`` --dist-timeout for this case's tasks."""
+        ``timeout_s`` --dist-timeout for this case's tasks; ``variant_rounds``: rounds of each of
+        the workload's variants after its own (``Workload.variants``), unless --dist-exposed-comm
+        names a count or off. Their times go to extra_info ``variant_round_times``."""
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"dist_benchmark(timeout_s={timeout_s!r}): give a number of seconds above 0")
         workload = self._prepare(workload, self.spec) or workload
-        plan = self._plan(rounds, warmup)
+        plan = self._plan(rounds, warmup, variant_rounds)
         reason = self._skip_reason(workload, plan)
         if reason:
             pytest.skip(reason)
@@ -157,9 +170,14 @@ class DistBenchmark:
         info.update(getattr(self.pool, "extra_info", None) or {})  # torchrun pools: socket_ifname...
         if self.spec.world_size > cpu_count():
             info["ranks_outnumber_cores"] = True
-        info.update(combine_rank_metrics(rounds_.rank_metrics))
+        rank_metrics = combine_rank_metrics(rounds_.rank_metrics)
+        info.update(rank_metrics)
         info.update(rounds_info(rounds_.round_times, rounds_.rank_cpus, self.pool.nodes))
         info.update(rank_aggregates(rounds_.rank_round_times))
-        info.update(workload.extra_info(self.spec.world_size, median_s))
+        info.update(case_extra_info(workload, self.spec.world_size, median_s, rank_metrics))
+        variant_times = dict(rounds_.variant_times or {})
+        if variant_times:
+            info["variant_round_times"] = variant_times
         replay_into_pytest_benchmark(self.benchmark, rounds_.round_times)
-        return CaseResult(rounds_.round_times, rounds_.rank_metrics, dict(info), rounds_.rank_round_times)
+        return CaseResult(rounds_.round_times, rounds_.rank_metrics, dict(info), rounds_.rank_round_times,
+                          variant_times)

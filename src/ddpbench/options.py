@@ -81,6 +81,7 @@ MAX_MIN_TIME_SECONDS = 3600
 MAX_BLOCK_SECONDS = 60
 MAX_ROUNDS = 1_000_000
 MAX_POOLS_PER_SIDE = 16
+MAX_VARIANT_ROUNDS = 10_000
 
 
 def _positive_number(kind, text: str, what: str, allow_zero: bool = False, maximum=None):
@@ -114,6 +115,22 @@ def parse_block_time(text: str) -> float:
 def parse_rounds(text: str) -> int:
     """Recorded rounds per case; 0 means 'choose from --dist-min-time'."""
     return _positive_number(int, text, "rounds", allow_zero=True, maximum=MAX_ROUNDS)
+
+
+def parse_exposed_comm(text: str) -> str | int:
+    """--dist-exposed-comm: ``auto`` (each case's own choice), ``off`` (0: no variant rounds
+    anywhere) or N, the rounds of each variant for every case whose workload has variants."""
+    word = text.strip().lower()
+    if word == "auto":
+        return "auto"
+    if word == "off":
+        return 0
+    try:
+        int(word)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give auto (each case's own choice), off, or a number of rounds, e.g. 8") from None
+    return _positive_number(int, word, "variant rounds", maximum=MAX_VARIANT_ROUNDS)
 
 
 def parse_warmup(text: str) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import pytest
 
@@ -77,6 +78,12 @@ def pytest_addoption(parser):
                          "auto: enough that the round's fixed cost (timer, launch, barrier exit) is "
                          "at most 1%% of it. Default: auto for CUDA cases, 1 on the CPU (gloo's ops "
                          "are synchronous: nothing to hide)")
+    cases.addoption("--dist-exposed-comm", type=opts.parse_exposed_comm, default="auto", metavar="auto|off|N",
+                    help="after a case's rounds, time N rounds each of its workload's compute-only "
+                         "step and its collectives replayed alone, interleaved with N more steps "
+                         "(extra_info compute_s, exposed_comm_s, comm_isolated_s, comm_overlap_pct); "
+                         "auto: as each case asks (the default transformer cases do); off: never. "
+                         "Default: auto")
     cases.addoption("--dist-cuda-graphs", action="store_true",
                     help="capture each round's ops in a CUDA graph and replay it between the timing "
                          "events (nccl-tests -G); CUDA cases only")
@@ -121,6 +128,10 @@ def pytest_addoption(parser):
     ab.addoption("--dist-ab-allow-baseline-failure", action="store_true",
                  help="a case whose baseline side failed (raised, died, hung) while the candidate ran "
                       "it does not fail the run (its verdict is baseline-failed either way)")
+    ab.addoption("--dist-ab-accept-structure-change", action="store_true",
+                 help="a structural regression (more collectives, bytes, buckets, graph breaks or "
+                      "recompiles per step than the baseline's census) made on purpose: shown as "
+                      "accepted instead of failing the run")
     ab.addoption("--dist-ab-fail-on-inconclusive", action="store_true",
                  help="exit 1 when any case is inconclusive (by default they are counted and exit 0)")
     ab.addoption("--dist-ab-profile", choices=PROFILE_MODES, default=DEFAULT_PROFILE,
@@ -162,6 +173,7 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--dist-controller: {exc}") from None
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("--dist-controller serves one external pool: run without -n (xdist)")
+    _check_path_options_written_with_equals(config)
     from .gates.ab.session import ABSession
 
     config._ddpbench_ab = ABSession.from_options(config)
@@ -178,6 +190,24 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: large sizes and long loops, run with -m slow")
     config.addinivalue_line("markers", "dist_extra_world_sizes(*sizes): also run this test's dist_spec "
                             "cases at these world sizes (e.g. 1 as a scaling reference)")
+
+
+#: Options whose value is a path: pytest decides its rootdir (and so which pytest.ini and conftest.py
+#: apply) before it knows a plugin's options, taking every existing path among the words as a test path.
+PATH_OPTIONS = ("--dist-baseline-path", "--dist-baseline-python")
+
+
+def _check_path_options_written_with_equals(config) -> None:
+    """``--dist-baseline-path ../base`` (two words) lets pytest read ``../base`` as a test path when it
+    picks the rootdir, so the run may use the baseline's pytest.ini and conftest.py: a usage error
+    that names the one-word form, which pytest cannot misread."""
+    words = [str(word) for word in config.invocation_params.args]
+    for option, value in zip(words, words[1:]):
+        if option in PATH_OPTIONS and os.path.exists(os.path.join(str(config.invocation_params.dir), value)):
+            raise pytest.UsageError(
+                f"write {option}={value} (one word): given as two words, pytest takes {value!r} for a "
+                f"test path when it chooses the rootdir (here {config.rootpath}), so the baseline's "
+                f"pytest.ini and conftest.py could configure this run")
 
 
 def _check_compare_target(config) -> None:
@@ -324,8 +354,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Before any rank starts: every selected collective size must fit in memory, and in A/B mode
-    each side must import its own code."""
+    """Before any rank starts: every selected collective size must fit in memory (unless the run
+    only lists the cases: --collect-only), and in A/B mode each side must import its own code."""
     if getattr(session.config, "_ddpbench_controller", None):
         return  # multi-node: the nodes' memory is not this machine's
     import psutil
@@ -334,7 +364,8 @@ def pytest_collection_finish(session):
 
     ab = getattr(session.config, "_ddpbench_ab", None)
     pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else 1
-    check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
+    if not session.config.getoption("collectonly", False):  # listing cases allocates nothing
+        check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
     if ab is not None:
         _announce(session.config, ab.resolve_modules(session))
 
@@ -451,6 +482,7 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools,
     return DistBenchmark(benchmark, dist_pool, dist_spec, dist_round_plan,
                          request.config.getoption("dist_timeout"),
                          ab=getattr(request.config, "_ddpbench_ab", None), pools=dist_pools,
+                         exposed_comm=request.config.getoption("dist_exposed_comm", "auto"),
                          case_id=request.node.nodeid,
                          prepare=lambda workload, spec: hook(workload=workload, spec=spec))
 

@@ -16,9 +16,11 @@ Every table is followed by the line saying which run (file, saved datetime) and 
 (pytest-benchmark's machine_info: node, CPU, cores) it came from.
 
 Charts (matplotlib, the ``plot`` extra): collectives time and bus bandwidth vs size, one line per
-backend and process count, one panel per op, sizes labelled as in the tables; training throughput
-vs world size per impl; every point is the median with its interquartile range as error bars; and
-:func:`compare_chart` for the ratios of a comparison with their intervals.
+backend and process count, one panel per op, sizes labelled as in the tables; training samples/s
+and transformer tokens/s and MFU vs world size, a row of panels per model, whole-number world-size
+ticks, one line per configuration (a case's id without its world size), legends beside the data;
+every point is the median with its interquartile range as error bars; and :func:`compare_chart`
+for the ratios of a comparison with their intervals.
 """
 
 from __future__ import annotations
@@ -333,22 +335,40 @@ def training_tables(cases: list[Case]) -> str:
     return "\n\n".join(parts)
 
 
+def _ms_with_interval(info: dict, key: str) -> str:
+    """``key`` in ms with its ``<key>_ci`` interval: '1.250 [0.310, 2.040]'; '-' when not measured."""
+    if not _is_number(info.get(key)):
+        return "-"
+    text = f"{info[key] * 1e3:.3f}"
+    interval = info.get(f"{key}_ci")
+    if isinstance(interval, (list, tuple)) and len(interval) == 2 and all(_is_number(v) for v in interval):
+        text += f" [{interval[0] * 1e3:.3f}, {interval[1] * 1e3:.3f}]"
+    return text
+
+
 def transformer_table(cases: list[Case]) -> str:
     """One row per case: its knobs (the case id's parameters), tokens/s, MFU against the measured
-    peak, parameter bytes (whole and held per rank), final loss and peak memory."""
+    peak, the step's compute, exposed communication (with its 95% interval) and communication
+    alone with the share of it hidden, parameter bytes (whole and held per rank), final loss and
+    peak memory ('-' where a case measured no exposed communication)."""
     rows = []
     for case in sorted(cases, key=lambda c: (str(c.extra_info.get("size")), c.extra_info.get("world_size") or 0,
                                              c.name)):
         info = case.extra_info
         memory = info.get("peak_memory_allocated_bytes") or info.get("peak_rss_bytes")
+        overlap = info.get("comm_overlap_pct")
         rows.append([case.name, str(info.get("world_size", "?")), f"{case.median * 1e3:.3f}",
                      _num(info.get("tokens_per_second"), "{:.0f}"), _num(info.get("mfu"), "{:.3f}"),
                      _num(info.get("peak_flops_measured"), "{:.1f}", 1e-9),
+                     _ms_with_interval(info, "compute_s"), _ms_with_interval(info, "exposed_comm_s"),
+                     _num(info.get("comm_isolated_s"), "{:.3f}", 1e3) if "comm_isolated_s" in info else "-",
+                     f"{overlap:.0f}%" if _is_number(overlap) else "-",
                      _mem(info.get("param_bytes")), _mem(info.get("sharded_param_bytes")),
                      _num(info.get("final_loss"), "{:.4f}"), _mem(memory)])
     return _with_straggler(_table(
-        ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)", "Params",
-         "Params per rank", "Final loss", "Peak memory"], rows), cases)
+        ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)", "Compute (ms)",
+         "Exposed comm (ms)", "Comm alone (ms)", "Comm hidden", "Params", "Params per rank", "Final loss",
+         "Peak memory"], rows), cases)
 
 
 def datasets_table(cases: list[Case]) -> str:
@@ -448,21 +468,50 @@ def collectives_series(cases: list[Case], metric: str) -> dict[str, dict[tuple, 
     return series
 
 
-def training_series(cases: list[Case]) -> dict[tuple[str, str], list[tuple[int, float, float, float]]]:
-    """Per (impl, model): points ``(world size, samples/s, low, high)``; low / high are the
-    throughput at the third / first quartile of the step times."""
-    lines: dict[tuple, list] = defaultdict(list)
+# Throughputs charted against world size: (extra_info key, y-axis label). Each is inversely
+# proportional to the step time, so its IQR bars come from the step time's quartiles.
+TRAINING_METRICS = (("samples_per_second", "samples/s"),)
+TRANSFORMER_METRICS = (("tokens_per_second", "tokens/s"), ("mfu", "MFU (measured peak)"))
+
+
+def configuration(case: Case) -> tuple[str, ...]:
+    """What a case measured but for its world size: its test's name and its id's parts without the
+    ``<n>p`` part (``test_training[gloo-2p-mlp-ddp-accum4-b32]`` -> ``('test_training', 'gloo',
+    'mlp', 'ddp', 'accum4', 'b32')``). Cases that differ only in world size share it: one line."""
+    test, _, params = case.name.partition("[")
+    parts = params.rstrip("]").split("-") if params else []
+    world = f"{case.extra_info.get('world_size')}p"
+    if world in parts:
+        parts.remove(world)
+    return (test, *parts)
+
+
+def line_labels(configurations) -> dict[tuple[str, ...], str]:
+    """Each configuration's legend label: its parts that not every configuration of the panel
+    shares (``ddp-accum4``), or, for a panel of one, all of them."""
+    configurations = list(configurations)
+    shared = set.intersection(*(set(c) for c in configurations)) if len(configurations) > 1 else set()
+    return {c: "-".join(part for part in c if part not in shared) or "-".join(c) for c in configurations}
+
+
+def scaling_series(cases: list[Case], metric: str) -> dict[str, dict[tuple[str, ...], list[tuple]]]:
+    """Per model, per :func:`configuration`: points ``(world size, value, low, high)`` sorted by
+    world size, where value is ``extra_info[metric]`` (a throughput, or MFU) at the median step and
+    low / high its value at the third / first quartile of the step times. Cases without the metric
+    are left out."""
+    lines: dict[str, dict[tuple, list]] = defaultdict(lambda: defaultdict(list))
     for case in cases:
         info = case.extra_info
-        sps = info.get("samples_per_second")
-        if not _is_number(sps):
+        value = info.get(metric)
+        if not _is_number(value) or not _positive_whole(info.get("world_size")):
             continue
         q1, median, q3 = spread(case)
-        lines[(str(info["impl"]), str(info.get("model", "")))].append(
-            (int(info.get("world_size") or 1), sps, sps * median / q3, sps * median / q1))
-    for points in lines.values():
-        points.sort()
-    return dict(lines)
+        lines[str(info.get("model", ""))][configuration(case)].append(
+            (int(info["world_size"]), value, value * median / q3, value * median / q1))
+    for per_model in lines.values():
+        for points in per_model.values():
+            points.sort()
+    return {model: dict(per_model) for model, per_model in lines.items()}
 
 
 def _errorbar(ax, points, **kwargs):
@@ -470,7 +519,7 @@ def _errorbar(ax, points, **kwargs):
     ys = [p[1] for p in points]
     # max(0, ...): a quartile equal to the median can land a rounding error on the wrong side
     yerr = [[max(0.0, p[1] - p[2]) for p in points], [max(0.0, p[3] - p[1]) for p in points]]
-    return ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, **kwargs)
+    return ax.errorbar(xs, ys, yerr=yerr, **{"marker": "o", "capsize": 3, **kwargs})
 
 
 def collectives_figure(plt, cases: list[Case], metric: str):
@@ -497,19 +546,70 @@ def collectives_figure(plt, cases: list[Case], metric: str):
     return fig
 
 
-def training_figure(plt, cases: list[Case]):
-    fig, ax = plt.subplots(figsize=(6, 4))
-    lines = training_series(cases)
-    for (impl, model), points in sorted(lines.items()):
-        _errorbar(ax, points, label=f"{impl} ({model})" if model else impl)
+def _world_size_axis(plt, ax, world_sizes) -> None:
+    """Ticks at the world sizes the panel has, labelled as whole numbers, nothing in between; a
+    base-2 log scale once they span 8x or more."""
+    sizes = sorted(set(world_sizes))
+    if sizes and sizes[-1] / sizes[0] >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(size) for size in sizes])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+    if len(sizes) == 1:
+        ax.set_xlim(sizes[0] - 0.5, sizes[0] + 0.5)
     ax.set_xlabel("world size (processes)")
-    ax.set_ylabel("throughput (samples/s), IQR bars")
-    ax.set_title("training scaling")
-    ax.grid(True, alpha=0.3)
-    if lines:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+
+
+def scaling_figure(plt, cases: list[Case], metrics, title: str):
+    """One row of panels per model and one column per metric (throughput, MFU...), world size on
+    the x axis, one line per configuration with IQR bars; each row's legend to the right of its
+    last panel, outside the data. Metrics no case recorded get no column."""
+    per_metric = [(key, label, scaling_series(cases, key)) for key, label in metrics]
+    per_metric = [m for m in per_metric if m[2]]
+    models = sorted({model for _, _, series in per_metric for model in series})
+    rows, cols = max(1, len(models)), max(1, len(per_metric))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 3.2, 3.2 * rows), squeeze=False,
+                             layout="constrained")
+    labels_of = {model: line_labels({c for _, _, series in per_metric for c in series.get(model, {})})
+                 for model in models}
+    # A label keeps its colour and marker in every panel (ddp-accum4 looks the same for each model).
+    cmap = plt.get_cmap("tab20")
+    style = {label: dict(color=cmap(i % 20), marker="osD^vPX"[i // 20 % 7])
+             for i, label in enumerate(sorted({label for labels in labels_of.values() for label in labels.values()}))}
+    for row, model in enumerate(models):
+        labels = labels_of[model]
+        for col, (key, ylabel, series) in enumerate(per_metric):
+            ax = axes[row][col]
+            lines = series.get(model, {})
+            for config in sorted(lines, key=lambda c: labels[c]):
+                _errorbar(ax, lines[config], label=labels[config], **style[labels[config]])
+            _world_size_axis(plt, ax, [p[0] for points in lines.values() for p in points])
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel(f"{ylabel}, IQR bars")
+            ax.set_title(f"{model or title}: {ylabel}" if cols > 1 else (model or title))
+            ax.grid(True, alpha=0.3)
+        handles, names = [], []
+        for ax in axes[row]:  # every configuration of the row once, in label order
+            for handle, name in zip(*ax.get_legend_handles_labels()):
+                if name not in names:
+                    handles.append(handle)
+                    names.append(name)
+        if handles:
+            order = sorted(range(len(names)), key=lambda i: names[i])
+            axes[row][-1].legend([handles[i] for i in order], [names[i] for i in order], fontsize=8,
+                                 loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.suptitle(title)
     return fig
+
+
+def training_figure(plt, cases: list[Case]):
+    """Training loops' samples/s against world size: a panel per model, a line per configuration."""
+    return scaling_figure(plt, cases, TRAINING_METRICS, "training scaling")
+
+
+def transformer_figure(plt, cases: list[Case]):
+    """Transformer cases' tokens/s and MFU against world size: a row per model size, a line per
+    configuration."""
+    return scaling_figure(plt, cases, TRANSFORMER_METRICS, "transformer scaling")
 
 
 def _save(plt, fig, path: Path) -> Path:
@@ -533,6 +633,8 @@ def write_charts(run: Run, out_dir: str | Path) -> list[Path]:
                              out / "collectives_bandwidth.png"))
     if groups.get("training"):
         written.append(_save(plt, training_figure(plt, groups["training"]), out / "training_scaling.png"))
+    if groups.get("transformer"):
+        written.append(_save(plt, transformer_figure(plt, groups["transformer"]), out / "transformer_scaling.png"))
     return written
 
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .workloads import Workload
+from .workloads import Workload, case_extra_info
 
 INJECT_ENV = "DDPBENCH_INJECT_SLOWDOWN"
 
@@ -135,8 +135,9 @@ class SlowedDown(Workload):
     def teardown(self, state) -> None:
         self.inner.teardown(state["inner"])
 
-    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
-        return self.inner.extra_info(world_size, median_s)
+    def extra_info(self, world_size: int, median_s: float,
+                   rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+        return case_extra_info(self.inner, world_size, median_s, rank_metrics or {})
 
 
 def _event_time(ctx, fn, ops: int, repeats: int) -> tuple[float, float]:

@@ -270,7 +270,7 @@ class CollectiveCensus:
         start = dynamo_at_start or {"frames": 0, "graph_breaks": 0}
         return {
             "version": CENSUS_VERSION,
-            "method": CENSUS_METHOD + ("+profiler" if self.kernel_launches is not None else ""),
+            "method": CENSUS_METHOD,  # how collectives were counted (kernel launches: a profiler)
             "rounds_counted": 1,
             "ops_per_round": ops_per_round,
             "collectives": self.collectives(ops_per_round),

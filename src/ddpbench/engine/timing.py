@@ -14,6 +14,11 @@ iterations back to back and torch.utils.benchmark's blocked_autorange grows its 
 ``cuda_graphs`` the round's ops are captured once into a CUDA graph and each round replays it
 between the events (nccl-tests -G).
 
+Variant rounds (``RoundPlan.variant_rounds``, :meth:`RankSession.time_variants`): after the
+recorded rounds, the workload's variants (``Workload.variants``, e.g. its compute-only step) and
+the workload itself take turns, round by round, by the same rule; they are reported apart and never
+join the case's rounds.
+
 ``measure_workload`` is the task the controller sends to every rank; it never knows what the
 workload does. ``max_over_ranks`` runs in the controller.
 """
@@ -47,6 +52,8 @@ AUTO_MAX_ROUND_S = 1.0
 AUTO_PROBE_ROUNDS = 5
 # z for the 95% distribution-free interval of the median (order statistics).
 _Z95 = 1.959964
+# The name of the workload's own rounds among the variant rounds (RankSession.time_variants).
+STEP = "step"
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,9 @@ class RoundPlan:
     cuda_graphs: bool = False
     # After warm-up, one more untimed round under the collective census (ddpbench.engine.census).
     census: bool = True
+    # After the recorded rounds, this many rounds of each of the workload's variants
+    # (Workload.variants), interleaved with as many more rounds of the workload itself; 0: none.
+    variant_rounds: int = 0
 
     def rounds_for(self, seconds_per_round: float) -> int:
         """The recorded-round count that fills ``min_time_s`` within [min_rounds, max_rounds]."""
@@ -116,6 +126,9 @@ class RankMeasurement:
     round_times: list[float]
     metrics: dict[str, Any] = field(default_factory=dict)
     round_cpus: list[int] | None = None
+    # Per name (the workload's own interleaved rounds under STEP, each variant under its name):
+    # this rank's times of the variant rounds (RankSession.time_variants); empty when none ran.
+    variant_times: dict[str, list[float]] = field(default_factory=dict)
 
 
 class ThreadCpuReader:
@@ -236,8 +249,8 @@ class RankSession:
         self._time_round = _time_round_cuda if self.on_cuda else _time_round_cpu
         self._agree = _agreed_max  # every rank's element-wise max (the stopping rule's input)
         self.pin_cores = ctx.core is not None and workload.pin_to_core
-        self.phases = {"engine_setup_s": 0.0, "engine_warmup_s": 0.0, "engine_between_rounds_s": 0.0,
-                       "engine_check_s": 0.0}
+        self.phases: dict[str, float] = {"engine_setup_s": 0.0, "engine_warmup_s": 0.0,
+                                         "engine_between_rounds_s": 0.0, "engine_check_s": 0.0}
         self.state = None
         self._set_up = False
         self._peak_reset = False
@@ -247,6 +260,7 @@ class RankSession:
         self._graph = None
         self.census: dict[str, Any] | None = None  # the census round's record (plan.census)
         self._dynamo_at_start = None
+        self.variant_times: dict[str, list[float]] = {}
         if plan.cuda_graphs and not self.on_cuda:
             raise ValueError("CUDA graph mode captures GPU work; this case runs on the CPU")
         if plan.cuda_graphs and not getattr(workload, "cuda_graph_safe", False):
@@ -406,8 +420,50 @@ class RankSession:
         finally:
             cpu.close()
 
-    def finish(self, check: bool = True) -> dict[str, Any]:
-        """Metrics, the workload's check (untimed), teardown; returns this rank's metrics."""
+    def time_variants(self, rounds: int) -> dict[str, list[float]]:
+        """``rounds`` rounds of each of the workload's variants (``Workload.variants``) and as many
+        more of the workload itself (under :data:`STEP`), interleaved: round group i runs each of
+        them once, the order rotated by one from group to group, so that drift and "who runs
+        first" hit all alike. Each variant is set up (and warmed up one round) first and torn down
+        after; the times are per op, as the recorded rounds'. None of it joins the recorded rounds."""
+        variants = dict(self.workload.variants() or {}) if rounds > 0 else {}
+        if not variants:
+            return {}
+        if STEP in variants:
+            raise ValueError(f"{type(self.workload).__name__}.variants() names a variant {STEP!r}: that name "
+                             f"is the workload's own rounds; rename the variant")
+        clock = time.perf_counter
+        states: dict[str, Any] = {}
+        times: dict[str, list[float]] = {STEP: [], **{name: [] for name in variants}}
+        with self._on_own_core():
+            phase_start = clock()
+            timed = 0.0
+            try:
+                for name, variant in variants.items():
+                    states[name] = variant.setup(self.ctx)
+                runs = {STEP: (self.workload.run_round, self.state),
+                        **{name: (variant.run_round, states[name]) for name, variant in variants.items()}}
+                names = list(runs)
+                for name in names[1:]:  # one warm-up round each (the workload itself is warm)
+                    self._time_round(self.ctx, _repeated(runs[name][0], self.ops_per_round), runs[name][1])
+                for i in range(rounds):
+                    for name in names[i % len(names):] + names[:i % len(names)]:
+                        run, state = runs[name]
+                        elapsed = self._time_round(self.ctx, _repeated(run, self.ops_per_round), state)
+                        times[name].append(elapsed / self.ops_per_round)
+                        timed += elapsed
+            finally:
+                for name, state in states.items():
+                    variants[name].teardown(state)
+            # The variants' set-up, warm-up and teardown (their timed rounds are not the engine's).
+            self.phases["engine_variants_s"] = clock() - phase_start - timed
+        self.variant_times = times
+        return times
+
+    def finish(self, check: bool = True, variant_rounds: int = 0) -> dict[str, Any]:
+        """Metrics, the variant rounds (``variant_rounds``, :meth:`time_variants`: after the
+        metrics, so that a variant's memory is not the case's), the workload's check (untimed),
+        teardown; returns this rank's metrics."""
         import torch
 
         metrics: dict[str, Any] = {}
@@ -417,6 +473,9 @@ class RankSession:
                     metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.ctx.device))
                 phase_start = time.perf_counter()
                 metrics.update(self.workload.rank_metrics(self.state) or {})
+                variants_start = time.perf_counter()
+                self.time_variants(variant_rounds)
+                phase_start += time.perf_counter() - variants_start  # not the check's time
                 if check:  # a check may report what it measured while checking (e.g. its peak memory)
                     metrics.update(check_outcome(self.workload, self.workload.check(self.state), self.ctx.rank))
                 self.phases["engine_check_s"] = time.perf_counter() - phase_start
@@ -487,8 +546,8 @@ def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:
     except BaseException:
         session.close()
         raise
-    metrics = session.finish()
-    return RankMeasurement(ctx.rank, times, metrics, cpus)
+    metrics = session.finish(variant_rounds=plan.variant_rounds)
+    return RankMeasurement(ctx.rank, times, metrics, cpus, session.variant_times)
 
 
 class CaseRounds(NamedTuple):
@@ -499,11 +558,16 @@ class CaseRounds(NamedTuple):
     rank_metrics: list[dict[str, Any]]
     rank_cpus: list[list[int] | None]
     rank_round_times: list[list[float]]
+    # Per name, each variant round's time, max over ranks (RankSession.time_variants); None: none ran.
+    variant_times: dict[str, list[float]] | None = None
 
     @classmethod
     def of(cls, measurements: list[RankMeasurement]) -> "CaseRounds":
+        names = measurements[0].variant_times.keys() if measurements else ()
+        variants = {name: max_over_ranks([m.variant_times[name] for m in measurements]) for name in names}
         return cls(max_over_ranks([m.round_times for m in measurements]), [m.metrics for m in measurements],
-                   [m.round_cpus for m in measurements], [list(m.round_times) for m in measurements])
+                   [m.round_cpus for m in measurements], [list(m.round_times) for m in measurements],
+                   variants or None)
 
 
 def max_over_ranks(per_rank_times: list[list[float]]) -> list[float]:

@@ -37,6 +37,12 @@ CUDA graphs...) differ is ``inconclusive`` with the difference as its reason. Wi
 :func:`choose_runs` takes the newest saved run as the current one and, as the baseline, the newest
 *complete* run (:mod:`.completeness`) of the same machine and branch, and says which runs it passed
 over.
+
+Each compared case also gets a structural verdict (:mod:`.structure`): the two runs' census
+records of the case compared exactly. A structural regression makes the case a ``regression``
+whatever the timing says, unless ``accept_structure_change`` (``--accept-structure-change``);
+a case that is unlike (its facts differ and that is not allowed) is not counted, and neither is
+one whose run recorded no census.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ from . import fingerprint, stats, verdicts
 from .calibration import MAX_CORRECTION, MAX_PROBE_SPREAD, drift_factor, overload, probe_of, probe_spread, \
     within_correction
 from .completeness import Completeness, completeness_of
-from .verdicts import CaseVerdict, Column, GateReport
+from .structure import CENSUS_KEY, NOT_COUNTED, CensusError, StructureVerdict, compare_census
+from .verdicts import STRUCTURE_COLUMN, CaseVerdict, Column, GateReport
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_CONFIDENCE = stats.DEFAULT_CONFIDENCE
@@ -518,11 +525,24 @@ def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: floa
 # ----------------------------------------------------------------------------------------------
 
 
+def _structure(base: Run, cur: Run, bcase: Case, ccase: Case) -> StructureVerdict:
+    """The case's census in both runs compared; :class:`CompareError` naming the run, the case
+    and the field when one cannot be read."""
+    try:
+        return compare_census(bcase.extra_info.get(CENSUS_KEY), ccase.extra_info.get(CENSUS_KEY))
+    except CensusError as exc:
+        run = base if exc.side == "baseline" else cur
+        raise CompareError(f"{run.path}: {ccase.fullname}: extra_info {exc}. The file is damaged or was "
+                           f"edited: restore it or rerun the case") from None
+
+
 def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                  confidence: float = DEFAULT_CONFIDENCE, calibration: str = "auto",
-                 seed: int = 0, allow_different: set[str] | frozenset[str] = frozenset()) -> Comparison:
-    """Each case's verdict; :class:`CompareError` for bad settings and for runs that are not
-    comparable (facts not in ``allow_different`` differ)."""
+                 seed: int = 0, allow_different: set[str] | frozenset[str] = frozenset(),
+                 accept_structure_change: bool = False) -> Comparison:
+    """Each case's verdict, timing and structure; :class:`CompareError` for bad settings, for runs
+    that are not comparable (facts not in ``allow_different`` differ) and for a census that cannot
+    be read. ``accept_structure_change``: structural regressions are shown as accepted, not failing."""
     if not threshold >= 0:
         raise CompareError(f"--threshold must be >= 0, got {threshold}")
     if not 0 < confidence < 1:
@@ -531,7 +551,7 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         raise CompareError(f"--calibration must be auto, always or never, got {calibration!r}")
     allowed = set(allow_different)
     result = Comparison("ddpbench compare", [], threshold, confidence,
-                        columns=[ROUNDS_COLUMN, CALIBRATION_COLUMN],
+                        columns=[ROUNDS_COLUMN, CALIBRATION_COLUMN, STRUCTURE_COLUMN],
                         preamble=[f"baseline: {base.path}", f"current:  {cur.path}"],
                         baseline=str(base.path), current=str(cur.path))
     _check_comparable(result, base, cur, allowed)
@@ -580,6 +600,10 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                 verdict.verdict, verdict.reason = "inconclusive", f"unlike: {what}"
             else:
                 verdict.reason = f"unlike, allowed: {what}"
+        if verdict.reason and verdict.reason.startswith("unlike: "):
+            verdict.structure = StructureVerdict(NOT_COUNTED, "the cases are unlike")
+        else:
+            verdict.judge_structure(_structure(base, cur, bcase, ccase), accept_structure_change)
         result.cases.append(verdict)
     if unlike:
         count = sum(1 for c in result.cases if (c.reason or "").startswith("unlike: "))

@@ -15,6 +15,13 @@ run lost (unless allowed), and for an inconclusive case only when asked.
   died, hung): nothing to compare with, and a broken baseline must not pass as ``new``;
 * ``new``: only the current run has it (the baseline lacks it: cannot import its code).
 
+Beside the timing verdict each compared case gets a structural one (:mod:`.structure`: the two
+sides' census records compared exactly, in the same words, or ``not counted``), shown in the
+"structure" column. A structural regression makes the case a ``regression`` whatever the timing
+says (the timing verdict is kept in ``timing_verdict``), unless the gate was told the change was
+made on purpose (``--accept-structure-change``): then the column says ``accepted`` and the case
+keeps its timing verdict.
+
 Verdicts read back from a saved run (:func:`ab_verdict`) are checked first: a field that does
 not hold what it should is a :class:`VerdictError` naming the case and the field, never a
 traceback from the formatters.
@@ -27,9 +34,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from .structure import BASELINE_CENSUS_KEY, CENSUS_KEY, STRUCTURE_VERDICTS, CensusError, StructureVerdict, \
+    accept, compare_census
+
 # Most urgent first: the order of a report's rows and counts.
 VERDICTS = ("regression", "missing", "baseline-failed", "improvement", "inconclusive", "same", "new")
 FAILING = ("regression", "missing", "baseline-failed")
+# The verdicts a timing comparison gives: only a case so judged gets a structural verdict too.
+TIMED = ("regression", "improvement", "inconclusive", "same")
+assert set(STRUCTURE_VERDICTS) <= set(TIMED) | {"not counted"}  # one vocabulary
 
 # The key of a pytest-benchmark JSON run under which an A/B run lists the cases that have no
 # benchmark entry of their own: lost on the candidate side (crashed, hung).
@@ -64,12 +77,21 @@ class CaseVerdict:
     calibration_factor: float | None = None  # what it was divided by (the probe ratio), when calibrated
     reason: str | None = None  # why a case is missing or new
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
+    structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
+    timing_verdict: str | None = None  # what the timing said, when a structural regression overrode it
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
         if self.fullname is None:
             self.fullname = self.name
+
+    def judge_structure(self, structure: StructureVerdict, accepted: bool = False) -> None:
+        """Add the structural verdict; an unaccepted structural regression makes the case a
+        regression whatever the timing says (``accepted``: the gate's option to accept it)."""
+        self.structure = accept(structure) if accepted else structure
+        if self.structure.fails and self.verdict != "regression":
+            self.timing_verdict, self.verdict = self.verdict, "regression"
 
 
 @dataclass(frozen=True)
@@ -78,6 +100,9 @@ class Column:
 
     header: str
     cell: Callable[[CaseVerdict], str]
+
+
+STRUCTURE_COLUMN = Column("structure", lambda case: case.structure.cell() if case.structure else "-")
 
 
 @dataclass
@@ -105,6 +130,11 @@ class GateReport:
     def regressions(self) -> list[CaseVerdict]:
         return [case for case in self.cases if case.verdict == "regression"]
 
+    def structural(self, accepted: bool) -> list[str]:
+        """The cases whose structure regressed: accepted as made on purpose, or not."""
+        return [c.fullname or c.name for c in self.cases
+                if c.structure is not None and c.structure.verdict == "regression" and c.structure.accepted == accepted]
+
     def sorted_cases(self) -> list[CaseVerdict]:
         order = {v: i for i, v in enumerate(VERDICTS)}
         return sorted(self.cases, key=lambda c: (order[c.verdict], c.fullname or c.name))
@@ -112,8 +142,12 @@ class GateReport:
     def summary(self) -> str:
         counts = ", ".join(f"{n} {v}" for v, n in self.counts().items() if n) or "no cases"
         rule = f"threshold {self.threshold * 100:g}%, " if self.threshold is not None else ""
+        judged = [("accepted" if c.structure.accepted else c.structure.verdict) for c in self.cases
+                  if c.structure is not None]
+        structure = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
+                              if judged.count(v))
         return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; ratio = {self.current_label} / "
-                f"baseline, > 1 is slower")
+                f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else ""))
 
     def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
                     option_prefix: str = "--", allow_baseline_failure: bool = False) -> tuple[int, list[str]]:
@@ -123,10 +157,22 @@ class GateReport:
         are spelled ("--" for ddpbench compare, "--dist-ab-" in pytest)."""
         allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
         allow_failed = f"{option_prefix}allow-baseline-failure"
+        accept_change = f"{option_prefix}accept-structure-change"
         status, lines = 0, []
         if self.count("regression"):
             status = 1
             lines.append(f"{self.count('regression')} regression(s): exit status 1")
+        for accepted, names in ((False, self.structural(False)), (True, self.structural(True))):
+            if not names:
+                continue
+            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+            if accepted:
+                lines.append(f"{len(names)} structural change(s) accepted by {accept_change} ({shown}): "
+                             f"shown, not failing")
+            else:
+                lines.append(f"{len(names)} structural regression(s) ({shown}): what one step launches grew "
+                             f"or changed, a regression whatever the timing says ({accept_change} accepts a "
+                             f"change made on purpose)")
         for verdict, allowed, option, cause in (
                 ("missing", allow_missing, allow,
                  f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
@@ -159,7 +205,7 @@ class GateReport:
 
 
 # What a case's details keep in JSON: the raw rounds and the sides' descriptions stay in the run.
-_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids")
+_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids", BASELINE_CENSUS_KEY)
 
 
 def _case_dict(case: CaseVerdict) -> dict[str, Any]:
@@ -193,8 +239,16 @@ def _headers(report: GateReport) -> list[str]:
             + [column.header for column in report.columns] + ["verdict"])
 
 
+def _verdict_note(case: CaseVerdict) -> str:
+    """What follows the verdict word: why (a reason), and what the timing said when the structure
+    made the case a regression."""
+    notes = ([case.reason] if case.reason else []) + (
+        [f"structure; timing {case.timing_verdict}"] if case.timing_verdict else [])
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def _row(report: GateReport, case: CaseVerdict) -> list[str]:
-    verdict = case.verdict + (f" ({case.reason})" if case.reason else "")
+    verdict = case.verdict + _verdict_note(case)
     return ([case.name, _ms(case.baseline_median_s), _ms(case.current_median_s), _ratio(case),
              "-" if case.p_value is None else f"{case.p_value:.2g}"]
             + [column.cell(case) for column in report.columns] + [verdict])
@@ -230,7 +284,7 @@ def format_markdown(report: GateReport) -> str:
     for case in report.sorted_cases():
         row = _row(report, case)
         row[0] = f"`{row[0]}`"
-        row[-1] = _MARKDOWN_VERDICT.get(case.verdict, case.verdict) + (f" ({case.reason})" if case.reason else "")
+        row[-1] = _MARKDOWN_VERDICT.get(case.verdict, case.verdict) + _verdict_note(case)
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     if report.footer:
         lines.append("")
@@ -290,9 +344,11 @@ def _ab_problem(ab: dict[str, Any]) -> str | None:
     return None
 
 
-def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None) -> CaseVerdict:
-    """A case's A/B verdict from its ``extra_info["ab"]``; :class:`VerdictError` when a field does
-    not hold what it should (a damaged or hand-edited run)."""
+def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, census: Any = None,
+               accept_structure_change: bool = False) -> CaseVerdict:
+    """A case's A/B verdict from its ``extra_info["ab"]`` (the timing verdict and the baseline's
+    census) and the candidate's ``census`` (``extra_info["census"]``); :class:`VerdictError` when a
+    field does not hold what it should (a damaged or hand-edited run)."""
     problem = _ab_problem(ab)
     if problem:
         raise VerdictError(f"{name}: extra_info {problem}. The run's file is damaged or was edited: "
@@ -300,16 +356,28 @@ def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None) 
     low, high = ab.get("ratio_ci") or [None, None]
     if candidate_median_s is None:
         candidate_median_s = (ab.get("candidate") or {}).get("median_s")
-    return CaseVerdict(name, ab.get("verdict", "inconclusive"), name,
+    case = CaseVerdict(name, ab.get("verdict", "inconclusive"), name,
                        baseline_median_s=(ab.get("baseline") or {}).get("median_s"),
                        current_median_s=candidate_median_s, ratio=ab.get("ratio"), ci_low=low, ci_high=high,
                        p_value=ab.get("p_value"), method="paired-blocks" if "pairs" in ab else None,
                        reason=ab.get("reason"), details=ab)
+    if case.verdict in TIMED:  # both sides ran it: their structures compare too
+        try:
+            structure = compare_census(ab.get(BASELINE_CENSUS_KEY), census, "candidate",
+                                       (f"ab.{BASELINE_CENSUS_KEY}", CENSUS_KEY))
+        except CensusError as exc:
+            raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
+                               f"or run the A/B comparison again") from None
+        case.judge_structure(structure, accept_structure_change)
+    return case
 
 
-def ab_verdicts(results: list[tuple[str, dict, float | None]]) -> list[CaseVerdict]:
-    """The verdicts of an A/B run in progress: (case id, extra_info["ab"], candidate median)."""
-    return [ab_verdict(name, summary, median) for name, summary, median in results]
+def ab_verdicts(results: list[tuple[str, dict, float | None, dict | None]],
+                accept_structure_change: bool = False) -> list[CaseVerdict]:
+    """The verdicts of an A/B run in progress: (case id, extra_info["ab"], candidate median, the
+    case's extra_info or None), the candidate's census read from that extra_info now."""
+    return [ab_verdict(name, summary, median, (info or {}).get(CENSUS_KEY), accept_structure_change)
+            for name, summary, median, info in results]
 
 
 def _ab_number(key: str, fmt: str) -> Callable[[CaseVerdict], str]:
@@ -324,6 +392,7 @@ AB_COLUMNS = [
     Column("block minima", _ab_number("ratio_of_block_minima", "{:.3f}")),
     Column("pairs", _ab_number("pairs", "{}")),
     Column("wall (s)", _ab_number("wall_s", "{:.1f}")),
+    STRUCTURE_COLUMN,
 ]
 
 
@@ -344,15 +413,17 @@ def ab_report(cases: list[CaseVerdict], sides: dict | None = None) -> GateReport
                       footer=[f"  {name}: {describe_side(desc)}" for name, desc in (sides or {}).items()])
 
 
-def ab_verdicts_of_run(doc: dict) -> list[CaseVerdict]:
+def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False) -> list[CaseVerdict]:
     """The A/B verdicts stored in a pytest-benchmark JSON run (cases without ``ab`` are skipped),
     the cases the candidate lost included."""
     out = []
     for case in doc.get("benchmarks", []):
-        ab = (case.get("extra_info") or {}).get("ab")
+        info = case.get("extra_info") or {}
+        ab = info.get("ab")
         if isinstance(ab, dict) and "verdict" in ab:
             out.append(ab_verdict(case.get("fullname") or case.get("name", "?"), ab,
-                                  (case.get("stats") or {}).get("median")))
+                                  (case.get("stats") or {}).get("median"), info.get(CENSUS_KEY),
+                                  accept_structure_change))
     for lost in doc.get(LOST_CASES_KEY) or []:
         if isinstance(lost, dict) and isinstance(lost.get("ab"), dict):
             out.append(ab_verdict(str(lost.get("name", "?")), lost["ab"], None))

@@ -3,7 +3,8 @@
 A workload is a small picklable descriptor (the nccl-tests model): the engine in
 :mod:`ddpbench.engine.timing` calls ``setup`` once per rank, ``run_round`` once per round, then
 ``rank_metrics``, ``check`` and ``teardown``; the controller calls ``extra_info`` with the measured
-median. A workload never times itself and the engine never knows what a workload does.
+median and the ranks' metrics combined (:func:`case_extra_info`). A workload never times itself and
+the engine never knows what a workload does.
 
 :class:`Workload` and :class:`FunctionWorkload` are public (``ddpbench.Workload``,
 ``ddpbench.FunctionWorkload``): users benchmark their own distributed code with them.
@@ -11,9 +12,18 @@ median. A workload never times itself and the engine never knows what a workload
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 from ..pool.picklecheck import unpicklable_message
+
+
+#: A variant whose round computes what the workload's round computes but sends nothing between
+#: ranks: each collective hands its data back unreduced (the step's compute time).
+COMPUTE_ONLY = "compute_only"
+#: A variant whose round issues the collectives of one workload round alone, back to back (the
+#: step's communication time in isolation).
+COMMUNICATION_ONLY = "communication_only"
 
 
 class Workload:
@@ -59,8 +69,20 @@ class Workload:
         (every collective a round issues) needs nothing from the workload."""
         return {}
 
-    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
-        """Case-level extra_info computed in the controller from the median round time."""
+    def extra_info(self, world_size: int, median_s: float,
+                   rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Case-level extra_info computed in the controller from the median round time and, when
+        the override names a ``rank_metrics`` parameter, what the ranks measured: their
+        ``rank_metrics`` (and the numbers ``check`` returned) combined, numbers as the max over
+        ranks. An override of the older form ``extra_info(world_size, median_s)`` is called
+        that way."""
+        return {}
+
+    def variants(self) -> dict[str, "Workload"]:
+        """Workloads the engine times interleaved with this one's rounds when a case asks for them
+        (``RoundPlan.variant_rounds``; ``--dist-exposed-comm``), each recorded as its own rounds,
+        never as the case's. ddpbench reads two names (:data:`COMPUTE_ONLY`,
+        :data:`COMMUNICATION_ONLY`); ``{}``: none, the default."""
         return {}
 
     def skip_reason(self, spec) -> str | None:
@@ -110,6 +132,23 @@ class FunctionWorkload(Workload):
 
     def __repr__(self) -> str:
         return f"FunctionWorkload({self.name!r})"
+
+
+def case_extra_info(workload, world_size: int, median_s: float, rank_metrics: dict[str, Any]) -> dict[str, Any]:
+    """``workload.extra_info`` called as its signature asks: with ``rank_metrics=`` when it names
+    that parameter (or takes ``**kwargs``), else as ``extra_info(world_size, median_s)``, the form
+    workloads written before the ranks' metrics were passed keep."""
+    method = workload.extra_info
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature to read: the older form
+        params = ()
+    takes = any(p.kind is p.VAR_KEYWORD or (p.name == "rank_metrics" and p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                                                    p.KEYWORD_ONLY))
+                for p in params)
+    if takes:
+        return method(world_size, median_s, rank_metrics=dict(rank_metrics))
+    return method(world_size, median_s)
 
 
 def _qualified_name(fn) -> str:

@@ -4,7 +4,10 @@ self time per round grew most.
 
 It runs after the verdict, on rounds that are thrown away: the verdict and the case's recorded
 rounds are final before the profiler starts. A side that cannot be profiled (an older ddpbench
-without this task, a profiler error) is named in the result instead of failing the case.
+without this task, a profiler error) is named in the result instead of failing the case. When the
+case asks for variant rounds (``--dist-exposed-comm``) and the side's workload has them, the side
+also times them after the profiled rounds, outside the profiler, and the text shows each side's
+exposed communication (a side whose ddpbench or workload has none shows none).
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ def profile_rounds(ctx, workload, plan, rounds: int, trace_path: str) -> dict[st
                            "device_us": float(getattr(event, "self_device_time_total", 0.0) or 0.0),
                            "calls": int(event.count)}
                for event in profiler.key_averages()}
+        variant_times = session.time_variants(getattr(plan, "variant_rounds", 0))
     finally:
         session.close()
-    return {"ops": ops, "round_times": list(times), "trace": path}
+    return {"ops": ops, "round_times": list(times), "trace": path, "variant_times": variant_times}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,12 +103,14 @@ class CaseProfile:
     grown: list[GrownOp] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # side -> why it was not profiled
     wall_s: float = 0.0
+    # side -> its exposed communication (metrics.exposed_communication), where the side measured it
+    exposed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """``extra_info["ab"]["profile"]``."""
         return {"rounds": self.rounds, "folder": self.folder, "traces": self.traces,
                 "round_median_ms": self.round_median_ms, "top_ops": [g.to_dict() for g in self.grown],
-                "errors": self.errors, "wall_s": round(self.wall_s, 3)}
+                "errors": self.errors, "wall_s": round(self.wall_s, 3), "exposed_comm": self.exposed}
 
     @classmethod
     def from_summary(cls, case_id: str, ab: dict[str, Any]) -> "CaseProfile | None":
@@ -114,9 +120,20 @@ class CaseProfile:
             return None
         grown = [GrownOp(str(g.get("op")), str(g.get("where", "cpu")), float(g.get("baseline_ms") or 0.0),
                          float(g.get("candidate_ms") or 0.0)) for g in saved.get("top_ops") or []]
+        exposed = {side: figures for side, figures in (saved.get("exposed_comm") or {}).items()
+                   if isinstance(figures, dict)}
         return cls(case_id, str(ab.get("verdict")), int(saved.get("rounds") or 0), str(saved.get("folder", "")),
                    dict(saved.get("traces") or {}), dict(saved.get("round_median_ms") or {}), grown,
-                   dict(saved.get("errors") or {}), float(saved.get("wall_s") or 0.0))
+                   dict(saved.get("errors") or {}), float(saved.get("wall_s") or 0.0), exposed)
+
+    def exposed_lines(self) -> list[str]:
+        """Each side's exposed communication per step, where either side measured it."""
+        if not self.exposed:
+            return []
+        out = ["exposed communication per step (step - compute-only; variant rounds after the profiled ones):"]
+        for side in ("baseline", "candidate"):
+            out.append(f"{side}: {_exposed_text(self.exposed.get(side))}")
+        return out
 
     def markdown(self) -> str:
         """The grown ops as a markdown section (a PR comment)."""
@@ -130,6 +147,9 @@ class CaseProfile:
                     f"{'new' if g.baseline_ms <= 0 else f'{g.ratio:.2f}x'} |" for g in self.grown]
         elif not self.errors:
             out.append("No op's self time grew: the time went where torch.profiler sees no op; open the traces.")
+        exposed = self.exposed_lines()
+        if exposed:
+            out += ["", exposed[0], ""] + [f"- {line}" for line in exposed[1:]]
         if self.traces:
             out += ["", f"Traces: `{_shown(self.folder)}` (the run's artifact)"]
         return "\n".join(out)
@@ -154,11 +174,30 @@ class CaseProfile:
         if len(self.round_median_ms) == 2:
             out.append(f"  rounds under the profiler (median): baseline {self.round_median_ms['baseline']:.3f} ms, "
                        f"candidate {self.round_median_ms['candidate']:.3f} ms")
+        exposed = self.exposed_lines()
+        if exposed:
+            out += [f"  {exposed[0]}"] + [f"    {line}" for line in exposed[1:]]
         if self.traces:
             names = [os.path.basename(p) for paths in self.traces.values() for p in paths]
             out.append(f"  traces (chrome://tracing, Perfetto) in {_shown(self.folder)}: {', '.join(names)}")
         out.append(f"  profiling took {self.wall_s:.1f} s")
         return out
+
+
+def _exposed_text(figures: dict[str, Any] | None) -> str:
+    """One side's exposed communication in words, or why there is none."""
+    if not figures:
+        return "not measured (its ddpbench or its workload has no compute-only variant)"
+    low, high = figures.get("exposed_comm_s_ci") or (None, None)
+    text = f"{figures['exposed_comm_s'] * 1e3:.3f} ms exposed"
+    if low is not None:
+        text += f" (95% interval {low * 1e3:.3f} to {high * 1e3:.3f})"
+    text += f" of compute {figures['compute_s'] * 1e3:.3f} ms"
+    if figures.get("comm_isolated_s") is not None:
+        text += f"; communication alone {figures['comm_isolated_s'] * 1e3:.3f} ms"
+        if figures.get("comm_overlap_pct") is not None:
+            text += f", {figures['comm_overlap_pct']:.0f}% of it hidden"
+    return text
 
 
 def _shown(path: str) -> str:
@@ -220,10 +259,26 @@ def profile_case(pools: dict[str, Any], workload, plan, rounds: int, folder: Pat
         per_side[side] = per_round_ms(ranks, rounds)
         slowest = [max(t) for t in zip(*(r["round_times"] for r in ranks))]
         profile.round_median_ms[side] = statistics.median(slowest) * 1e3
+        exposed = side_exposed_communication(ranks)
+        if exposed:
+            profile.exposed[side] = exposed
     if len(per_side) == 2:
         profile.grown = grown_ops(per_side["baseline"], per_side["candidate"])
     profile.wall_s = time.monotonic() - started
     return profile
+
+
+def side_exposed_communication(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A side's exposed communication from its ranks' variant rounds (max over ranks per round),
+    or {} when the side timed none (an older ddpbench's reply has no ``variant_times``)."""
+    from ...engine.timing import max_over_ranks
+    from ...workloads.training.metrics import exposed_communication
+
+    per_rank = [r.get("variant_times") or {} for r in ranks]
+    names = set(per_rank[0]) if per_rank else set()
+    if not names or any(set(times) != names for times in per_rank):
+        return {}
+    return exposed_communication({name: max_over_ranks([times[name] for times in per_rank]) for name in names})
 
 
 def profiled_plan(plan, candidate_metrics: list[dict[str, Any]]):

@@ -33,7 +33,9 @@ OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
 @dataclass
 class ABSession:
     """A/B mode's sides and settings for one pytest run; verdicts collect in ``results`` as
-    (case id, extra_info["ab"], candidate median or None)."""
+    (case id, extra_info["ab"], candidate median or None, the case's extra_info or None): the
+    structural verdict is read from the two censuses there when the report is made, so it needs
+    no pairs and stands whatever the timing says."""
 
     baseline: Side
     candidate: Side
@@ -43,6 +45,7 @@ class ABSession:
     allow_missing: bool = False  # --dist-ab-allow-missing
     allow_baseline_failure: bool = False  # --dist-ab-allow-baseline-failure
     fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
+    accept_structure_change: bool = False  # --dist-ab-accept-structure-change
     profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
     results: list = field(default_factory=list)
@@ -90,6 +93,7 @@ class ABSession:
                    allow_missing=config.getoption("dist_ab_allow_missing"),
                    allow_baseline_failure=config.getoption("dist_ab_allow_baseline_failure", False),
                    fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"),
+                   accept_structure_change=config.getoption("dist_ab_accept_structure_change", False),
                    profile=config.getoption("dist_ab_profile", DEFAULT_PROFILE),
                    profile_root=_profile_root(config, seed))
 
@@ -153,7 +157,7 @@ class ABSession:
         summary["heap"] = self.heap
         summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
         extra_info["ab"] = summary
-        self.results.append((case_id, summary, statistics.median(outcome.candidate.round_times)))
+        self.results.append((case_id, summary, statistics.median(outcome.candidate.round_times), extra_info))
         if should_profile(self.profile, summary["verdict"]):  # the verdict and rounds are final here
             profile = profile_case({name: side_pools[0] for name, side_pools in pools.items()}, workload,
                                    profiled_plan(plan, outcome.candidate_metrics),
@@ -170,7 +174,7 @@ class ABSession:
         fails the run, or skips the case with --dist-ab-allow-missing."""
         summary = {"verdict": "missing", "reason": f"candidate pool {failure.pool} failed",
                    "error": str(failure), "seed": self.seed, "sides": self.sides()}
-        self.results.append((case_id, summary, None))
+        self.results.append((case_id, summary, None, None))
         message = f"ddpbench A/B: the candidate lost this case (the baseline ran it): {failure}"
         if self.allow_missing:
             pytest.skip(f"{message.splitlines()[0]} (allowed by --dist-ab-allow-missing)")
@@ -189,13 +193,13 @@ class ABSession:
                    "error": str(failure), "seed": self.seed, "sides": self.sides()}
         extra_info["ab"] = summary
         rounds = CaseRounds.of(own_pool.run(measure_workload, workload, plan, timeout_s=timeout_s))
-        self.results.append((case_id, summary, statistics.median(rounds.round_times)))
+        self.results.append((case_id, summary, statistics.median(rounds.round_times), extra_info))
         return rounds
 
     # -- the run's end ----------------------------------------------------------------------------
 
     def report(self):
-        return ab_report(ab_verdicts(self.results), self.sides())
+        return ab_report(ab_verdicts(self.results, self.accept_structure_change), self.sides())
 
     def exit_status(self) -> int:
         return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,
@@ -215,7 +219,7 @@ class ABSession:
 
     def lost_cases(self) -> list[dict]:
         """The cases the candidate lost, for the run's JSON (they have no benchmark entry)."""
-        return [{"name": name, "ab": summary} for name, summary, _ in self.results
+        return [{"name": name, "ab": summary} for name, summary, _, _ in self.results
                 if summary.get("verdict") == "missing"]
 
 

@@ -366,9 +366,9 @@ def check_modules_differ(baseline: Side, candidate: Side) -> None:
         return
     if any(baseline.modules[n] != candidate.modules[n] for n in resolved):
         return
-    named = [f"--dist-baseline-path {p}" for p in baseline.paths]
+    named = [f"--dist-baseline-path={p}" for p in baseline.paths]
     if baseline.launch.foreign_interpreter:
-        named.append(f"--dist-baseline-python {baseline.python}")
+        named.append(f"--dist-baseline-python={baseline.python}")
     shown = ", ".join(f"{n} -> {candidate.modules[n]}" for n in resolved[:4])
     more = f" and {len(resolved) - 4} more" if len(resolved) > 4 else ""
     raise SideError(

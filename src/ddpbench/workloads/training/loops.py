@@ -5,22 +5,19 @@ one process). Lightning's loop is in :mod:`.lightning`."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 from .models import build_model, loss_fn
-
-if TYPE_CHECKING:
-    from .workload import Training
+from .settings import TrainingSettings
 
 
-def _seed_model(workload: "Training", rank: int):
+def _seed_model(workload: TrainingSettings, rank: int):
     import torch
 
     torch.manual_seed(workload.seed * 7919 + 104729 * rank + 1)  # rank-dependent on purpose
     return build_model(workload.model)
 
 
-def _make_optimizer(workload: "Training", params):
+def _make_optimizer(workload: TrainingSettings, params):
     import torch
 
     return torch.optim.SGD(params, lr=workload.lr, momentum=workload.momentum)
@@ -29,7 +26,7 @@ def _make_optimizer(workload: "Training", params):
 class _Loop:
     """One rank's training loop; ``step()`` is one optimizer step over ``grad_accum`` micro-batches."""
 
-    def __init__(self, ctx, workload: "Training", data):
+    def __init__(self, ctx, workload: TrainingSettings, data):
         self.ctx = ctx
         self.w = workload
         self.inputs, self.targets = data
@@ -38,6 +35,11 @@ class _Loop:
         # The (inputs, targets) micro-batches of the last finished optimizer step (Training.check).
         self.last_step_batches: list = []
         self.optimizer = None  # the torch optimizer (Training.check reads its momentum buffers)
+        self.skipped = None  # compute-only: what the step's exchanges would have sent (.compute_only)
+        if workload.compute_only:
+            from .compute_only import SkippedCollectives
+
+            self.skipped = SkippedCollectives()
 
     def next_batch(self):
         i = self.cursor % self.inputs.shape[0]
@@ -66,6 +68,8 @@ class _Loop:
         """One optimizer step: ``grad_accum`` micro-batches, each loss scaled by 1/grad_accum,
         then ``_before_optimizer_step`` (where a loop reduces gradients itself) and the step."""
         accum = self.w.grad_accum
+        if self.skipped is not None:
+            self.skipped.new_step()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         batches = []
@@ -126,15 +130,20 @@ def make_buckets(params, cap_bytes: int) -> list[list]:
     return buckets
 
 
-def reduce_gradients(buckets, world_size: int) -> None:
-    """Average gradients over ranks: per bucket, flatten, all_reduce (sum), divide, copy back."""
+def reduce_gradients(buckets, world_size: int, skipped=None) -> None:
+    """Average gradients over ranks: per bucket, flatten, all_reduce (sum), divide, copy back.
+    With ``skipped`` (a compute-only step's SkippedCollectives) the all_reduce is left out and
+    recorded there; the rest runs as it is."""
     import torch
     import torch.distributed as dist
 
     for bucket in buckets:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if skipped is not None:
+            skipped.add("all_reduce", flat, world_size)
+        else:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat.div_(world_size)
         offset = 0
         for p, g in zip(bucket, grads):
@@ -162,7 +171,11 @@ class _ManualLoop(_Loop):
         return float(loss.detach())
 
     def _before_optimizer_step(self) -> None:
-        reduce_gradients(self.buckets, self.ctx.world_size)  # once per optimizer step
+        # once per optimizer step; a compute-only variant leaves the all_reduce out
+        if self.skipped is None:
+            reduce_gradients(self.buckets, self.ctx.world_size)
+        else:
+            reduce_gradients(self.buckets, self.ctx.world_size, skipped=self.skipped)
 
 
 class _DDPLoop(_Loop):
@@ -173,6 +186,10 @@ class _DDPLoop(_Loop):
         model = _seed_model(workload, ctx.rank).to(ctx.device)
         device_ids = [ctx.device.index] if ctx.device_type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=workload.bucket_cap_mb)
+        if self.skipped is not None:
+            from .compute_only import register_compute_only_hook
+
+            register_compute_only_hook(self.ddp, "none", self.skipped)
         self.optimizer = _make_optimizer(workload, self.ddp.parameters())
 
     def module(self):

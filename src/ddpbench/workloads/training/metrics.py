@@ -1,5 +1,7 @@
 """The metrics of a training step, in one place: tokens per second, model FLOPs per step, MFU with a
-measured peak beside the datasheet's, peak memory per rank and parameter bytes.
+measured peak beside the datasheet's, peak memory per rank, parameter bytes, and exposed
+communication (from the engine's variant rounds: the step, its compute-only variant and its
+collectives replayed alone, interleaved).
 
 Nothing here runs inside a timed round: FLOPs are counted once per case on a meta-device copy of
 the model, the peak probe runs in a rank's set-up, memory is read after the rounds.
@@ -60,18 +62,18 @@ def mfu(model_flops_per_step: float, median_s: float, world_size: int, peak_flop
     return model_flops_per_step / median_s / (world_size * peak_flops)
 
 
-def add_mfu(info: dict[str, Any]) -> dict[str, Any]:
-    """``mfu`` (against the measured peak) and ``mfu_datasheet`` (where the device's datasheet
-    figure is known) from a case's extra_info: the achieved FLOP/s comes from the case's median
-    step, the peaks from its ranks (combined as the largest rank's probe)."""
+def mfu_info(achieved_flops_per_second: float, world_size: int, rank_metrics: dict[str, Any]) -> dict[str, Any]:
+    """``mfu`` against the peak the ranks measured (``peak_flops_measured``) and ``mfu_datasheet``
+    where the ranks' device has a datasheet figure (``peak_flops_datasheet``), from the case's
+    median step; ``rank_metrics``: the ranks' metrics combined, so a peak is the largest rank's
+    probe. A peak the ranks did not report gives no key."""
     out: dict[str, Any] = {}
-    achieved, ranks = info.get("achieved_flops_per_second"), info.get("world_size")
-    if not (achieved and ranks):
+    if not (achieved_flops_per_second and world_size):
         return out
     for key, peak_key in (("mfu", "peak_flops_measured"), ("mfu_datasheet", "peak_flops_datasheet")):
-        peak = info.get(peak_key)
+        peak = rank_metrics.get(peak_key)
         if peak:
-            out[key] = round(achieved / (ranks * peak), 6)
+            out[key] = round(achieved_flops_per_second / (world_size * peak), 6)
     return out
 
 
@@ -134,3 +136,59 @@ def parameter_bytes(model) -> dict[str, int]:
         held = p.to_local() if hasattr(p, "to_local") else p
         local += held.numel() * held.element_size()
     return {"param_bytes": total, "sharded_param_bytes": local}
+
+
+def exposed_communication(variant_times: dict[str, list[float]]) -> dict[str, Any]:
+    """Exposed communication from the engine's interleaved variant rounds (max over ranks per
+    round): ``step`` (the step itself), ``compute_only`` (the same step with every collective
+    handing its data back unreduced) and, where the workload has it, ``communication_only`` (the
+    step's collectives replayed alone). Round i of each ran in the same round group, so the step
+    and its compute-only variant pair up.
+
+    * ``compute_s``: the median compute-only round, ``compute_s_ci`` its 95% interval;
+    * ``exposed_comm_s``: the median over the round groups of step - compute-only, the time the
+      step spends waiting for communication, ``exposed_comm_s_ci`` its 95% interval (it holds 0
+      where nothing is exposed, e.g. at world size 1; a noisy estimate may be below 0);
+    * ``comm_isolated_s``: the median communication-only round, ``comm_isolated_s_ci`` its interval;
+    * ``comm_overlap_pct``: the share of the isolated communication hidden behind compute,
+      100 x (1 - exposed / isolated), held within [0, 100].
+
+    The intervals are the distribution-free order-statistics intervals of the median
+    (``engine.timing.median_interval``). Empty when the rounds hold no step and compute-only pair."""
+    import statistics
+
+    from ...engine.timing import STEP, median_interval
+    from .. import COMMUNICATION_ONLY, COMPUTE_ONLY
+
+    step, compute = variant_times.get(STEP) or [], variant_times.get(COMPUTE_ONLY) or []
+    if not step or not compute:
+        return {}
+    if len(step) != len(compute):
+        raise ValueError(f"exposed communication pairs the step's rounds with its compute-only rounds, "
+                         f"and they differ in number ({len(step)} and {len(compute)})")
+    gaps = [s - c for s, c in zip(step, compute)]
+    info: dict[str, Any] = {"compute_s": statistics.median(compute), "compute_s_ci": list(median_interval(compute)),
+                            "exposed_comm_s": statistics.median(gaps), "exposed_comm_s_ci": list(median_interval(gaps)),
+                            "variant_rounds": len(step)}
+    isolated = variant_times.get(COMMUNICATION_ONLY) or []
+    if isolated:
+        info["comm_isolated_s"] = statistics.median(isolated)
+        info["comm_isolated_s_ci"] = list(median_interval(isolated))
+        info["comm_overlap_pct"] = comm_overlap_pct(info["exposed_comm_s"], info["comm_isolated_s"])
+    return info
+
+
+def comm_overlap_pct(exposed_s: float, isolated_s: float) -> float | None:
+    """The share (%) of the isolated communication time hidden behind compute: 100 x (1 - exposed /
+    isolated), held within [0, 100] (noise can put exposed below 0 or above isolated); None when
+    there is no communication time to share."""
+    if not isolated_s > 0:
+        return None
+    return round(100.0 * min(1.0, max(0.0, 1.0 - exposed_s / isolated_s)), 2)
+
+
+def add_exposed_communication(info: dict[str, Any]) -> dict[str, Any]:
+    """:func:`exposed_communication` of a case's extra_info ``variant_round_times`` (what the
+    ``dist_benchmark`` fixture recorded), or {} when the case ran no variant rounds."""
+    times = info.get("variant_round_times")
+    return exposed_communication(times) if isinstance(times, dict) else {}

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .models import build_model, loss_fn
-
-if TYPE_CHECKING:
-    from .workload import Training
+from .settings import TrainingSettings
 
 
 def check_rtol(device_type: str) -> float:
@@ -87,7 +85,7 @@ class _RoutedMaxPool:
         return RoutedMaxPool()
 
 
-def reference_step(workload: "Training", state_dict, inputs, targets, momentum, pool_routes=None):
+def reference_step(workload: TrainingSettings, state_dict, inputs, targets, momentum, pool_routes=None):
     """One single-process SGD step in float64 from ``state_dict`` on the global batch
     (``inputs``, ``targets``: every rank's micro-batches of the step, concatenated).
 

@@ -27,15 +27,16 @@ and :data:`POWERSGD_CHECK_STEPS` more steps on one fixed batch must lower its lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .. import Workload
+from .. import COMMUNICATION_ONLY, COMPUTE_ONLY, Workload
 from .gpt import build_gpt, gpt_config, make_tokens
-from .metrics import (datasheet_peak_flops, gpt_flops_per_sequence, measure_peak_flops, parameter_bytes,
-                      peak_memory)
+from .metrics import (datasheet_peak_flops, gpt_flops_per_sequence, measure_peak_flops, mfu_info,
+                      parameter_bytes, peak_memory)
 from .models import CHECK_DATA_SEED_OFFSET
 from .reference import _full_float32, _gather_cat
 
@@ -128,6 +129,8 @@ class TransformerTraining(Workload):
     lr: float = 1e-3
     data_batches: int = 4  # distinct micro-batches per rank, cycled
     measure_peak: bool = True  # the matmul probe in set-up (peak_flops_measured)
+    # The compute-only variant (variants()): every exchange hands its data back unreduced (.compute_only).
+    compute_only: bool = False
     comm_hooks: ClassVar[dict] = COMM_HOOKS
     # The rank's loop class (None: _TransformerLoop); a subclass may swap one in (planted bugs).
     loop_class: ClassVar[Any] = None
@@ -157,6 +160,9 @@ class TransformerTraining(Workload):
                 raise ValueError(f"{', '.join(ddp_only)}: DDP knobs, not FSDP2's")
         elif not self.reshard_after_forward:
             raise ValueError("reshard_after_forward is an FSDP2 knob, not DDP's")
+        if self.compute_only and self.comm_hook == "powersgd":
+            raise ValueError("compute_only: PowerSGD's exchanges are interleaved with its own low-rank compute, "
+                             "so it has no compute-only form")
 
     @property
     def config(self):
@@ -189,6 +195,8 @@ class TransformerTraining(Workload):
             parts.append(f"accum{self.grad_accum}")
         if self.batch_size:
             parts.append(f"b{self.batch_size}")
+        if self.compute_only:
+            parts.append("compute-only")
         return parts
 
     @property
@@ -205,6 +213,20 @@ class TransformerTraining(Workload):
         if self.compile:
             return compile_unavailable_reason()
         return None
+
+    def variants(self) -> dict[str, Workload]:
+        """The compute-only step and its collectives replayed alone (docs/design.md, *Exposed
+        communication*); none for PowerSGD, whose exchanges are interleaved with its own compute."""
+        if self.compute_only or self.comm_hook == "powersgd":
+            return {}
+        from .replay import CollectiveReplay
+
+        compute = dataclasses.replace(self, compute_only=True, measure_peak=False)
+        return {COMPUTE_ONLY: compute, COMMUNICATION_ONLY: CollectiveReplay(compute)}
+
+    def skipped_collectives(self, state) -> list[dict[str, Any]]:
+        """The compute-only variant's record of its last step's skipped collectives (census-shaped)."""
+        return state["loop"].skipped.record()
 
     # -- rank side ------------------------------------------------------------------------------
 
@@ -286,7 +308,8 @@ class TransformerTraining(Workload):
 
     # -- controller side ------------------------------------------------------------------------
 
-    def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
+    def extra_info(self, world_size: int, median_s: float,
+                   rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         sequences = self.micro_batch * self.grad_accum * world_size
         tokens = sequences * self.config.seq_len
         flops = gpt_flops_per_sequence(self.size) * sequences
@@ -307,6 +330,7 @@ class TransformerTraining(Workload):
         info["samples_per_second"] = round(sequences / median_s, 3)
         info["model_flops_per_step"] = flops
         info["achieved_flops_per_second"] = flops / median_s
+        info.update(mfu_info(flops / median_s, world_size, rank_metrics or {}))
         return info
 
 
@@ -322,6 +346,11 @@ class _TransformerLoop:
         torch.manual_seed(w.seed * 7919 + 104729 * ctx.rank + 1)  # rank-dependent: DDP must broadcast
         self.model = build_gpt(w.config, w.activation_checkpointing).to(ctx.device)
         self.hook_state = None
+        self.skipped = None  # compute-only: what the step's exchanges would have sent
+        if w.compute_only:
+            from .compute_only import SkippedCollectives
+
+            self.skipped = SkippedCollectives()
         if w.impl == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -331,7 +360,11 @@ class _TransformerLoop:
                 gradient_as_bucket_view=w.gradient_as_bucket_view, static_graph=w.static_graph,
                 find_unused_parameters=w.find_unused_parameters)
             register = w.comm_hooks[w.comm_hook]
-            if register is not None:
+            if w.compute_only:
+                from .compute_only import register_compute_only_hook
+
+                register_compute_only_hook(self.wrapped, w.comm_hook, self.skipped)
+            elif register is not None:
                 self.hook_state = register(self.wrapped, ctx)
         else:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -342,6 +375,10 @@ class _TransformerLoop:
                 fully_shard(block, reshard_after_forward=w.reshard_after_forward, mp_policy=mp)
             fully_shard(self.model, reshard_after_forward=w.reshard_after_forward, mp_policy=mp)
             self.wrapped = self.model
+            if w.compute_only:
+                from .compute_only import unexchange_fsdp2
+
+                unexchange_fsdp2([*self.model.blocks, self.model], self.skipped)
         self.forward = torch.compile(self.wrapped) if w.compile else self.wrapped
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=w.lr)
 
@@ -362,6 +399,8 @@ class _TransformerLoop:
         import torch.nn.functional as F
 
         accum = self.w.grad_accum
+        if self.skipped is not None:
+            self.skipped.new_step()
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for i in range(accum):

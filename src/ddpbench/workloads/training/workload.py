@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .. import Workload
+from .. import COMMUNICATION_ONLY, COMPUTE_ONLY, Workload
 from .lightning import _LightningLoop, lightning_unavailable_reason
 from .loops import LOOPS
 from .memory import _CpuMemoryProbe
 from .models import CHECK_DATA_SEED_OFFSET, IMPLS, MODELS, SEQ_LEN, _parameter_bytes, flat_parameters, make_data
 from .reference import StepComparison, _full_float32, _gather_cat, check_rtol, max_pool_routing, reference_step
+
+
+# The implementations with a compute-only variant (Training.variants).
+COMPUTE_ONLY_IMPLS = ("manual", "ddp")
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class Training(Workload):
     data_batches: int = 8  # distinct micro-batches per rank, cycled
     bucket_cap_mb: float = 25.0
     measure_memory: bool = True  # CPU: one extra untimed step under the memory profiler
+    # The compute-only variant (variants()): the gradient exchange hands its data back unreduced.
+    compute_only: bool = False
     # The loop of each implementation but Lightning's (a subclass may swap one in).
     loops: ClassVar[dict] = LOOPS
 
@@ -47,6 +54,9 @@ class Training(Workload):
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if not self.bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}")
+        if self.compute_only and self.impl not in COMPUTE_ONLY_IMPLS:
+            raise ValueError(f"compute_only: impl {self.impl!r} has no compute-only form; those that do: "
+                             f"{', '.join(COMPUTE_ONLY_IMPLS)}")
 
     @property
     def group(self) -> str:  # type: ignore[override]
@@ -55,6 +65,21 @@ class Training(Workload):
     @property
     def samples_per_step_per_rank(self) -> int:
         return self.batch_size * self.grad_accum
+
+    def variants(self) -> dict[str, Workload]:
+        """The compute-only step and its collectives replayed alone, for the implementations whose
+        exchange ddpbench can leave out (``manual``: its all_reduce; ``ddp``: a hook returning each
+        bucket unreduced); none for Lightning and DataParallel."""
+        if self.compute_only or self.impl not in COMPUTE_ONLY_IMPLS:
+            return {}
+        from .replay import CollectiveReplay
+
+        compute = dataclasses.replace(self, compute_only=True, measure_memory=False)
+        return {COMPUTE_ONLY: compute, COMMUNICATION_ONLY: CollectiveReplay(compute)}
+
+    def skipped_collectives(self, state) -> list[dict[str, Any]]:
+        """The compute-only variant's record of its last step's skipped collectives (census-shaped)."""
+        return state["loop"].skipped.record()
 
     def setup(self, ctx) -> dict[str, Any]:
         import torch

@@ -1,0 +1,290 @@
+"""The structural verdict: two census records (what one step of a case launches) compared exactly.
+
+A case's census (``extra_info["census"]``; in A/B mode the candidate's, the baseline's in
+``extra_info["ab"]["census_baseline"]``) counts, per step and rank, the collectives by (kind,
+dtype, group size) with their payload bytes, DDP's bucket sizes, torch.compile's graph breaks and
+recompiles, and on CUDA the kernel launches. It is counted on one untimed step, so comparing two
+of them needs no statistics: a structural change is exact, instant and noise-free.
+
+The rule (:func:`compare_census`): every judged figure is compared as a multiset (order never
+matters). More of anything (a collective's calls or bytes, buckets or their bytes, graph breaks,
+recompiles, ranks that disagree on the collectives) is a ``regression``; only fewer is an
+``improvement``; identical is ``same``. A change that is neither more nor fewer (the same calls and
+bytes split into other sizes) is a ``regression`` too, and so is a mixed change (one figure up,
+another down): a structure that changed in a way no rule ranks is stopped until a person accepts
+it. CUDA kernel launches are reported but not judged: which kernels cuBLAS and cuDNN pick (split-K
+GEMMs add a reduction kernel, ``cudnn.benchmark`` picks by timing) depends on the library and the
+device as much as on the code, so their count is not exact enough to fail a gate on.
+
+A side without a census (an older run or engine), a census of another version, or two counted by
+different methods is ``not counted``: the timing verdict then stands alone. A census whose fields
+do not hold what the format says is a :class:`CensusError` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+CENSUS_KEY = "census"  # extra_info key of a case's census (the candidate's in A/B mode)
+BASELINE_CENSUS_KEY = "census_baseline"  # extra_info["ab"] key of the A/B baseline's census
+CENSUS_VERSION = 1
+NOT_COUNTED = "not counted"
+STRUCTURE_VERDICTS = ("regression", "improvement", "same", NOT_COUNTED)
+
+
+class CensusError(ValueError):
+    """A census that cannot be read: the message names the field and what it should hold;
+    ``side`` which side's census it is, when two were compared."""
+
+    def __init__(self, message: str, side: str | None = None):
+        super().__init__(message)
+        self.side = side
+
+
+@dataclass(frozen=True)
+class StructureVerdict:
+    """A case's structural verdict: one of :data:`STRUCTURE_VERDICTS`, the line naming each
+    change (or why it was not counted), and whether a regression was accepted as made on purpose."""
+
+    verdict: str
+    line: str = ""
+    accepted: bool = False
+
+    def __post_init__(self):
+        if self.verdict not in STRUCTURE_VERDICTS:
+            raise ValueError(f"unknown structural verdict {self.verdict!r}; expected one of "
+                             f"{', '.join(STRUCTURE_VERDICTS)}")
+
+    @property
+    def fails(self) -> bool:
+        """A structural regression nobody accepted: it fails the gate whatever the timing says."""
+        return self.verdict == "regression" and not self.accepted
+
+    def cell(self) -> str:
+        """The report's "structure" column."""
+        word = self.verdict + (", accepted" if self.accepted else "")
+        return f"{word}: {self.line}" if self.line else word
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading a census: checked field by field
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Census:
+    method: str
+    collectives: dict[tuple[str, str, int], tuple[float, float, tuple[float, ...] | None]]
+    buckets: tuple[float, ...] | None
+    graph_breaks: float | None
+    recompiles: float | None
+    kernel_launches: float | None
+    ranks_disagree: bool
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _count(value, where: str, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return _bad(where, value, "a number >= 0" + (" or null" if optional else ""))
+    return value
+
+
+def _bad(where: str, value, expected: str):
+    raise CensusError(f"{where} is {_show(value)}, expected {expected}")
+
+
+def _sizes(value, where: str, optional: bool) -> tuple[float, ...] | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, list):
+        return _bad(where, value, "a list of byte counts" + (" or null" if optional else ""))
+    return tuple(sorted(_count(v, f"{where}[{i}]") for i, v in enumerate(value)))
+
+
+def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
+    """The census checked, or (a str) why it is not counted (another version); :class:`CensusError`
+    for a field that does not hold what the format says. ``where`` names it in messages."""
+    if not isinstance(census, dict):
+        _bad(where, census, "the case's census (an object)")
+    version = census.get("version")
+    if version != CENSUS_VERSION:
+        return f"census version {_show(version)} (this ddpbench reads version {CENSUS_VERSION})"
+    method = census.get("method")
+    if not isinstance(method, str):
+        _bad(f"{where}.method", method, "text (how it was counted)")
+    entries = census.get("collectives")
+    if not isinstance(entries, list):
+        _bad(f"{where}.collectives", entries, "a list of collectives")
+    collectives: dict = {}
+    for i, entry in enumerate(entries):
+        at = f"{where}.collectives[{i}]"
+        if not isinstance(entry, dict):
+            _bad(at, entry, "an object (kind, dtype, group_size, count, bytes, call_bytes)")
+        for name in ("kind", "dtype"):
+            if not isinstance(entry.get(name), str):
+                _bad(f"{at}.{name}", entry.get(name), "text")
+        group = entry.get("group_size")
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+            _bad(f"{at}.group_size", group, "a whole number >= 1")
+        count, size = _count(entry.get("count"), f"{at}.count"), _count(entry.get("bytes"), f"{at}.bytes")
+        calls = _sizes(entry.get("call_bytes"), f"{at}.call_bytes", optional=True)
+        key = (entry["kind"], entry["dtype"], group)
+        if key in collectives:  # one entry per key by the format; two are added up, not lost
+            before = collectives[key]
+            merged = None if before[2] is None or calls is None else tuple(sorted(before[2] + calls))
+            collectives[key] = (before[0] + count, before[1] + size, merged)
+        else:
+            collectives[key] = (count, size, calls)
+    disagree = census.get("ranks_disagree", False)
+    if not isinstance(disagree, bool):
+        _bad(f"{where}.ranks_disagree", disagree, "true or false")
+    return _Census(method, collectives, _sizes(census.get("ddp_buckets"), f"{where}.ddp_buckets", optional=True),
+                   *(_count(census.get(name), f"{where}.{name}", optional=True)
+                     for name in ("graph_breaks", "recompiles", "cuda_kernel_launches")),
+                   ranks_disagree=disagree)
+
+
+# ----------------------------------------------------------------------------------------------
+# The comparison
+# ----------------------------------------------------------------------------------------------
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def size_text(nbytes: float) -> str:
+    """Bytes in binary units: 512 B, 64.0 KiB, 1.0 MiB, 2.5 GiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{_number(nbytes)} B"
+
+
+def _delta(nbytes: float) -> str:
+    return ("+" if nbytes > 0 else "-") + size_text(abs(nbytes))
+
+
+def _sizes_text(sizes: tuple[float, ...]) -> str:
+    if len(sizes) <= 4:
+        return ", ".join(size_text(s) for s in sizes) or "none"
+    return f"{size_text(sizes[0])} to {size_text(sizes[-1])}"
+
+
+class _Changes:
+    """What differs, as words, and which way each figure went."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+        self.up = self.down = self.unranked = False
+
+    def note(self, text: str, more: float = 0, reshaped: bool = False) -> None:
+        self.parts.append(text)
+        self.up |= more > 0
+        self.down |= more < 0
+        self.unranked |= reshaped
+
+
+def _collective(changes: _Changes, key, before, after) -> None:
+    kind, dtype, group = key
+    (count0, bytes0, calls0), (count1, bytes1, calls1) = before, after
+    if (count0, bytes0) == (count1, bytes1) and (calls0 is None or calls1 is None or calls0 == calls1):
+        return
+    label = f"{kind} {dtype} ×{group}: "
+    calls = (f"{_number(count0)} → {_number(count1)} per step" if count0 != count1
+             else f"{_number(count1)} per step")
+    if bytes0 != bytes1:
+        text = f"{label}{calls}, {_delta(bytes1 - bytes0)}"
+    elif count0 != count1:
+        text = f"{label}{calls}, same bytes"
+    else:
+        text = f"{label}{calls}, same bytes in other sizes ({_sizes_text(calls0)} → {_sizes_text(calls1)})"
+    directions = [count1 - count0, bytes1 - bytes0]
+    changes.note(text, reshaped=(count0, bytes0) == (count1, bytes1))
+    changes.up |= any(d > 0 for d in directions)
+    changes.down |= any(d < 0 for d in directions)
+
+
+def _buckets(changes: _Changes, before: tuple[float, ...], after: tuple[float, ...]) -> None:
+    if before == after:
+        return
+    total = sum(after) - sum(before)
+    text = f"buckets {len(before)} → {len(after)}" if len(before) != len(after) else f"buckets {len(after)}"
+    if total:
+        text += f", {_delta(total)}"
+    elif len(before) == len(after):
+        text += f" in other sizes ({_sizes_text(before)} → {_sizes_text(after)})"
+    changes.note(text, reshaped=not total and len(before) == len(after))
+    changes.up |= len(after) > len(before) or total > 0
+    changes.down |= len(after) < len(before) or total < 0
+
+
+def compare_census(baseline: Any, current: Any, current_label: str = "current",
+                   fields: tuple[str, str] = (CENSUS_KEY, CENSUS_KEY)) -> StructureVerdict:
+    """The structural verdict of ``current`` against ``baseline`` (each a census or None) with the
+    line naming each change, e.g. ``all_reduce float32 ×2: 3 → 4 per step, +1.0 MiB; buckets 2 →
+    4``; :class:`CensusError` for a malformed one, naming its side and its field (``fields``: how
+    each side's census is named in a message, baseline's first)."""
+    sides = {"baseline": baseline, current_label: current}
+    absent = [name for name, census in sides.items() if census is None]
+    if absent:
+        return StructureVerdict(NOT_COUNTED, f"the {absent[0]} recorded no census" if len(absent) == 1
+                                else "neither side recorded a census")
+    read = {}
+    for (name, census), field in zip(sides.items(), fields):
+        try:
+            read[name] = read_census(census, field)
+        except CensusError as exc:
+            raise CensusError(str(exc), name) from None
+    other = [f"{name}: {why}" for name, why in read.items() if isinstance(why, str)]
+    if other:
+        return StructureVerdict(NOT_COUNTED, "; ".join(other))
+    base, cur = read["baseline"], read[current_label]
+    if base.method != cur.method:
+        return StructureVerdict(NOT_COUNTED, f"counted differently (baseline {base.method}, "
+                                             f"{current_label} {cur.method})")
+    changes, unjudged = _Changes(), []
+    none = (0, 0, ())
+    for key in sorted(set(base.collectives) | set(cur.collectives)):
+        _collective(changes, key, base.collectives.get(key, none), cur.collectives.get(key, none))
+    if base.buckets is not None and cur.buckets is not None:
+        _buckets(changes, base.buckets, cur.buckets)
+    for name, before, after in (("graph breaks", base.graph_breaks, cur.graph_breaks),
+                                ("recompiles", base.recompiles, cur.recompiles)):
+        if before is not None and after is not None and before != after:
+            changes.note(f"{name} {_number(before)} → {_number(after)}", more=after - before)
+    if base.ranks_disagree != cur.ranks_disagree:
+        changes.note("the ranks disagree on the collectives" if cur.ranks_disagree
+                     else "the ranks agree on the collectives again", more=1 if cur.ranks_disagree else -1)
+    elif cur.ranks_disagree:
+        unjudged.append("rank 0's census compared; the ranks disagree on both sides")
+    for name, before, after in (("DDP buckets", base.buckets, cur.buckets),
+                                ("graph breaks", base.graph_breaks, cur.graph_breaks),
+                                ("recompiles", base.recompiles, cur.recompiles)):
+        if (before is None) != (after is None):
+            unjudged.append(f"{name} counted in the {'baseline' if after is None else current_label} only")
+    if base.kernel_launches is not None and cur.kernel_launches is not None \
+            and base.kernel_launches != cur.kernel_launches:
+        unjudged.append(f"CUDA kernel launches {_number(base.kernel_launches)} → "
+                        f"{_number(cur.kernel_launches)} (reported, not judged)")
+    if changes.up and changes.down:
+        changes.parts.append("mixed: some figures up, some down (a regression)")
+    elif changes.unranked and not changes.up and not changes.down:
+        changes.parts.append("neither more nor fewer (a regression until accepted)")
+    verdict = ("regression" if changes.up or changes.unranked else "improvement" if changes.down else "same")
+    return StructureVerdict(verdict, "; ".join(changes.parts + unjudged))
+
+
+def accept(verdict: StructureVerdict) -> StructureVerdict:
+    """The verdict with a regression accepted as made on purpose (an option of the gate)."""
+    if verdict.verdict != "regression":
+        return verdict
+    return StructureVerdict(verdict.verdict, verdict.line, accepted=True)

@@ -87,6 +87,10 @@ def pytest_addoption(parser):
     cases.addoption("--dist-cuda-graphs", action="store_true",
                     help="capture each round's ops in a CUDA graph and replay it between the timing "
                          "events (nccl-tests -G); CUDA cases only")
+    cases.addoption("--dist-census", choices=("on", "off"), default="on",
+                    help="on: after warm-up, one more untimed round counts every collective a case "
+                         "issues (kind, dtype, bytes, group size; DDP buckets; graph breaks; CUDA "
+                         "kernel launches) into extra_info['census']; off: no extra round. Default: on")
 
     nodes = parser.getgroup("ddpbench-nodes", "ddpbench across nodes (ranks started by torchrun)")
     nodes.addoption("--dist-controller", default=None, metavar="HOST:PORT",
@@ -467,6 +471,7 @@ def dist_round_plan(request) -> RoundPlan:
         precision=config.getoption("dist_precision"),
         ops_per_round=config.getoption("dist_ops_per_round", None),
         cuda_graphs=config.getoption("dist_cuda_graphs", False),
+        census=config.getoption("dist_census", "on") == "on",
     )
 
 

@@ -129,6 +129,9 @@ class SlowedDown(Workload):
     def check(self, state) -> None:
         self.inner.check(state["inner"])
 
+    def census_details(self, state) -> dict[str, Any]:
+        return self.inner.census_details(state["inner"])
+
     def teardown(self, state) -> None:
         self.inner.teardown(state["inner"])
 

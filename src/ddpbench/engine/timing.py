@@ -76,6 +76,8 @@ class RoundPlan:
     ops_per_round: int | str = 1
     # Capture each round's ops in a CUDA graph once and replay it (CUDA cases only).
     cuda_graphs: bool = False
+    # After warm-up, one more untimed round under the collective census (ddpbench.engine.census).
+    census: bool = True
     # After the recorded rounds, this many rounds of each of the workload's variants
     # (Workload.variants), interleaved with as many more rounds of the workload itself; 0: none.
     variant_rounds: int = 0
@@ -256,6 +258,8 @@ class RankSession:
         self.ops_per_round = plan.ops_per_round if isinstance(plan.ops_per_round, int) else 1
         self.fixed_cost_s: float | None = None  # what "auto" measured
         self._graph = None
+        self.census: dict[str, Any] | None = None  # the census round's record (plan.census)
+        self._dynamo_at_start = None
         self.variant_times: dict[str, list[float]] = {}
         if plan.cuda_graphs and not self.on_cuda:
             raise ValueError("CUDA graph mode captures GPU work; this case runs on the CPU")
@@ -316,9 +320,29 @@ class RankSession:
         finally:
             set_process_affinity(previous)
 
+    def _take_census(self) -> None:
+        """One untimed round of ``ops_per_round`` ops under the collective census, on every rank
+        (each rank counts what it issues); the workload's ``census_details`` adds what only it
+        knows (DDP's buckets)."""
+        from .census import take_census
+
+        phase_start = time.perf_counter()
+        record = take_census(lambda: _repeated(self.workload.run_round, self.ops_per_round)(self.state),
+                             ops_per_round=self.ops_per_round, count_kernel_launches=self.on_cuda,
+                             dynamo_at_start=self._dynamo_at_start)
+        details = self.workload.census_details(self.state) or {}
+        if details.get("ddp_buckets") is not None:
+            record["ddp_buckets"] = [int(b) for b in details["ddp_buckets"]]
+        self.census = record
+        self.phases["engine_census_s"] = time.perf_counter() - phase_start
+
     def _build(self, warmup: int) -> list[float]:
         """Set the workload up and run ``warmup`` unrecorded rounds; returns their per-op times."""
         clock = time.perf_counter
+        if self.plan.census and self._dynamo_at_start is None:
+            from .census import dynamo_snapshot
+
+            self._dynamo_at_start = dynamo_snapshot() or {"frames": 0, "graph_breaks": 0}
         phase_start = clock()
         self.state = self.workload.setup(self.ctx)
         self._set_up = True
@@ -340,6 +364,10 @@ class RankSession:
             if auto:
                 self._choose_ops_per_round()
                 times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
+            self.phases["engine_warmup_s"] += time.perf_counter() - phase_start
+            if self.plan.census:  # before any capture: a graph's replay dispatches no collective
+                self._take_census()
+            phase_start = time.perf_counter()
             if self.plan.cuda_graphs:
                 self._capture()
                 times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
@@ -457,6 +485,8 @@ class RankSession:
         metrics.update({key: round(value, 6) for key, value in self.phases.items()})
         metrics["pinned_cores"] = self.pin_cores  # each rank on a core of its own while measuring
         metrics["ops_per_round"] = self.ops_per_round
+        if self.census is not None:
+            metrics["census"] = self.census
         if self.fixed_cost_s is not None:
             metrics["round_fixed_cost_s"] = self.fixed_cost_s
         if self.plan.cuda_graphs:
@@ -551,10 +581,17 @@ def max_over_ranks(per_rank_times: list[list[float]]) -> list[float]:
 
 
 def combine_rank_metrics(per_rank_metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    """Numbers: the maximum over ranks (peak memory, open fds...); anything else: rank 0's."""
+    """Numbers: the maximum over ranks (peak memory, open fds...); the census: rank 0's, marked
+    ``ranks_disagree`` where ranks counted other collectives; anything else: rank 0's."""
+    from .census import combine_census
+
     combined: dict[str, Any] = {}
+    if any("census" in metrics for metrics in per_rank_metrics):
+        combined["census"] = combine_census([metrics.get("census") for metrics in per_rank_metrics])
     for metrics in per_rank_metrics:
         for key, value in metrics.items():
+            if key == "census":
+                continue
             if key not in combined:
                 combined[key] = value
             elif isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -62,6 +62,13 @@ class Workload:
     def teardown(self, state: Any) -> None:
         """Free what setup made; runs even when a round or the check raised."""
 
+    def census_details(self, state: Any) -> dict[str, Any]:
+        """What the collective census cannot see from outside, after its counted round (untimed):
+        ``{"ddp_buckets": [bytes, ...]}`` for a workload that trains with DDP (its reducer's
+        bucket sizes, ``ddpbench.engine.census.ddp_bucket_sizes(model)``). The census itself
+        (every collective a round issues) needs nothing from the workload."""
+        return {}
+
     def extra_info(self, world_size: int, median_s: float,
                    rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         """Case-level extra_info computed in the controller from the median round time and, when

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...engine.census import combine_census
 from ...engine.modes import placement_info
 from ...engine.timing import max_over_ranks
 from . import schedule
@@ -122,6 +123,7 @@ class ABOutcome:
     settings: ABSettings
     wall_s: float
     seed: int = 0  # the run's seed of the block order (--dist-ab-seed repeats it)
+    baseline_metrics: list[dict[str, Any]] = field(default_factory=list)  # the baseline's first pool's ranks
 
     @property
     def order(self) -> str:
@@ -152,6 +154,11 @@ class ABOutcome:
             "candidate": _side_summary(self.candidate, raw=False),  # its rounds are the case's own
             "sides": sides,
         })
+        # The baseline side's own census (its engine's count of its code's collectives); a
+        # baseline whose engine predates the census has none.
+        census = combine_census([m.get("census") for m in self.baseline_metrics])
+        if census is not None:
+            info["census_baseline"] = census
         return info
 
 
@@ -249,15 +256,15 @@ class _Case:
                                    baseline_minima=baseline.block_minima,
                                    candidate_minima=candidate.block_minima)
 
-    def finish(self) -> list[dict[str, Any]]:
-        """End the case on every pool; returns the candidate's first pool's per-rank metrics."""
-        metrics: list[dict[str, Any]] = []
+    def finish(self) -> dict[str, list[dict[str, Any]]]:
+        """End the case on every pool; returns each side's first pool's per-rank metrics."""
+        metrics: dict[str, list[dict[str, Any]]] = {name: [] for name in _SIDES}
         for j in range(self.pool_pairs):
             for name in _SIDES:
                 self.live.remove(self.pools[name][j])
                 ranks = self._run(name, j, tasks.finish, self.key)
-                if name == schedule.CANDIDATE and j == 0:
-                    metrics = ranks
+                if j == 0:
+                    metrics[name] = ranks
         return metrics
 
     def stop(self) -> None:
@@ -307,7 +314,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         case.stop()
         raise
     return ABOutcome(result=result, baseline=case.sides[schedule.BASELINE],
-                     candidate=case.sides[schedule.CANDIDATE], candidate_metrics=metrics,
+                     candidate=case.sides[schedule.CANDIDATE], candidate_metrics=metrics[schedule.CANDIDATE],
+                     baseline_metrics=metrics[schedule.BASELINE],
                      rounds_per_block=rounds, pairs=case.pairs, pools_per_side=case.pool_pairs,
                      levels_applied=tuple(applied), settings=settings,
                      wall_s=time.monotonic() - started, seed=seed)

@@ -60,6 +60,10 @@ class _Loop:
     def module(self):
         raise NotImplementedError
 
+    def ddp_module(self):
+        """The DistributedDataParallel wrapper this loop trains through, or None."""
+        return None
+
     def step(self) -> float:
         """One optimizer step: ``grad_accum`` micro-batches, each loss scaled by 1/grad_accum,
         then ``_before_optimizer_step`` (where a loop reduces gradients itself) and the step."""
@@ -190,6 +194,9 @@ class _DDPLoop(_Loop):
 
     def module(self):
         return self.ddp.module
+
+    def ddp_module(self):
+        return self.ddp
 
     def _micro_step(self, x, y, accum: int, last: bool) -> float:
         # DDP all-reduces during the last micro-batch's backward; no_sync() skips the others.

@@ -295,6 +295,14 @@ class TransformerTraining(Workload):
         if self.impl == "ddp":
             _check_ranks_agree(who, ctx, loop)
 
+    def census_details(self, state) -> dict[str, Any]:
+        """DDP's bucket sizes (the census's all_reduce calls are these buckets, at the comm hook's
+        dtype); FSDP2 has no buckets."""
+        from ...engine.census import ddp_bucket_sizes
+
+        loop = state["loop"]
+        return {"ddp_buckets": ddp_bucket_sizes(loop.wrapped)} if self.impl == "ddp" else {}
+
     def teardown(self, state) -> None:
         state.clear()
 

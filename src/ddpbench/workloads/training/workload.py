@@ -202,6 +202,14 @@ class Training(Workload):
             dist.broadcast(packed, src=0)
         return packed.cpu().split(total)
 
+    def census_details(self, state) -> dict[str, Any]:
+        """DDP's bucket sizes where the loop trains with DDP (the manual loop's buckets are its
+        own all_reduce calls, which the census counts)."""
+        from ...engine.census import ddp_bucket_sizes
+
+        ddp = state["loop"].ddp_module()
+        return {"ddp_buckets": ddp_bucket_sizes(ddp)} if ddp is not None else {}
+
     def teardown(self, state) -> None:
         loop = state.get("loop")
         if loop is not None:

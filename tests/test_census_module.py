@@ -1,0 +1,237 @@
+"""The census module alone (ddpbench.engine.census), in this process on torch's fake process group:
+every kind's count and payload bytes, a planted extra all_reduce, the order of the calls, ops per
+round, DDP's C++ reducer at world size 8, ranks that disagree. Through the engine on real gloo
+ranks: tests/test_census.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddpbench.engine.census import (CENSUS_VERSION, KINDS, CollectiveCensus, combine_census, ddp_bucket_sizes,
+                                    dynamo_snapshot, take_census)
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def fake_group(request):
+    """A fake process group of ``request.param`` ranks (8 unless parametrized), this process rank 0."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    world_size = getattr(request, "param", 8)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield world_size
+    finally:
+        dist.destroy_process_group()
+
+
+def by_kind(record):
+    return {(c["kind"], c["dtype"], c["group_size"]): c for c in record["collectives"]}
+
+
+def test_each_kind_counts_its_calls_and_payload(fake_group):
+    n = fake_group
+    t = torch.ones(MB // 4)  # 1 MB of float32
+
+    def round_():
+        dist.all_reduce(t)
+        dist.all_gather_into_tensor(torch.empty(n * t.numel()), t)  # output: n MB
+        dist.all_gather([torch.empty(10) for _ in range(n)], torch.empty(10))  # output: n x 40 bytes
+        dist.reduce_scatter_tensor(torch.empty(100), torch.empty(100 * n))  # input: n x 400 bytes
+        dist.broadcast(t, 0)
+        dist.all_to_all_single(torch.empty(8 * n), torch.empty(8 * n))
+        dist.reduce(torch.ones(3, dtype=torch.float64), 0)
+        dist.barrier()
+
+    record = take_census(round_)
+    assert record["version"] == CENSUS_VERSION and record["rounds_counted"] == 1 and record["ops_per_round"] == 1
+    kinds = by_kind(record)
+    assert kinds[("all_reduce", "float32", n)] == {"kind": "all_reduce", "dtype": "float32", "group_size": n,
+                                                   "count": 1, "bytes": MB, "call_bytes": [MB]}
+    assert kinds[("all_gather", "float32", n)]["call_bytes"] == [n * 40, n * MB]
+    assert kinds[("reduce_scatter", "float32", n)]["call_bytes"] == [400 * n]
+    assert kinds[("broadcast", "float32", n)]["call_bytes"] == [MB]
+    assert kinds[("all_to_all", "float32", n)]["call_bytes"] == [32 * n]
+    assert kinds[("reduce", "float64", n)]["call_bytes"] == [24]
+    assert kinds[("barrier", "none", n)]["call_bytes"] == [0]
+    assert [(c["kind"], c["dtype"], c["group_size"]) for c in record["collectives"]] == sorted(kinds)
+    for entry in record["collectives"]:
+        assert entry["kind"] in KINDS and entry["bytes"] == sum(entry["call_bytes"]) and entry["count"] == len(
+            entry["call_bytes"]) and entry["call_bytes"] == sorted(entry["call_bytes"])
+    assert record["ddp_buckets"] is None and record["cuda_kernel_launches"] is None
+
+
+def test_functional_collectives_are_counted_once(fake_group):
+    """What compiled graphs and DTensor issue (_c10d_functional) is counted as its kind, and the c10d
+    op it runs underneath is not counted a second time."""
+    import torch.distributed._functional_collectives as fc
+
+    t = torch.ones(256)
+
+    def round_():
+        fc.all_reduce(t, "sum", dist.group.WORLD).wait()
+        fc.all_gather_tensor(t, 0, dist.group.WORLD).wait()
+
+    kinds = by_kind(take_census(round_))
+    assert kinds[("all_reduce", "float32", fake_group)]["call_bytes"] == [1024]
+    assert kinds[("all_gather", "float32", fake_group)]["call_bytes"] == [1024 * fake_group]
+    assert len(kinds) == 2
+
+
+def test_a_planted_all_reduce_moves_the_count_by_one_and_the_bytes_by_its_size(fake_group):
+    grads = [torch.ones(1000), torch.ones(5000)]
+    extra = torch.ones(777, dtype=torch.float32)
+
+    def step():
+        for g in grads:
+            dist.all_reduce(g)
+
+    def step_with_extra():
+        step()
+        dist.all_reduce(extra)
+
+    plain, planted = by_kind(take_census(step)), by_kind(take_census(step_with_extra))
+    key = ("all_reduce", "float32", fake_group)
+    assert planted[key]["count"] == plain[key]["count"] + 1
+    assert planted[key]["bytes"] == plain[key]["bytes"] + extra.nbytes
+    # negative control: the same step twice gives the same record
+    assert take_census(step) == take_census(step)
+
+
+def test_the_order_of_the_calls_does_not_change_the_record(fake_group):
+    a, b = torch.ones(10), torch.ones(1000, dtype=torch.float16)
+
+    def one_order():
+        dist.all_reduce(a)
+        dist.broadcast(b, 0)
+        dist.all_reduce(b)
+
+    def other_order():
+        dist.all_reduce(b)
+        dist.broadcast(b, 0)
+        dist.all_reduce(a)
+
+    assert take_census(one_order) == take_census(other_order)
+
+
+def test_figures_are_per_op(fake_group):
+    t = torch.ones(100)
+
+    def four_ops():
+        for _ in range(4):
+            dist.all_reduce(t)
+            dist.all_reduce(torch.ones(10))
+
+    record = take_census(four_ops, ops_per_round=4)
+    assert record["ops_per_round"] == 4
+    assert by_kind(record)[("all_reduce", "float32", fake_group)]["call_bytes"] == [40, 400]
+    with pytest.raises(ValueError, match="not the same collectives in every op"):
+        take_census(lambda: dist.all_reduce(t), ops_per_round=2)
+
+
+def test_subgroups_are_counted_at_their_own_size(fake_group):
+    half = dist.new_group(list(range(fake_group // 2)))
+    t = torch.ones(4)
+    kinds = by_kind(take_census(lambda: (dist.all_reduce(t), dist.all_reduce(t, group=half))))
+    assert kinds[("all_reduce", "float32", fake_group)]["count"] == 1
+    assert kinds[("all_reduce", "float32", fake_group // 2)]["count"] == 1
+
+
+def _bucket_buffer_hook(state, bucket):
+    """DDP's all_reduce of a bucket, its future resolving to the bucket's buffer (the fake process
+    group's own futures resolve to None, which DDP's default path cannot use)."""
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda _: bucket.buffer())
+
+
+@pytest.mark.parametrize("fake_group", [8, 1024], indirect=True)
+def test_ddp_reducer_collectives_at_simulated_world_sizes(fake_group):
+    """DDP's C++ reducer issues its bucket all_reduces from the autograd engine: the census sees
+    each bucket once, and their bytes are DDP's own bucket sizes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512), torch.nn.Linear(512, 8))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    ddp.register_comm_hook(None, _bucket_buffer_hook)
+    x = torch.randn(4, 512)
+    for _ in range(2):  # DDP rebuilds its buckets after the first step (and broadcasts them once)
+        ddp(x).sum().backward()
+    buckets = ddp_bucket_sizes(ddp)
+    record = take_census(lambda: ddp(x).sum().backward(), ddp_buckets=buckets)
+    all_reduce = by_kind(record)[("all_reduce", "float32", fake_group)]
+    assert len(buckets) > 1
+    assert all_reduce["call_bytes"] == sorted(buckets)
+    assert all_reduce["bytes"] == sum(p.numel() * 4 for p in model.parameters())
+    assert record["ddp_buckets"] == buckets
+    assert [c["kind"] for c in record["collectives"]] == ["all_reduce"]
+
+
+def test_collectives_on_an_autograd_thread_are_counted(fake_group):
+    """A collective issued from a backward hook (the autograd engine's thread where it runs one)."""
+    t = torch.ones(16, requires_grad=True)
+
+    def hook(grad):
+        dist.all_reduce(grad)
+        return grad
+
+    t.register_hook(hook)
+    kinds = by_kind(take_census(lambda: (t * 2).sum().backward()))
+    assert kinds[("all_reduce", "float32", fake_group)]["call_bytes"] == [64]
+
+
+def test_nothing_issued_gives_an_empty_census(fake_group):
+    record = take_census(lambda: torch.ones(3) + 1)
+    assert record["collectives"] == []
+    with CollectiveCensus() as census:
+        pass
+    assert census.calls == []
+
+
+def test_compile_figures_are_null_without_torch_compile(fake_group):
+    record = take_census(lambda: dist.all_reduce(torch.ones(2)))
+    if dynamo_snapshot() is None or dynamo_snapshot()["frames"] == 0:
+        assert record["graph_breaks"] is None and record["recompiles"] is None
+
+
+def test_a_compiled_step_runs_compiled_under_the_census_and_its_figures_are_dynamo_s(fake_group):
+    """The census leaves compiled code running (an eager fallback would census another program):
+    the compiled graphs run in the counted step, nothing recompiles, the graph break the function
+    has is counted, and the collective after it is seen."""
+    graph_runs = []
+
+    def counting_backend(gm, example_inputs):
+        def run(*args):
+            graph_runs.append(1)
+            return gm(*args)
+        return run
+
+    def step(x):
+        y = torch.relu(x) * 2
+        print("", end="")  # a graph break
+        dist.all_reduce(y)
+        return y + 1
+
+    compiled = torch.compile(step, backend=counting_backend)
+    x = torch.ones(8)
+    start = dynamo_snapshot() or {"frames": 0, "graph_breaks": 0}
+    for _ in range(2):
+        compiled(x)
+    runs_before = len(graph_runs)
+    record = take_census(lambda: compiled(x), dynamo_at_start=start)
+    assert len(graph_runs) > runs_before
+    assert record["recompiles"] == 0
+    assert record["graph_breaks"] >= 1
+    assert by_kind(record)[("all_reduce", "float32", fake_group)]["count"] == 1
+
+
+def test_combine_census_keeps_rank_zero_and_flags_disagreement():
+    a = {"version": 1, "ops_per_round": 1, "ddp_buckets": None,
+         "collectives": [{"kind": "all_reduce", "dtype": "float32", "group_size": 2, "count": 1, "bytes": 4,
+                          "call_bytes": [4]}]}
+    b = dict(a, collectives=[])
+    assert combine_census([a, dict(a)]) == a
+    assert combine_census([a, b]) == dict(a, ranks_disagree=True)
+    assert combine_census([a, None]) == dict(a, ranks_disagree=True)
+    assert combine_census([None, None]) is None

@@ -5,8 +5,8 @@
   ``make TARGET`` (CI runs ``make test``; ``make bench`` runs below on one small case),
   ``.venv/bin/pytest ...`` (collected with ``--collect-only`` in a copy of the suite, which checks
   its options, markers and the cases it selects), ``.venv/bin/ddpbench ...`` (parsed by the CLI;
-  tests/test_compare.py, tests/test_report.py, tests/test_history.py, tests/test_bisect.py and
-  tests/test_benchmark_flow.py run the subcommands), the multi-node commands (the secret is generated and accepted here; the torchrun
+  tests/test_compare.py, tests/test_report.py, tests/test_history.py, tests/test_bisect.py,
+  tests/test_census_scale.py and tests/test_benchmark_flow.py run the subcommands), the multi-node commands (the secret is generated and accepted here; the torchrun
   flags are the ones tests/test_multinode.py launches two nodes with). A command of any other
   kind fails the test until it is covered.
 * Every ``--dist-*`` option the plugin registers is documented, and the README stays ≤ 250 lines.
@@ -34,7 +34,7 @@ pytest_plugins = ["pytester"]
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SECTIONS = ["Set-up", "Running the families", "Writing your own benchmark", "Options and markers",
-            "Comparing and gating", "CI", "Across nodes"]
+            "Comparing and gating", "Why is it slower?", "CI", "Across nodes"]
 # What README's pytest commands must select (a substring of the collected ids), and must not.
 EXPECTED_IDS = {
     "--dist-world-sizes=2,4 --dist-sizes=1MB,1GB": (["test_all_reduce[gloo-4p-1GB]"], []),
@@ -197,7 +197,7 @@ def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_cop
 @pytest.mark.parametrize("command", _ids("ddpbench"), ids=_short)
 def test_readme_ddpbench_command_is_accepted_by_the_cli(command):
     args = cli.parse_args(shlex.split(command)[1:])
-    assert args.command in ("compare", "report", "history", "bisect")
+    assert args.command in ("compare", "report", "history", "bisect", "census")
 
 
 def test_readme_make_targets_run_in_ci_or_here():

@@ -1,6 +1,7 @@
 """``ddpbench compare`` (the noise-aware gate), ``ddpbench report`` (tables and charts) and
-``ddpbench history`` (a static HTML page of every saved run, with the steps detected in each case)
-and ``ddpbench bisect`` (the commit between two that made a case slower, through the A/B gate).
+``ddpbench history`` (a static HTML page of every saved run, with the steps detected in each case),
+``ddpbench bisect`` (the commit between two that made a case slower, through the A/B gate) and
+``ddpbench census`` (a transformer step's collectives and per-rank memory at N ranks, simulated).
 
 Exit status of ``compare``: 0 no regression, 1 at least one regression (a structural one too:
 more collectives, bytes or graph breaks per step than the baseline's census, unless
@@ -8,7 +9,8 @@ more collectives, bytes or graph breaks per step than the baseline's census, unl
 ``--allow-missing``; inconclusive cases too with ``--fail-on-inconclusive``), 2 bad input (missing or unreadable runs, runs that are not comparable
 unless ``--allow-different``, or runs without raw rounds unless ``--allow-summary-stats``).
 ``history`` exits 0 whatever the steps (it is a view, not a gate) and 2 on bad input. ``bisect``: 0
-found (or no regression to search), 1 undecided, 2 bad input (:mod:`ddpbench.bisect`).
+found (or no regression to search), 1 undecided, 2 bad input (:mod:`ddpbench.bisect`). ``census``: 0, or 2
+on bad input (:mod:`ddpbench.scale`).
 """
 
 from __future__ import annotations
@@ -143,6 +145,17 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--skip-unreadable", action="store_true",
                    help="leave unreadable saved runs out (a warning each) instead of stopping")
     h.add_argument("--json", action="store_true", help="print the detected steps as JSON (for CI)")
+
+    s = sub.add_parser("census", help="collectives and per-rank memory of a transformer step at N ranks, simulated",
+                       description="The collective census of one optimizer step of the transformer family "
+                                   "(DDP or FSDP2) at each world size, simulated in this process as rank 0 of N "
+                                   "on torch's fake process group: per collective kind and dtype the calls and "
+                                   "payload bytes per step and rank, and the parameter, gradient and optimizer "
+                                   "bytes each rank holds; a table (or --json) and a chart. Counts and bytes, "
+                                   "no timing. Exit 0, or 2 on bad input.")
+    from .scale.command import add_arguments as add_census_arguments
+
+    add_census_arguments(s)
 
     b = sub.add_parser("bisect", help="find the commit that made a case slower (A/B gate at each probe)",
                        usage="ddpbench bisect GOOD BAD [-k EXPR] [--max-time S] [--setup CMD [--python PATH]] "
@@ -368,6 +381,18 @@ def run_history(args) -> int:
     return 0
 
 
+def run_census(args) -> int:
+    from .scale.command import DEFAULT_CHART, CensusError, run_census as census
+
+    problem = not args.no_chart and output_problem("--chart", args.chart, DEFAULT_CHART)
+    if problem:
+        return _error("census", problem)
+    try:
+        return census(args)
+    except CensusError as exc:
+        return _error("census", str(exc))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -403,6 +428,8 @@ def _main(argv: list[str] | None) -> int:
         return run_compare(args)
     if args.command == "history":
         return run_history(args)
+    if args.command == "census":
+        return run_census(args)
     return run_report(args)
 
 

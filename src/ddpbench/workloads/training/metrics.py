@@ -127,14 +127,19 @@ def peak_memory(device) -> dict[str, int]:
     return {"peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
 
+def _held_bytes(tensor) -> int:
+    """Bytes this rank holds of a tensor: a DTensor's local shard, else the tensor."""
+    held = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return held.numel() * held.element_size()
+
+
 def parameter_bytes(model) -> dict[str, int]:
     """``param_bytes``: the whole model's parameters; ``sharded_param_bytes``: what this rank holds
     of them (differs from ``param_bytes`` for FSDP2's sharded DTensor parameters)."""
     total = local = 0
     for p in model.parameters():
         total += p.numel() * p.element_size()
-        held = p.to_local() if hasattr(p, "to_local") else p
-        local += held.numel() * held.element_size()
+        local += _held_bytes(p)
     return {"param_bytes": total, "sharded_param_bytes": local}
 
 
@@ -192,3 +197,17 @@ def add_exposed_communication(info: dict[str, Any]) -> dict[str, Any]:
     ``dist_benchmark`` fixture recorded), or {} when the case ran no variant rounds."""
     times = info.get("variant_round_times")
     return exposed_communication(times) if isinstance(times, dict) else {}
+
+
+def rank_state_bytes(model, optimizer) -> dict[str, int]:
+    """The training state this rank holds, read after an optimizer step: its parameters
+    (``param_bytes_per_rank``), the gradients they carry (``grad_bytes_per_rank``) and every tensor
+    of the optimizer's state (``optimizer_state_bytes_per_rank``: AdamW's two moments and step
+    counts). FSDP2's are DTensors, counted by their local shards; tied parameters count once."""
+    import torch
+
+    params = list(model.parameters())
+    state = [value for p in params for value in optimizer.state.get(p, {}).values() if torch.is_tensor(value)]
+    return {"param_bytes_per_rank": sum(_held_bytes(p) for p in params),
+            "grad_bytes_per_rank": sum(_held_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer_state_bytes_per_rank": sum(_held_bytes(value) for value in state)}

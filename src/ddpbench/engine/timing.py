@@ -333,6 +333,8 @@ class RankSession:
         details = self.workload.census_details(self.state) or {}
         if details.get("ddp_buckets") is not None:
             record["ddp_buckets"] = [int(b) for b in details["ddp_buckets"]]
+        if details.get("incomplete"):  # why part of the step escapes the count: the gates do not judge it
+            record["incomplete"] = str(details["incomplete"])
         self.census = record
         self.phases["engine_census_s"] = time.perf_counter() - phase_start
 

@@ -16,7 +16,8 @@ it. CUDA kernel launches are reported but not judged: which kernels cuBLAS and c
 GEMMs add a reduction kernel, ``cudnn.benchmark`` picks by timing) depends on the library and the
 device as much as on the code, so their count is not exact enough to fail a gate on.
 
-A side without a census (an older run or engine), a census of another version, or two counted by
+A side without a census (an older run or engine), a census of another version, one its workload
+marks ``incomplete`` (collectives issued on threads the census does not see), or two counted by
 different methods is ``not counted``: the timing verdict then stands alone. A census whose fields
 do not hold what the format says is a :class:`CensusError` naming the field.
 """
@@ -117,6 +118,11 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
     version = census.get("version")
     if version != CENSUS_VERSION:
         return f"census version {_show(version)} (this ddpbench reads version {CENSUS_VERSION})"
+    incomplete = census.get("incomplete")
+    if incomplete is not None:  # the workload knows part of its step escapes the count
+        if not isinstance(incomplete, str) or not incomplete:
+            _bad(f"{where}.incomplete", incomplete, "text (why the census misses collectives)")
+        return f"its census is incomplete ({incomplete})"
     method = census.get("method")
     if not isinstance(method, str):
         _bad(f"{where}.method", method, "text (how it was counted)")

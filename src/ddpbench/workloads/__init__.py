@@ -65,8 +65,10 @@ class Workload:
     def census_details(self, state: Any) -> dict[str, Any]:
         """What the collective census cannot see from outside, after its counted round (untimed):
         ``{"ddp_buckets": [bytes, ...]}`` for a workload that trains with DDP (its reducer's
-        bucket sizes, ``ddpbench.engine.census.ddp_bucket_sizes(model)``). The census itself
-        (every collective a round issues) needs nothing from the workload."""
+        bucket sizes, ``ddpbench.engine.census.ddp_bucket_sizes(model)``); ``{"incomplete": why}``
+        when the step issues collectives from threads the census cannot see (it counts the threads
+        the round and autograd run on), so that the gates do not judge a partial count. The census
+        itself (every collective a round issues) needs nothing from the workload."""
         return {}
 
     def extra_info(self, world_size: int, median_s: float,

@@ -229,7 +229,7 @@ def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
     result.stdout.fnmatch_lines(["*1 pool(s) per side*", "*heap adaptive, both sides' ranks: glibc's defaults*"])
     (case,) = json.loads((pytester.path / "aa.json").read_text())["benchmarks"]
     ab = case["extra_info"]["ab"]
-    assert ab["verdict"] in ("same", "inconclusive")
+    assert ab["verdict"] in ("same", "not-slower", "inconclusive")
     assert 0.8 < ab["ratio"] < 1.25
     assert ab["pools_per_side"] == 1 and set(ab["pool_pair_of_pair"]) == {0} and len(ab["ratio_per_pool_pair"]) == 1
     assert ab["heap"] == "adaptive" and ab["sides"]["candidate"]["common_env"] == {}
@@ -242,6 +242,36 @@ def test_identical_sides_are_not_a_regression_and_exit_0(pytester):
     assert ab["profile"]["errors"] == {} and len(ab["profile"]["traces"]["baseline"]) == 2
     assert all(os.path.exists(path) for paths in ab["profile"]["traces"].values() for path in paths)
     result.stdout.fnmatch_lines([f"*why *test_sleep* is as it is ({ab['verdict']}): torch.profiler*"])
+
+
+def test_a_faster_candidate_is_not_slower_exits_0_and_leaves_its_time_to_the_next_case(pytester):
+    # The baseline sleeps twice as long: after the first stage the interval lies far below
+    # 1 + threshold, which ends the case as not-slower (the first look's level is far too strict
+    # for an improvement on 12 pairs, and the 60 s share leaves room for more looks, so the first
+    # is not the last). The run budget gives the time it did not use to the second case.
+    pytester.makepyfile(test_bench=SLEEPY + "\n\ndef test_sleep_again(dist_benchmark):\n    dist_benchmark(Sleep())\n")
+    result = pytester.runpytest_subprocess("--dist-baseline-env", "SLEEP_FACTOR=2", "--dist-ab-run-budget=120",
+                                           "--dist-ab-stratify-placement", "--dist-ab-profile=off",
+                                           "--benchmark-json=ab.json", "--dist-ab-block-time=0.02", "-m", "not gpu",
+                                           "-p", "no:cacheprovider", timeout=300)
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*more within a run budget of 120 s (each case: its share of what is left)*",
+                                 "*ddpbench A/B verdicts (2 not-slower*",
+                                 "*::test_sleep?gloo-2p? *not-slower*", "*::test_sleep_again?gloo-2p? *not-slower*"])
+    assert "exit status 1" not in result.stdout.str() and "rules out" not in result.stdout.str()
+    first, second = (case["extra_info"]["ab"] for case in json.loads((pytester.path / "ab.json").read_text())["benchmarks"])
+    for ab in (first, second):
+        assert ab["verdict"] == "not-slower" and ab["ratio_ci"][1] < 0.8 and ab["stages"] == 1
+        assert ab["run_budget_s"] == 120 and "rules_out_slowdown" not in ab
+        # Each round's placement is kept (for replays); asked for, the pairs were compared by it.
+        assert ab["stratify_placement"] and ab["block_summary"] == "mean per placement, at the pair's mix of placements"
+        assert set(ab["baseline"]["shared_cpu_rounds"]) <= {"0", "1"}
+        assert len(ab["baseline"]["shared_cpu_rounds"]) == len(ab["baseline"]["round_times"])
+    assert 59 < first["time_cap_s"] <= 60  # half of the budget, less what set-up took before the clock
+    assert second["time_cap_s"] > first["time_cap_s"] + 10  # the first case's unused time
+    markdown = subprocess.run([sys.executable, "-m", "ddpbench.cli", "compare", str(pytester.path / "ab.json"),
+                               "--markdown"], capture_output=True, text=True)
+    assert markdown.returncode == 0 and markdown.stdout.count("✅ not-slower") == 2, markdown.stdout
 
 
 # ----------------------------------------------------------------------------------------------

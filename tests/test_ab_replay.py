@@ -60,7 +60,7 @@ def test_a_case_the_time_cap_ended_is_replayed_with_the_rest_of_alpha_at_its_las
     replay_script.main([str(tmp_path)])
     out = capsys.readouterr().out.splitlines()
     sequential = out.index(next(line for line in out if line.startswith("sequential")))
-    assert out[sequential].startswith("sequential 2 cases: 1 regression, 0 improvement, 0 same, 1 inconclusive")
+    assert out[sequential].startswith("sequential 2 cases: 1 regression, 0 improvement, 0 same, 0 not-slower, 1 inconclusive")
     assert "test_capped regression after 12 pairs" in out[sequential + 1]
 
 
@@ -123,7 +123,70 @@ def test_replay_asks_each_pool_pair_for_the_threshold_as_the_engine_does_or_for_
     (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": [case]}))
     replay_script.main([str(tmp_path)])
     out = capsys.readouterr().out
-    assert "sequential 1 cases: 0 regression, 0 improvement, 0 same, 1 inconclusive" in out
+    assert "sequential 1 cases: 0 regression, 0 improvement, 0 same, 0 not-slower, 1 inconclusive" in out
     replay_script.main([str(tmp_path), "--pool-pair-share", "0.5"])
     out = capsys.readouterr().out
     assert "sequential 1 cases: 1 regression" in out
+
+
+def _line(out, rule):
+    return next(line for line in out.splitlines() if line.startswith(rule))
+
+
+def test_replay_under_the_verdicts_before_not_slower_keeps_looking(tmp_path, replay_script, capsys):
+    # 7% faster: after the first stage the interval lies below 1.05 (not-slower now, the case
+    # stops), but an improvement needs more pairs than the first look's level allows.
+    (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": [_recorded_case("test_faster", 0.93)]}))
+    replay_script.main([str(tmp_path)])
+    now = _line(capsys.readouterr().out, "sequential")
+    assert "0 improvement, 0 same, 1 not-slower, 0 inconclusive; decided 1 of 1 (100%)" in now
+    replay_script.main([str(tmp_path), "--before-not-slower"])
+    before = _line(capsys.readouterr().out, "sequential")
+    assert "not-slower" not in before
+    assert "1 improvement" in before or "1 inconclusive" in before  # it went on looking
+
+
+def _placed_case(name, seed, pairs=24, per_block=20, scale=1.0, keep_placement=True):
+    """An A/A case (candidate ``scale`` x) in two placements: rounds 1 ms when the ranks shared a
+    CPU, 3 ms apart, each block's share apart drawn anew; its placement kept as the engine keeps it."""
+    rng = random.Random(seed)
+
+    def side(factor):
+        times, flags = [], ""
+        for _ in range(pairs):
+            apart = rng.uniform(0.2, 0.8)
+            for _ in range(per_block):
+                shared = rng.random() >= apart
+                times.append((1e-3 if shared else 3e-3) * factor * rng.uniform(0.99, 1.01))
+                flags += "1" if shared else "0"
+        return times, flags
+
+    (base, base_flags), (cand, cand_flags) = side(1.0), side(scale)
+    ab = {"pairs": pairs, "rounds_per_block": per_block, "threshold": 0.05, "verdict": "inconclusive",
+          "pool_pair_of_pair": [i % 2 for i in range(pairs)], "baseline": {"round_times": base}, "candidate": {}}
+    if keep_placement:
+        ab["baseline"]["shared_cpu_rounds"], ab["candidate"]["shared_cpu_rounds"] = base_flags, cand_flags
+    return {"name": name, "stats": {"data": cand}, "extra_info": {"ab": ab}}
+
+
+def test_replay_stratified_by_placement_narrows_two_placement_intervals(tmp_path, replay_script, capsys):
+    cases = [_placed_case(f"test_aa{i}", seed=i) for i in range(3)]
+    (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": cases}))
+    replay_script.main([str(tmp_path)])
+    plain = _line(capsys.readouterr().out, "sequential")
+    replay_script.main([str(tmp_path), "--stratify-placement"])
+    stratified = _line(capsys.readouterr().out, "sequential")
+    assert "3 same" in stratified and "3 same" not in plain
+
+    def width(line):
+        return float(line.split("median interval width (high / low) ")[1].split(";")[0])
+
+    assert width(stratified) < 1.02 < 1.1 < width(plain)
+    # A 10% slowdown of every round still reads as one.
+    replay_script.main([str(tmp_path), "--stratify-placement", "--scale", "1.1"])
+    assert "3 regression" in _line(capsys.readouterr().out, "sequential")
+    # A case recorded without each round's placement is replayed as it was, and said so.
+    (tmp_path / "run01.json").write_text(json.dumps({"benchmarks": [_placed_case("test_old", 7, keep_placement=False)]}))
+    replay_script.main([str(tmp_path), "--stratify-placement"])
+    assert "1 case(s) recorded without each round's placement, replayed unstratified" in \
+        _line(capsys.readouterr().out, "sequential")

@@ -63,7 +63,7 @@ def test_decide_with_one_pool_per_side_needs_the_whole_interval_beyond_the_thres
     # offsets between two pools of processes look like this on the dev machine.
     assert stats.decide(1.085, 1.033, 1.132, 0.006, 0.05) == "inconclusive"
     assert stats.decide(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
-    assert stats.decide(0.93, 0.894, 0.972, 0.001, 0.05) == "inconclusive"
+    assert stats.decide(0.93, 0.894, 0.972, 0.001, 0.05) == "not-slower"
     assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05) == "same"
 
 
@@ -76,7 +76,7 @@ def test_decide_with_several_pool_pairs_needs_every_pool_pair_over_the_threshold
     assert stats.decide(1.085, 0.99, 1.132, 0.001, 0.05, pool_pair_ratios=(1.08, 1.09)) == "inconclusive"  # interval reaches 1
     assert stats.decide(1.085, 1.033, 1.132, 0.02, 0.05, pool_pair_ratios=(1.08, 1.09)) == "inconclusive"  # not significant
     assert stats.decide(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.90)) == "improvement"
-    assert stats.decide(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.85, 0.99)) == "inconclusive"
+    assert stats.decide(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.85, 0.99)) == "not-slower"
     assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05, pool_pair_ratios=(1.02, 0.98)) == "same"
 
 
@@ -90,7 +90,7 @@ def test_every_pool_pair_must_show_the_whole_threshold_by_default_or_the_share_a
     assert stats.decide(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.035), **half) == "regression"
     assert stats.decide(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.02), **half) == "inconclusive"
     assert stats.decide(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.97), **half) == "improvement"
-    assert stats.decide(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.98), **half) == "inconclusive"
+    assert stats.decide(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.98), **half) == "not-slower"
 
 
 def _pairs_over_pools(rng, per_pool, offsets, shift=0.0, noise=0.03):
@@ -257,7 +257,7 @@ def test_decide_needs_the_block_minima_to_move_past_the_threshold_too():
     assert stats.decide(1.18, 1.12, 1.25, 1e-6, 0.05, ratio_of_block_minima=1.003, **significant) == "inconclusive"
     assert stats.decide(1.18, 1.12, 1.25, 1e-6, 0.05, ratio_of_block_minima=1.06, **significant) == "regression"
     faster = dict(pool_pair_ratios=(0.88, 0.9))
-    assert stats.decide(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.99, **faster) == "inconclusive"
+    assert stats.decide(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.99, **faster) == "not-slower"
     assert stats.decide(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.93, **faster) == "improvement"
     # "same" rests on the means alone.
     assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05, ratio_of_block_minima=1.2, pool_pair_ratios=(1.0, 1.0)) == "same"
@@ -305,3 +305,46 @@ def test_block_minima_must_come_for_both_sides_and_every_block():
     with pytest.raises(ValueError, match="one block minimum per block"):
         stats.analyse_pairs(base, cand, 0.05, baseline_minima=base[:-1], candidate_minima=cand)
     assert stats.analyse_pairs(base, cand, 0.05).to_dict().get("ratio_of_block_minima") is None
+
+
+# -- not-slower, and what an inconclusive case rules out ------------------------------------------
+
+
+@pytest.mark.parametrize("low,high,verdict", [
+    (0.97, 1.03, "same"),
+    (1 / 1.05, 1.05, "same"),  # both ends on the bounds: still inside
+    (0.90, 1.03, "not-slower"),  # the upper end within the threshold, the lower end below 1/1.05
+    (0.90, 1.05, "not-slower"),  # the upper end on the bound
+    (0.90, 1.0501, "inconclusive"),  # just past it: a 5% slowdown is not ruled out
+    (0.97, 1.08, "inconclusive"),
+    (0.80, 0.90, "not-slower"),  # wholly faster, but not shown as an improvement (p, pool pairs)
+])
+def test_the_interval_alone_decides_same_not_slower_or_inconclusive(low, high, verdict):
+    ratio = (low * high) ** 0.5
+    assert stats.interval_verdict(low, high, 0.05) == verdict
+    # Both gates end their rule with it (p = 0.5: no change shown).
+    assert stats.decide(ratio, low, high, 0.5, 0.05, pool_pair_ratios=(ratio, ratio)) == verdict
+    assert stats.decide_unpaired(ratio, low, high, 0.5, 0.05) == verdict
+
+
+def test_not_slower_never_stands_where_a_change_was_shown_or_nothing_is_known():
+    # A significant improvement stays one; an unbounded interval (too few pairs) rules nothing out.
+    assert stats.decide(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
+    assert stats.decide_unpaired(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
+    assert stats.decide(0.9, 0.0, math.inf, 0.5, 0.05) == "inconclusive"
+    # The threshold decides the bound: at 10% an interval ending at 1.08 is same or not-slower.
+    assert stats.interval_verdict(0.95, 1.08, 0.10) == "same"
+    assert stats.interval_verdict(0.85, 1.08, 0.10) == "not-slower"
+    assert stats.interval_verdict(0.85, 1.08, 0.05) == "inconclusive"
+
+
+def test_an_inconclusive_result_states_the_slowdown_it_rules_out():
+    assert stats.slowdown_ruled_out(1.087) == pytest.approx(0.087)
+    assert stats.slowdown_ruled_out(0.98) == 0.0  # no slowdown at all is left open
+    assert stats.slowdown_ruled_out(math.inf) is None and stats.slowdown_ruled_out(None) is None
+    rng = np.random.default_rng(3)
+    noisy = stats.analyse_pairs(list(np.ones(12)), list(np.exp(rng.normal(0.0, 0.08, 12))), 0.05)
+    assert noisy.verdict == "inconclusive"
+    assert noisy.to_dict()["rules_out_slowdown"] == pytest.approx(noisy.ci_high - 1)
+    steady = stats.analyse_pairs(list(np.ones(12)), list(np.exp(rng.normal(0.0, 0.002, 12))), 0.05)
+    assert steady.verdict == "same" and "rules_out_slowdown" not in steady.to_dict()  # decided: nothing to add

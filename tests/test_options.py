@@ -73,7 +73,7 @@ def test_percentages_for_the_ab_threshold():
 
 
 SECONDS_OPTIONS = ["--dist-timeout", "--dist-controller-wait", "--dist-min-time", "--dist-ab-max-time",
-                   "--dist-ab-block-time"]
+                   "--dist-ab-block-time", "--dist-ab-run-budget"]
 
 
 @pytest.mark.parametrize("option", SECONDS_OPTIONS)

@@ -67,7 +67,7 @@ def _ab_run(tmp_path, **changes):
 
 @pytest.mark.parametrize("changes,message", [
     ({"verdict": "better"}, "ab.verdict is 'better', not one of regression, missing, baseline-failed, improvement, "
-                            "inconclusive, same, new"),
+                            "inconclusive, not-slower, same, new"),
     ({"ratio": "fast"}, "ab.ratio is 'fast', expected a positive number"),
     ({"ratio": 0}, "ab.ratio is 0, expected a positive number"),
     ({"p_value": None, "ratio_ci": [1.1]}, "ab.ratio_ci is [1.1], expected [low, high] numbers or null"),

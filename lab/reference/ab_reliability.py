@@ -26,6 +26,9 @@ import subprocess
 import sys
 import time
 
+# The A/B verdicts (ddpbench.gates.stats.VERDICTS); every one but inconclusive decides the case.
+VERDICTS = ("regression", "improvement", "same", "not-slower", "inconclusive")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -85,7 +88,7 @@ def held_back_by(ab) -> set[str]:
     up = 1 + ab["threshold"]
     low, high = ab["ratio_ci"]
     slower, faster = ab["ratio"] > up and low > 1, ab["ratio"] < 1 / up and high < 1
-    if ab["verdict"] != "inconclusive" or not ab["p_value"] < ab.get("alpha_at_last_look", ab["alpha"]) \
+    if ab["verdict"] not in ("inconclusive", "not-slower") or not ab["p_value"] < ab.get("alpha_at_last_look", ab["alpha"]) \
             or not (slower or faster):
         return set()
     beyond = (lambda r: r > up) if slower else (lambda r: r < 1 / up)
@@ -148,17 +151,17 @@ def main(argv=None):
     print(f"{args.runs} runs, {kind}{', background load on/off' if args.load else ''}"
           f"{' (summarised from ' + args.out + ')' if args.summarize else ''}; "
           f"extra pytest args: {' '.join(args.pytest_args) or 'none'}\n")
-    print("| case | regression | improvement | same | inconclusive | of which held back by the pool-pair rule "
-          "| by the block-minima rule | ratio median (min-max) | wall per case s |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    totals = {v: 0 for v in ("regression", "improvement", "same", "inconclusive")}
+    print("| case | regression | improvement | same | not-slower | inconclusive | of which held back by the "
+          "pool-pair rule | by the block-minima rule | ratio median (min-max) | wall per case s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    totals = {v: 0 for v in VERDICTS}
     for name in sorted(verdicts):
         counts = {v: verdicts[name].count(v) for v in totals}
         for v in totals:
             totals[v] += counts[v]
         r = ratios[name]
         print(f"| {name} | {counts['regression']} | {counts['improvement']} | {counts['same']} | "
-              f"{counts['inconclusive']} | {_held_count(held[name], 'pool pair')} | "
+              f"{counts['not-slower']} | {counts['inconclusive']} | {_held_count(held[name], 'pool pair')} | "
               f"{_held_count(held[name], 'block minima')} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
               f"{_spread(walls[name], '{:.1f}')} |")
     all_walls = [w for ws in walls.values() for w in ws]
@@ -169,6 +172,9 @@ def main(argv=None):
             f"by the block-minima rule: {_held_count(all_held, 'block minima')})"
           + (f"; {expected - sum(totals.values())} case(s) gave no verdict (failed: see the run logs "
              f"in {args.out})" if sum(totals.values()) < expected else ""))
+    decided = sum(totals.values()) - totals["inconclusive"]
+    print(f"decided: {decided} of {sum(totals.values())} case verdicts "
+          f"({100 * decided / max(1, sum(totals.values())):.0f}%)")
     print(f"wall per case: {_spread(all_walls, '{:.1f}')} s, min {min(all_walls):.1f}, max {max(all_walls):.1f}; "
           f"wall per run: {_spread(run_walls, '{:.0f}')} s; exit statuses: {exits}")
 

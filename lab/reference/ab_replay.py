@@ -15,20 +15,33 @@ judged on fewer pairs than it would have had.
     .venv/bin/python lab/reference/ab_replay.py DIR --block-summary median
     .venv/bin/python lab/reference/ab_replay.py DIR --pool-pair-share 0.5   # each pool pair over half the threshold
     .venv/bin/python lab/reference/ab_replay.py DIR --without-minima-rule   # block minima need not move
+    .venv/bin/python lab/reference/ab_replay.py DIR --before-not-slower     # the verdicts before not-slower
+    .venv/bin/python lab/reference/ab_replay.py DIR --stratify-placement    # like placements with like
 
 --scale multiplies the candidate's block summaries (a slowdown with the recorded noise, not a real
-one; ab_reliability.py --inject measures the real thing).
+one; ab_reliability.py --inject measures the real thing). Each rule's line ends with the share of
+cases it decided (every verdict but inconclusive) and the median width of their last intervals
+(high / low), the figures to compare with and without --before-not-slower or --stratify-placement.
+--before-not-slower replays the vocabulary before not-slower existed: such an interval was
+inconclusive and the case went on looking. Replayed from runs recorded under the current rule, a
+case that stopped at not-slower cannot be continued (as above). A run budget
+(--dist-ab-run-budget) cannot be replayed: the recorded pairs are the ones its caps allowed.
+--stratify-placement (as --dist-ab-stratify-placement) needs runs that kept each round's placement
+(extra_info ab.baseline / ab.candidate ``shared_cpu_rounds``); a case recorded without it is
+replayed unstratified, and the line says how many were.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 from typing import NamedTuple
 
 from ddpbench.gates import stats
+from ddpbench.gates.ab import strata
 from ddpbench.gates.ab.engine import BLOCK_SUMMARY, ABSettings, SideRounds
 
 BLOCK_SUMMARIES = {
@@ -75,6 +88,10 @@ class RecordedCase(NamedTuple):
     order: list[str]  # each pair's order: "AB" (baseline first) or "BA"
     baseline_minima: list[float]  # each block's fastest round
     candidate_minima: list[float]
+    baseline_blocks: list[list[float]]  # each block's rounds (--stratify-placement summarises them anew)
+    candidate_blocks: list[list[float]]
+    baseline_placements: list[list[bool]] | None  # per block, per round: the ranks shared a CPU (None: not kept)
+    candidate_placements: list[list[bool]] | None
 
 
 def recorded_cases(folder: str, block_summary: str = BLOCK_SUMMARY):
@@ -90,25 +107,55 @@ def recorded_cases(folder: str, block_summary: str = BLOCK_SUMMARY):
             return SideRounds(blocks=[times[i * per_block:(i + 1) * per_block] for i in range(pairs)])
 
         base, cand = rounds(baseline), rounds(candidate)
+
+        def placements(side):
+            text = (ab.get(side) or {}).get("shared_cpu_rounds")
+            return None if not text or len(text) != pairs * per_block else strata.placements_from_text(text, per_block)
+
         yield RecordedCase(case["name"], summarise(base), summarise(cand),
                            ab.get("pool_pair_of_pair") or [0] * pairs, ab["threshold"], _cap_ended(ab, pairs),
-                           ab["order"].split() if ab.get("order") else [], base.block_minima, cand.block_minima)
+                           ab["order"].split() if ab.get("order") else [], base.block_minima, cand.block_minima,
+                           base.blocks, cand.blocks, placements("baseline"), placements("candidate"))
 
 
 def replay(baseline, candidate, pools, threshold, levels, stage_size,
-           pool_pair_share: float = stats.POOL_PAIR_SHARE, minima=None) -> tuple[str, int]:
+           pool_pair_share: float = stats.POOL_PAIR_SHARE, minima=None, blocks=None, scale: float = 1.0,
+           before_not_slower: bool = False) -> tuple[str, int]:
     """The verdict and the pairs it took, looking after every stage as the engine does (``levels``:
     one per look the recorded pairs reach; ``minima``: both sides' block minima, for the rule that
     a change must show in them too, or None to replay without it)."""
-    verdict, seen = "inconclusive", 0
+    verdict, seen, _ = replay_result(baseline, candidate, pools, threshold, levels, stage_size, pool_pair_share,
+                                     minima, blocks, scale, before_not_slower)
+    return verdict, seen
+
+
+def replay_result(baseline, candidate, pools, threshold, levels, stage_size,
+                  pool_pair_share: float = stats.POOL_PAIR_SHARE, minima=None, blocks=None, scale: float = 1.0,
+                  before_not_slower: bool = False):
+    """(verdict, pairs taken, the last look's stats.PairedResult or None). ``blocks``: both sides'
+    rounds and placements per block (baseline rounds, candidate rounds, baseline placements,
+    candidate placements), to summarise each look's pairs by placement as
+    --dist-ab-stratify-placement does, instead of ``baseline`` / ``candidate``; ``scale``
+    multiplies the candidate's summaries; ``before_not_slower``: a not-slower interval reads
+    inconclusive and the looks go on, as before that verdict existed."""
+    verdict, seen, result = "inconclusive", 0, None
     for level in levels:
         seen += stage_size
+        if blocks is None:
+            base, cand = baseline[:seen], [c * scale for c in candidate[:seen]]
+        else:
+            base, cand = strata.stratified_summaries(blocks[0][:seen], [[t * scale for t in block]
+                                                                        for block in blocks[1][:seen]],
+                                                     blocks[2][:seen], blocks[3][:seen])
         both = {} if minima is None else {"baseline_minima": minima[0][:seen], "candidate_minima": minima[1][:seen]}
-        verdict = stats.analyse_pairs(baseline[:seen], candidate[:seen], threshold, level,
-                                      pool_pair_of=pools[:seen], pool_pair_share=pool_pair_share, **both).verdict
+        result = stats.analyse_pairs(base, cand, threshold, level, pool_pair_of=pools[:seen],
+                                     pool_pair_share=pool_pair_share, **both)
+        verdict = result.verdict
+        if before_not_slower and verdict == stats.NOT_SLOWER:
+            verdict = "inconclusive"
         if verdict != "inconclusive":
             break
-    return verdict, seen
+    return verdict, seen, result
 
 
 def main(argv=None):
@@ -123,31 +170,53 @@ def main(argv=None):
     parser.add_argument("--without-minima-rule", action="store_true",
                         help="replay without the engine's rule that a change must show in the block minima too "
                              "(the rule before 2026-11-23)")
+    parser.add_argument("--before-not-slower", action="store_true",
+                        help="replay the verdicts before not-slower: an interval whose upper end is within the "
+                             "threshold but whose lower end is not reads inconclusive, and the looks go on")
+    parser.add_argument("--stratify-placement", action="store_true",
+                        help="summarise each pair's blocks at the pair's own mix of placements (rounds where "
+                             "the ranks shared a CPU, rounds where they did not; --dist-ab-stratify-placement) "
+                             "instead of by the block summary")
     args = parser.parse_args(argv)
     cases = list(recorded_cases(args.folder, block_summary=args.block_summary))
     if not cases:
         raise SystemExit(f"no A/B cases with all their rounds in {args.folder}")
     settings = ABSettings()
+    verdicts = [v for v in stats.VERDICTS if not (args.before_not_slower and v == stats.NOT_SLOWER)]
     for rule in ("bonferroni", "sequential"):
-        counts = {verdict: 0 for verdict in stats.VERDICTS}
-        flagged = []
-        for name, baseline, candidate, pools, threshold, capped, _order, base_minima, cand_minima in cases:
-            sizes = settings.stage_sizes(len(set(pools)))
-            looks, reached = len(sizes), min(len(sizes), len(baseline) // sizes[0])
+        counts = {verdict: 0 for verdict in verdicts}
+        flagged, widths, unstratified = [], [], 0
+        for case in cases:
+            sizes = settings.stage_sizes(len(set(case.pools)))
+            looks, reached = len(sizes), min(len(sizes), len(case.baseline) // sizes[0])
             if rule == "bonferroni":
                 levels = [settings.alpha / looks] * reached
             else:
                 levels = list(stats.sequential_levels(settings.alpha, looks)[:reached])
-                if capped and reached:
+                if case.capped and reached:
                     levels[-1] = stats.level_for_last_look(settings.alpha, looks, reached)
-            minima = None if args.without_minima_rule else (base_minima, [c * args.scale for c in cand_minima])
-            verdict, seen = replay(baseline, [c * args.scale for c in candidate], pools, threshold,
-                                   levels, sizes[0], args.pool_pair_share, minima)
+            minima = None if args.without_minima_rule else (case.baseline_minima,
+                                                            [c * args.scale for c in case.candidate_minima])
+            blocks = None
+            if args.stratify_placement and case.baseline_placements and case.candidate_placements:
+                blocks = (case.baseline_blocks, case.candidate_blocks, case.baseline_placements,
+                          case.candidate_placements)
+            unstratified += args.stratify_placement and blocks is None
+            verdict, seen, result = replay_result(case.baseline, case.candidate, case.pools, case.threshold, levels,
+                                                  sizes[0], args.pool_pair_share, minima, blocks, args.scale,
+                                                  args.before_not_slower)
             counts[verdict] += 1
+            if result is not None and math.isfinite(result.ci_high) and result.ci_low > 0:
+                widths.append(result.ci_high / result.ci_low)
             if verdict in ("regression", "improvement") and args.scale == 1.0:
-                flagged.append(f"{name} {verdict} after {seen} pairs")
+                flagged.append(f"{case.name} {verdict} after {seen} pairs")
         summary = ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
-        print(f"{rule:10s} {len(cases)} cases: {summary}")
+        decided = len(cases) - counts["inconclusive"]
+        width = f"{statistics.median(widths):.3f}" if widths else "-"
+        print(f"{rule:10s} {len(cases)} cases: {summary}; decided {decided} of {len(cases)} "
+              f"({100 * decided / len(cases):.0f}%); median interval width (high / low) {width}"
+              + (f"; {unstratified} case(s) recorded without each round's placement, replayed unstratified"
+                 if unstratified else ""))
         for line in flagged:
             print(f"           {line}")
 

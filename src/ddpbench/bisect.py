@@ -7,7 +7,7 @@ Each probe is one A/B run (a pytest subprocess): the probe commit's git worktree
 ``--setup`` / ``--python`` build one per commit. How a probe is read:
 
 * ``bad``: any selected case is ``regression`` or ``missing`` (the gate's exit-1 verdicts);
-* ``good``: every case is ``same`` or ``improvement``;
+* ``good``: every case is ``same``, ``not-slower`` or ``improvement`` (not on the slow side);
 * ``inconclusive``: run once more with twice ``--max-time``; still so, it is skipped;
 
 After BAD is confirmed, the probes ask which side of *that* step a commit lies on, not whether it
@@ -44,7 +44,7 @@ from pathlib import Path
 from .gates.verdicts import VerdictError, ab_verdicts_of_run
 
 BAD_VERDICTS = ("regression", "missing")
-GOOD_VERDICTS = ("same", "improvement")
+GOOD_VERDICTS = ("same", "not-slower", "improvement")  # not on the slow side of the step
 DEFAULT_MAX_TIME = 60.0
 GATE_DEFAULT_THRESHOLD = 0.05  # the A/B gate's --dist-ab-threshold default
 # Options bisect sets itself on every A/B run; given among the pytest args they are refused.

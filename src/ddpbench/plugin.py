@@ -116,9 +116,15 @@ def pytest_addoption(parser):
     ab.addoption("--dist-ab-threshold", type=opts.parse_percent, default=0.05, metavar="PCT",
                  help="smallest slowdown that counts as a regression (it must also be significant). "
                       "Default: 5%%")
-    ab.addoption("--dist-ab-max-time", type=opts.parse_timeout, default=60.0, metavar="SECONDS",
+    ab.addoption("--dist-ab-max-time", type=opts.parse_timeout, default=None, metavar="SECONDS",
                  help="per case: keep adding pairs of blocks while the verdict is inconclusive, up "
-                      "to this many seconds. Default: 60")
+                      "to this many seconds; with --dist-ab-run-budget, a cap on each case's share. "
+                      "Default: 60 (none with a run budget)")
+    ab.addoption("--dist-ab-run-budget", type=opts.parse_timeout, default=None, metavar="SECONDS",
+                 help="for the whole run: each case may add pairs for its share of what is left (the "
+                      "seconds left over the cases not yet finished), so time the cases that decide "
+                      "early leave goes to the ones still undecided. Default: none (--dist-ab-max-time "
+                      "per case)")
     ab.addoption("--dist-ab-seed", type=opts.parse_seed, default=None, metavar="N",
                  help="seed of the blocks' random order; each run draws a new one and records it "
                       "(header, extra_info ab.seed): give it to repeat a run's order")
@@ -156,6 +162,11 @@ def pytest_addoption(parser):
                        help="A/B: independent pools of ranks per side, taking turns; a regression must show "
                             "on every pool pair (1: the whole interval must clear the threshold "
                             "instead). Default: 2")
+    advanced.addoption("--dist-ab-stratify-placement", action="store_true",
+                       help="A/B: compare both blocks of a pair at the pair's own mix of rounds where the "
+                            "ranks shared a CPU and rounds where they did not (the two modes of 1 MB on a "
+                            "small VM), instead of by their plain means; it cannot see a change in how "
+                            "often the ranks share a CPU. Default: off")
     advanced.addoption("--dist-ab-heap", choices=HEAP_MODES, default=DEFAULT_HEAP,
                        help="A/B: steady: both sides' ranks run with glibc malloc's thresholds fixed, so "
                             "every pool allocates alike; adaptive: glibc's defaults, as a plain script. "
@@ -368,6 +379,7 @@ def pytest_collection_finish(session):
         check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
     if ab is not None:
         _announce(session.config, ab.resolve_modules(session))
+        ab.plan_cases(session)
 
 
 # ----------------------------------------------------------------------------------------------

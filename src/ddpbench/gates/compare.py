@@ -24,10 +24,10 @@ The correction is bounded and never flips a verdict's sign. A probe ratio outsid
 [1 / MAX_CORRECTION, MAX_CORRECTION] = [0.8, 1.25] (:data:`ddpbench.gates.calibration.MAX_CORRECTION`)
 is not corrected: the cases it would correct are ``inconclusive``, with the probe ratio as the reason
 (``--calibration never`` compares them raw, with a warning). Within the band, a case whose raw
-interval lies wholly above 1 (measured slower) can end ``regression``, ``same`` or ``inconclusive``,
-never ``improvement``; wholly below 1 (measured faster), never ``regression``: such a would-be flip is
-``inconclusive`` with the reason. So a raw regression becomes ``same`` only when the probe's drift,
-at most 25%, explains it. Each case's correction is a column of the table (``probe ÷1.180`` or
+interval lies wholly above 1 (measured slower) can end ``regression``, ``same``, ``not-slower`` or
+``inconclusive``, never ``improvement``; wholly below 1 (measured faster), never ``regression``: such a would-be flip is
+``inconclusive`` with the reason. So a raw regression becomes ``same`` or ``not-slower`` only when
+the probe's drift, at most 25%, explains it. Each case's correction is a column of the table (``probe ÷1.180`` or
 ``raw``) and ``calibration_factor`` in JSON, with the raw ratio in ``details``.
 
 Only comparable runs are compared (:mod:`.fingerprint`): runs whose torch, CUDA, NCCL, engine,

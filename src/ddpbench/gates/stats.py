@@ -12,15 +12,18 @@ or :func:`level_for_last_look` when the time cap ends the case: the case keeps i
 many looks it takes), the interval lies above 1, and the ratio, every pool pair's ratio
 (``pool_pair_share`` of the threshold) and the block minima's ratio all lie above 1 + threshold
 (one pool pair: the whole interval must); ``improvement`` mirrors it; ``same`` when the whole
-interval lies within [1 / (1 + t), 1 + t]; ``inconclusive`` otherwise. Why each condition is there:
-docs/design.md, *Gates*; the figures: docs/results.md.
+interval lies within [1 / (1 + t), 1 + t]; ``not-slower`` when only its upper end does (a slowdown of
+t or more is ruled out, which is the question a gate asks, while the lower end leaves open whether
+the candidate is faster); ``inconclusive`` otherwise, stating the slowdown it rules out
+(:func:`slowdown_ruled_out`). Why each condition is there: docs/design.md, *Gates*; the figures:
+docs/results.md.
 
 **Stored runs (independent samples).** The ratio of the medians of two runs' rounds, a
 percentile-bootstrap interval of it (each run resampled on its own; fixed seed) and the two-sided
 Mann-Whitney p (normal approximation with tie and continuity corrections), as asv does; from
 summary statistics alone, a normal interval from the IQR and round counts. :func:`decide_unpaired`
 gives ``regression`` when the ratio is above 1 + threshold, the interval above 1 and p below
-1 - confidence; ``improvement`` mirrors it; ``same`` and ``inconclusive`` as above.
+1 - confidence; ``improvement`` mirrors it; ``same``, ``not-slower`` and ``inconclusive`` as above.
 
 **Too little to tell.** One value says nothing about the noise around it: with fewer than
 :data:`MIN_VALUES` rounds on a side (stored runs), or pairs on a pool pair (A/B), the interval is
@@ -36,7 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VERDICTS = ("regression", "improvement", "same", "inconclusive")
+NOT_SLOWER = "not-slower"  # a slowdown of the threshold or more is ruled out; faster or not, open
+VERDICTS = ("regression", "improvement", "same", NOT_SLOWER, "inconclusive")
 DEFAULT_ALPHA = 0.01
 DEFAULT_CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
@@ -66,7 +70,28 @@ class PairedResult:
                "ratio_per_pool_pair": list(self.pool_pair_ratios)}
         if self.ratio_of_block_minima is not None:
             out["ratio_of_block_minima"] = self.ratio_of_block_minima
+        if self.verdict == "inconclusive":
+            out["rules_out_slowdown"] = slowdown_ruled_out(self.ci_high)
         return out
+
+
+def slowdown_ruled_out(ci_high: float | None) -> float | None:
+    """The smallest slowdown (a fraction: 0.087 is 8.7%) that an interval ending at ``ci_high``
+    rules out: every slowdown from there up lies beyond it. 0.0 when the interval ends at or below
+    1 (no slowdown at all is left open); None when it is unbounded (too little to tell)."""
+    if ci_high is None or not math.isfinite(ci_high):
+        return None
+    return max(0.0, ci_high - 1.0)
+
+
+def interval_verdict(ci_low: float, ci_high: float, threshold: float) -> str:
+    """The verdict an interval gives when no change was shown: ``same`` when it lies within
+    [1 / (1 + threshold), 1 + threshold], ``not-slower`` when only its upper end does, else
+    ``inconclusive``. Both gates end their rules with it."""
+    up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
+    if ci_high <= up:
+        return "same" if ci_low >= down else NOT_SLOWER
+    return "inconclusive"
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,9 +231,7 @@ def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshol
         return "regression"
     if p_value < alpha and faster:
         return "improvement"
-    if ci_low >= down and ci_high <= up:
-        return "same"
-    return "inconclusive"
+    return interval_verdict(ci_low, ci_high, threshold)
 
 
 def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], threshold: float,
@@ -319,6 +342,4 @@ def decide_unpaired(ratio: float, ci_low: float, ci_high: float, p_value: float 
         return "regression"
     if ratio < 1 / (1 + threshold) and ci_high < 1 and significant:
         return "improvement"
-    if ci_low >= 1 / (1 + threshold) and ci_high <= 1 + threshold:
-        return "same"
-    return "inconclusive"
+    return interval_verdict(ci_low, ci_high, threshold)

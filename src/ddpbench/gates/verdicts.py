@@ -9,7 +9,12 @@ run lost (unless allowed), and for an inconclusive case only when asked.
 
 * ``regression`` / ``improvement``: a significant change past the threshold;
 * ``same``: the whole interval within the threshold either way;
-* ``inconclusive``: neither (more rounds, or a quieter machine, would tell);
+* ``not-slower``: the interval's upper end within the threshold, its lower end below the faster
+  bound: a slowdown of the threshold or more is ruled out (the question a gate asks), whether the
+  candidate is faster is left open; it passes as ``same`` does;
+* ``inconclusive``: none of these (more rounds, or a quieter machine, would tell); it states the
+  slowdown it still rules out (``rules out >= 8.7% slower``, JSON ``rules_out_slowdown``: from the
+  interval's upper end), so a reader learns what the run did show;
 * ``missing``: the baseline has the case and the current run lost it (crashed, hung, removed);
 * ``baseline-failed`` (A/B): both sides have the case, the baseline's ranks failed it (raised,
   died, hung): nothing to compare with, and a broken baseline must not pass as ``new``;
@@ -36,9 +41,11 @@ from typing import Any, Callable
 
 from .structure import BASELINE_CENSUS_KEY, CENSUS_KEY, STRUCTURE_VERDICTS, CensusError, StructureVerdict, \
     accept, compare_census
+from .stats import slowdown_ruled_out
 
 # Most urgent first: the order of a report's rows and counts.
-VERDICTS = ("regression", "missing", "baseline-failed", "improvement", "inconclusive", "same", "new")
+VERDICTS = ("regression", "missing", "baseline-failed", "improvement", "inconclusive", "not-slower", "same",
+            "new")
 FAILING = ("regression", "missing", "baseline-failed")
 # The verdicts a timing comparison gives: only a case so judged gets a structural verdict too.
 TIMED = ("regression", "improvement", "inconclusive", "same")
@@ -50,7 +57,7 @@ LOST_CASES_KEY = "ddpbench_ab_lost"
 
 _MARKDOWN_VERDICT = {"regression": "❌ **regression**", "missing": "❌ **missing**",
                      "baseline-failed": "❌ **baseline-failed**", "improvement": "✅ improvement",
-                     "inconclusive": "⚠️ inconclusive"}
+                     "inconclusive": "⚠️ inconclusive", "not-slower": "✅ not-slower"}
 
 
 class VerdictError(ValueError):
@@ -79,6 +86,15 @@ class CaseVerdict:
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
     timing_verdict: str | None = None  # what the timing said, when a structural regression overrode it
+
+    @property
+    def rules_out_slowdown(self) -> float | None:
+        """What an inconclusive case still shows: the smallest slowdown (a fraction) its interval
+        rules out. None for other verdicts, for an unbounded interval, and for a case made
+        inconclusive for a ``reason`` (figures that cannot be compared: nothing is ruled out)."""
+        if self.verdict != "inconclusive" or self.reason:
+            return None
+        return slowdown_ruled_out(self.ci_high)
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -211,6 +227,7 @@ _BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids", BASELINE_CENSUS
 def _case_dict(case: CaseVerdict) -> dict[str, Any]:
     out = asdict(case)
     out["details"] = {k: v for k, v in case.details.items() if k not in _BULKY_DETAILS}
+    out["rules_out_slowdown"] = case.rules_out_slowdown
     for key in ("ci_low", "ci_high"):  # an unbounded interval (too few rounds): JSON has no inf
         if isinstance(out[key], float) and not math.isfinite(out[key]):
             out[key] = None
@@ -247,8 +264,15 @@ def _verdict_note(case: CaseVerdict) -> str:
     return f" ({'; '.join(notes)})" if notes else ""
 
 
+def _resolution(case: CaseVerdict) -> str:
+    """What follows an inconclusive verdict: the slowdown it rules out (rounded up, so never more
+    than it rules out)."""
+    ruled_out = case.rules_out_slowdown
+    return "" if ruled_out is None else f" (rules out >= {math.ceil(round(ruled_out * 1000, 6)) / 10:.1f}% slower)"
+
+
 def _row(report: GateReport, case: CaseVerdict) -> list[str]:
-    verdict = case.verdict + _verdict_note(case)
+    verdict = case.verdict + _resolution(case) + _verdict_note(case)
     return ([case.name, _ms(case.baseline_median_s), _ms(case.current_median_s), _ratio(case),
              "-" if case.p_value is None else f"{case.p_value:.2g}"]
             + [column.cell(case) for column in report.columns] + [verdict])
@@ -284,7 +308,7 @@ def format_markdown(report: GateReport) -> str:
     for case in report.sorted_cases():
         row = _row(report, case)
         row[0] = f"`{row[0]}`"
-        row[-1] = _MARKDOWN_VERDICT.get(case.verdict, case.verdict) + _verdict_note(case)
+        row[-1] = _MARKDOWN_VERDICT.get(case.verdict, case.verdict) + _resolution(case) + _verdict_note(case)
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     if report.footer:
         lines.append("")

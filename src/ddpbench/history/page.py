@@ -33,7 +33,7 @@ LEGEND = (
     '<span><svg width="14" height="12"><path d="M7,1L13,11L1,11Z" fill="#cf222e"/></svg> A/B regression</span>'
     '<span><svg width="14" height="12"><path d="M7,11L13,1L1,1Z" fill="#1a7f37"/></svg> A/B improvement</span>'
     '<span><svg width="14" height="10"><circle cx="7" cy="5" r="4" fill="#bc4c00"/></svg> A/B inconclusive</span>'
-    '<span><svg width="14" height="10"><circle cx="7" cy="5" r="4" fill="#6e7781"/></svg> A/B same or new</span>'
+    '<span><svg width="14" height="10"><circle cx="7" cy="5" r="4" fill="#6e7781"/></svg> A/B same, not-slower or new</span>'
 )
 
 

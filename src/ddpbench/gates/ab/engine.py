@@ -1,6 +1,7 @@
 """One A/B case: both sides' pools alive (``pools_per_side`` independent pools each), warm-up on
 each, then blocks of rounds in a balanced random order (ddpbench.gates.ab.schedule), paired statistics
-(ddpbench.gates.stats) after every stage, and more pairs while the answer is unclear, up to a time cap.
+(ddpbench.gates.stats) after every stage, and more pairs while the answer is unclear, up to a time cap
+(the case's share of a run budget, ddpbench.gates.ab.budget, when the run has one).
 
 The engine knows sides only as lists of pools; it never knows what the workload does.
 """
@@ -19,13 +20,14 @@ from ...engine.modes import placement_info
 from ...engine.timing import max_over_ranks
 from . import schedule
 from .. import stats
+from . import strata
 from . import tasks
 
 
 @dataclass(frozen=True)
 class ABSettings:
     threshold: float = 0.05  # smallest slowdown that counts
-    max_time_s: float = 60.0  # per case, for adding pairs (the first stage always runs)
+    max_time_s: float = 60.0  # this case's cap for adding pairs (the first stage always runs)
     block_time_s: float = 0.1  # recorded seconds aimed for per block
     # Independent pools of ranks per side; pair k runs on baseline pool j and candidate pool j for
     # one j. Two or more let the verdict tell a pool's own lasting offset from a change.
@@ -49,6 +51,11 @@ class ABSettings:
     # With two or more pool pairs, every pool pair's own ratio must be over 1 + this share of the
     # threshold for a regression (stats.decide).
     pool_pair_share: float = stats.POOL_PAIR_SHARE
+    # Summarise both blocks of a pair at the pair's own mix of placements (rounds where the ranks
+    # shared a CPU, rounds where they did not: gates/ab/strata.py) instead of by their plain means.
+    # Off: it hides a change in how often the ranks share a CPU, and no recorded run has shown yet
+    # that it narrows the intervals (docs/design.md).
+    stratify_placement: bool = False
 
     def stage_sizes(self, pool_pairs: int) -> list[int]:
         """The pairs each stage adds, first to last, if every stage is run."""
@@ -64,8 +71,10 @@ class ABSettings:
         return stats.sequential_levels(self.alpha, len(self.stage_sizes(pool_pairs)))
 
 
-# How a block of rounds becomes the one number a pair compares (SideRounds.block_means).
+# How a block of rounds becomes the one number a pair compares (SideRounds.block_means), and what
+# extra_info["ab"]["block_summary"] says when --dist-ab-stratify-placement applied (gates/ab/strata.py).
 BLOCK_SUMMARY = "mean"
+STRATIFIED_BLOCK_SUMMARY = "mean per placement, at the pair's mix of placements"
 
 
 @dataclass
@@ -93,6 +102,11 @@ class SideRounds:
     def block_minima(self) -> list[float]:
         """Each block's fastest round: a change must move these too (stats' module docstring)."""
         return [min(b) for b in self.blocks]
+
+    @property
+    def block_placements(self) -> list[list[bool] | None]:
+        """Per block, per round: whether every rank ran on one CPU after it (None: not known)."""
+        return [strata.block_placement(block) for block in self.cpus]
 
     @property
     def rank_round_times(self) -> list[list[float]]:
@@ -124,6 +138,7 @@ class ABOutcome:
     wall_s: float
     seed: int = 0  # the run's seed of the block order (--dist-ab-seed repeats it)
     baseline_metrics: list[dict[str, Any]] = field(default_factory=list)  # the baseline's first pool's ranks
+    stratified: bool = False  # the pairs were summarised by placement (settings.stratify_placement, known)
 
     @property
     def order(self) -> str:
@@ -137,12 +152,13 @@ class ABOutcome:
         info.update({
             "blocks": 2 * self.result.pairs,
             "rounds_per_block": self.rounds_per_block,
-            "block_summary": BLOCK_SUMMARY,
+            "block_summary": STRATIFIED_BLOCK_SUMMARY if self.stratified else BLOCK_SUMMARY,
             "stages": len(self.levels_applied),
             "order": self.order,
             "pools_per_side": self.pools_per_side,
             "pool_pair_of_pair": [j for _, _, j in self.pairs],
             "wall_s": round(self.wall_s, 3),
+            "time_cap_s": round(settings.max_time_s, 3),
             "threshold": settings.threshold,
             "pool_pair_threshold": settings.pool_pair_share * settings.threshold,
             "fresh_state_per_block": settings.fresh_state_per_block,
@@ -159,6 +175,8 @@ class ABOutcome:
         census = combine_census([m.get("census") for m in self.baseline_metrics])
         if census is not None:
             info["census_baseline"] = census
+        if settings.stratify_placement:
+            info["stratify_placement"] = True  # asked for; block_summary says whether it applied
         return info
 
 
@@ -169,6 +187,9 @@ def _side_summary(rounds: SideRounds, raw: bool) -> dict[str, Any]:
     share = placement_info(times, rounds.rank_cpus).get("ranks_shared_cpu_share")
     if share is not None:
         out["ranks_shared_cpu_share"] = share
+    placement = strata.placement_text(rounds.block_placements)
+    if placement is not None:  # round by round, for replays stratified by placement
+        out["shared_cpu_rounds"] = placement
     if raw:
         out["round_times"] = times
     return out
@@ -214,6 +235,7 @@ class _Case:
         self.live: list[Any] = []  # pools holding this case's state
         self.sides = {name: SideRounds() for name in _SIDES}
         self.pairs: list[tuple[str, str, int]] = []
+        self.stratified = False  # whether the last look summarised the pairs by placement
 
     def _run(self, name: str, j: int, fn, *args):
         return _on(name, j, self.pools[name][j], fn, *args, timeout_s=self.timeout_s)
@@ -250,7 +272,15 @@ class _Case:
 
     def analyse(self, level: float) -> stats.PairedResult:
         baseline, candidate = self.sides[schedule.BASELINE], self.sides[schedule.CANDIDATE]
-        return stats.analyse_pairs(baseline.block_means, candidate.block_means, self.settings.threshold,
+        base_summaries, cand_summaries = baseline.block_means, candidate.block_means
+        stratified = None
+        if self.settings.stratify_placement:
+            stratified = strata.stratified_summaries(baseline.blocks, candidate.blocks, baseline.block_placements,
+                                                     candidate.block_placements)
+        self.stratified = stratified is not None
+        if stratified is not None:
+            base_summaries, cand_summaries = stratified
+        return stats.analyse_pairs(base_summaries, cand_summaries, self.settings.threshold,
                                    level, self.settings.confidence, pool_pair_of=[j for _, _, j in self.pairs],
                                    pool_pair_share=self.settings.pool_pair_share,
                                    baseline_minima=baseline.block_minima,
@@ -307,6 +337,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             applied.append(stats.level_for_last_look(settings.alpha, len(stage_sizes), looks) if last_look
                            else levels[looks - 1])
             result = case.analyse(applied[-1])
+            # Every decided verdict ends the case, not-slower too: stopping without a regression
+            # can only take chances to reject away, never add one (docs/design.md, *The looks' levels*).
             if result.verdict != "inconclusive" or last_look:
                 break
         metrics = case.finish()
@@ -318,4 +350,4 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                      baseline_metrics=metrics[schedule.BASELINE],
                      rounds_per_block=rounds, pairs=case.pairs, pools_per_side=case.pool_pairs,
                      levels_applied=tuple(applied), settings=settings,
-                     wall_s=time.monotonic() - started, seed=seed)
+                     wall_s=time.monotonic() - started, seed=seed, stratified=case.stratified)

@@ -17,6 +17,7 @@ import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
 from ..verdicts import LOST_CASES_KEY, ab_report, ab_verdicts, format_text
+from .budget import RunBudget
 from .engine import ABSettings, SideFailed, run_case
 from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
                         should_profile)
@@ -28,6 +29,7 @@ from .sides import (Side, SideError, check_modules_differ, engine_lines, local_f
 # Any of these turns A/B mode on.
 AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
 OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
+DEFAULT_MAX_TIME_S = 60.0  # a case's cap for adding pairs without --dist-ab-max-time or a run budget
 
 
 @dataclass
@@ -48,6 +50,7 @@ class ABSession:
     accept_structure_change: bool = False  # --dist-ab-accept-structure-change
     profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
+    budget: RunBudget | None = None  # --dist-ab-run-budget: each case's cap is its share of what is left
     results: list = field(default_factory=list)
     profiles: list[CaseProfile] = field(default_factory=list)
 
@@ -76,17 +79,22 @@ class ABSession:
                          else dataclasses.replace(candidate, facts=ours))
         except SideError as exc:
             raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
+        max_time = config.getoption("dist_ab_max_time", None)
+        run_budget = config.getoption("dist_ab_run_budget", None)
         settings = ABSettings(threshold=config.getoption("dist_ab_threshold"),
-                              max_time_s=config.getoption("dist_ab_max_time"),
+                              max_time_s=max_time or (run_budget or DEFAULT_MAX_TIME_S),
                               block_time_s=config.getoption("dist_ab_block_time"),
-                              pools_per_side=config.getoption("dist_ab_pools_per_side"))
+                              pools_per_side=config.getoption("dist_ab_pools_per_side"),
+                              stratify_placement=config.getoption("dist_ab_stratify_placement", False))
         first_stage_blocks = 2 * settings.stage_sizes(settings.pools_per_side)[0]
         if first_stage_blocks * settings.block_time_s > settings.max_time_s:
+            option = "--dist-ab-max-time" if max_time or not run_budget else "--dist-ab-run-budget"
             raise pytest.UsageError(
                 f"--dist-ab-block-time {settings.block_time_s:g} s: a case's first stage alone (always "
                 f"run, {first_stage_blocks} blocks) takes about {first_stage_blocks * settings.block_time_s:g} "
-                f"s, past --dist-ab-max-time {settings.max_time_s:g} s. Use a shorter block time or a "
-                f"longer cap (defaults: 0.1 s and 60 s)")
+                f"s, past {option} {settings.max_time_s:g} s. Use a shorter block time or a "
+                f"longer cap (defaults: 0.1 s and {DEFAULT_MAX_TIME_S:g} s per case)")
+        budget = RunBudget(run_budget, max_time) if run_budget else None
         seed = config.getoption("dist_ab_seed")
         seed = new_seed() if seed is None else seed
         return cls(baseline, candidate, settings, heap, seed=seed,
@@ -95,7 +103,7 @@ class ABSession:
                    fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"),
                    accept_structure_change=config.getoption("dist_ab_accept_structure_change", False),
                    profile=config.getoption("dist_ab_profile", DEFAULT_PROFILE),
-                   profile_root=_profile_root(config, seed))
+                   profile_root=_profile_root(config, seed), budget=budget)
 
     def sides(self) -> dict:
         return {"baseline": self.baseline.describe(), "candidate": self.candidate.describe()}
@@ -103,8 +111,13 @@ class ABSession:
     def header_lines(self, world_sizes: list[int], cores: int, pin_cores: bool) -> list[str]:
         s = self.settings
         common = ", ".join(f"{k}={v}" for k, v in self.baseline.common_env) or "glibc's defaults"
+        if self.budget is None:
+            more = f"more up to {s.max_time_s:g} s per case"
+        else:
+            more = (f"more within a run budget of {self.budget.budget_s:g} s (each case: its share of what is "
+                    f"left" + (f", at most {self.budget.max_time_s:g} s)" if self.budget.max_time_s else ")"))
         lines = [f"threshold {s.threshold * 100:g}%, blocks of ~{s.block_time_s:g} s, {s.first_pairs} pairs "
-                 f"first, more up to {s.max_time_s:g} s per case, {s.pools_per_side} pool(s) per side, ranks "
+                 f"first, {more}, {s.pools_per_side} pool(s) per side, ranks "
                  f"{'pinned one core each' if pin_cores else 'placed by the OS'} (--dist-pin-cores)",
                  f"heap {self.heap}, both sides' ranks: {common} (--dist-ab-heap)",
                  f"block order seed {self.seed} (--dist-ab-seed {self.seed} repeats it)",
@@ -138,6 +151,19 @@ class ABSession:
         return (["ddpbench A/B: where each side's ranks import the code under test from:"]
                 + [f"ddpbench A/B: {line}" for line in lines])
 
+    def plan_cases(self, session) -> None:
+        """The run's A/B cases (the collected tests that use dist_benchmark), for the run budget's
+        shares; a case skipped later counts until then, so earlier shares are cautious."""
+        if self.budget is not None:
+            self.budget.planned = [item.nodeid for item in session.items
+                                   if "dist_benchmark" in getattr(item, "fixturenames", ())]
+
+    def case_settings(self, case_id: str) -> ABSettings:
+        """The settings a case runs with: the run's, its time cap its share of the run budget."""
+        if self.budget is None:
+            return self.settings
+        return dataclasses.replace(self.settings, max_time_s=self.budget.cap_for(case_id))
+
     # -- each case --------------------------------------------------------------------------------
 
     def measure(self, pool_for: Callable[[str, Any, int], Any], own_pool, workload, plan, timeout_s: float,
@@ -148,13 +174,18 @@ class ABSession:
         pools = {name: [pool_for(name, side.launch, j) for j in range(self.settings.pools_per_side)]
                  for name, side in (("baseline", self.baseline), ("candidate", self.candidate))}
         try:
-            outcome = run_case(pools, workload, plan, self.settings, timeout_s, case_id, self.seed)
+            outcome = run_case(pools, workload, plan, self.case_settings(case_id), timeout_s, case_id, self.seed)
         except SideFailed as failure:
             if failure.side == "candidate":
                 self._lost(case_id, failure)
             return self._alone(own_pool, workload, plan, timeout_s, case_id, extra_info, failure)
+        finally:
+            if self.budget is not None:
+                self.budget.finish(case_id)
         summary = outcome.summary(self.sides())
         summary["heap"] = self.heap
+        if self.budget is not None:
+            summary["run_budget_s"] = self.budget.budget_s
         summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
         extra_info["ab"] = summary
         self.results.append((case_id, summary, statistics.median(outcome.candidate.round_times), extra_info))

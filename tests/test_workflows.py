@@ -38,7 +38,7 @@ def test_ab_workflow_gates_the_head_against_the_base_revision_in_one_run():
     assert "pull_request" in ab and "github.event.pull_request.base.sha" in ab
     assert "make -C base venv" in ab and "make -C head venv" in ab
     assert "--dist-baseline-python=../base/.venv/bin/python" in ab
-    assert "--dist-ab-run-budget=$AB_RUN_BUDGET" in ab and 'AB_RUN_BUDGET: "' in ab  # one budget for the run
+    assert "--dist-ab-run-budget=\"$AB_RUN_BUDGET\"" in ab and 'AB_RUN_BUDGET: "' in ab  # one budget for the run
     assert "ddpbench compare ab.json --markdown" in ab and "GITHUB_STEP_SUMMARY" in ab
 
 

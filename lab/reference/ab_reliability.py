@@ -38,6 +38,9 @@ CASE_SETS = {
                 "test_all_reduce or test_all_gather or test_broadcast or "
                 "(test_training and gloo-2p-mlp-ddp-accum1-b32)"),
     "all_reduce": ("benchmarks/test_collectives.py", "test_all_reduce"),
+    # 7 cases: ab.yml's selection (AB_FILES, AB_SELECT; run it with ab.yml's -m and run budget after --).
+    "ab_yml": ("benchmarks/test_collectives.py benchmarks/test_training.py",
+               "test_all_reduce or test_all_gather or (test_training and gloo-2p-mlp-ddp-accum1-b32)"),
 }
 
 # The load ends with its parent, however the parent ends (a load left behind once ran on through

@@ -380,3 +380,14 @@ def test_the_pytest_option_reaches_the_ab_session(pytester, monkeypatch, accept)
     lines = [line for line, _ in ab.summary_lines()]
     assert any(("accepted by --dist-ab-accept-structure-change" if accept else
                 "--dist-ab-accept-structure-change accepts a change made on purpose") in line for line in lines)
+
+
+@pytest.mark.parametrize("timing", ["same", "not-slower", "inconclusive", "improvement"])
+def test_every_timing_verdict_gets_its_structure_compared(tmp_path, capsys, timing):
+    # A candidate that adds an op too small to time reads `not-slower` (its interval's upper end
+    # within the threshold): the census still fails it.
+    ci = {"same": [0.98, 1.02], "not-slower": [0.92, 1.03], "inconclusive": [0.97, 1.09],
+          "improvement": [0.7, 0.8]}[timing]
+    rc, out, _ = _main(capsys, "compare", _ab_run(tmp_path, BASE, GREW, verdict=timing, ratio_ci=ci), "--json")
+    (case,) = json.loads(out)["cases"]
+    assert rc == 1 and (case["verdict"], case["timing_verdict"]) == ("regression", timing)

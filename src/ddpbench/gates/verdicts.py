@@ -41,14 +41,16 @@ from typing import Any, Callable
 
 from .structure import BASELINE_CENSUS_KEY, CENSUS_KEY, STRUCTURE_VERDICTS, CensusError, StructureVerdict, \
     accept, compare_census
+from .stats import VERDICTS as TIMING_VERDICTS
 from .stats import slowdown_ruled_out
 
 # Most urgent first: the order of a report's rows and counts.
 VERDICTS = ("regression", "missing", "baseline-failed", "improvement", "inconclusive", "not-slower", "same",
             "new")
 FAILING = ("regression", "missing", "baseline-failed")
-# The verdicts a timing comparison gives: only a case so judged gets a structural verdict too.
-TIMED = ("regression", "improvement", "inconclusive", "same")
+# The verdicts a timing comparison gives (not-slower included): only a case so judged gets a
+# structural verdict too.
+TIMED = TIMING_VERDICTS
 assert set(STRUCTURE_VERDICTS) <= set(TIMED) | {"not counted"}  # one vocabulary
 
 # The key of a pytest-benchmark JSON run under which an A/B run lists the cases that have no

@@ -66,7 +66,7 @@ def test_a_regression_is_profiled_on_both_sides_and_the_injected_work_tops_the_g
     result = pytester.runpytest_subprocess(
         "-p", "ddpbench.testing", "--dist-candidate-env", "DDPBENCH_INJECT_SLOWDOWN=all_reduce:50%",
         f"--benchmark-storage=file://{store}", "--benchmark-json=ab.json", "--dist-ab-block-time=0.02",
-        "--dist-ab-max-time=8", "-m", "not gpu", "-p", "no:cacheprovider", timeout=300)
+        "--dist-ab-max-time=40", "-m", "not gpu", "-p", "no:cacheprovider", timeout=300)
     assert result.ret == 1, result.stdout.str()
     result.stdout.fnmatch_lines(["*test_all_reduce*regression*",
                                  "*why *test_all_reduce[[]gloo-2p[]] is slower (regression): torch.profiler*",

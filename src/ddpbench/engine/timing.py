@@ -330,7 +330,8 @@ class RankSession:
         record = take_census(lambda: _repeated(self.workload.run_round, self.ops_per_round)(self.state),
                              ops_per_round=self.ops_per_round, count_kernel_launches=self.on_cuda,
                              dynamo_at_start=self._dynamo_at_start)
-        details = self.workload.census_details(self.state) or {}
+        census_details = getattr(self.workload, "census_details", None)  # optional: duck-typed workloads lack it
+        details = (census_details(self.state) if census_details is not None else None) or {}
         if details.get("ddp_buckets") is not None:
             record["ddp_buckets"] = [int(b) for b in details["ddp_buckets"]]
         if details.get("incomplete"):  # why part of the step escapes the count: the gates do not judge it

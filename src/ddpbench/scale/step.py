@@ -33,6 +33,11 @@ def step_census(ctx, workload: TransformerTraining, warmup_steps: int = DEFAULT_
     holds after it: ``{"census": <census record>, "param_bytes_per_rank": ...,
     "grad_bytes_per_rank": ..., "optimizer_state_bytes_per_rank": ...}``. ``tokens``: train on one
     sequence of that many tokens per micro-batch instead of the workload's batch."""
+    from ..engine.census import dynamo_snapshot
+
+    # Compile figures count from this case's start, as the engine's do, not from whatever this
+    # process compiled before (null when nothing was compiled since).
+    at_start = dynamo_snapshot() or {"frames": 0, "graph_breaks": 0}
     state = workload.setup(ctx)
     try:
         loop = state["loop"]
@@ -40,7 +45,7 @@ def step_census(ctx, workload: TransformerTraining, warmup_steps: int = DEFAULT_
             for _ in range(warmup_steps):
                 workload.run_round(state)
             census = count_collectives(lambda: workload.run_round(state),
-                                       loop.wrapped if workload.impl == "ddp" else None)
+                                       loop.wrapped if workload.impl == "ddp" else None, at_start)
         return {"census": census, **rank_state_bytes(loop.model, loop.optimizer)}
     finally:
         workload.teardown(state)
@@ -57,13 +62,14 @@ def _short_sequences(loop, workload: TransformerTraining, ctx, tokens: int | Non
                             targets[..., :tokens].contiguous().to(ctx.device))
 
 
-def count_collectives(step, ddp_module) -> dict[str, Any]:
+def count_collectives(step, ddp_module, dynamo_at_start: dict | None = None) -> dict[str, Any]:
     """The census record (:mod:`ddpbench.engine.census`) of the collectives ``step()`` issues on
     this rank, with DDP's bucket sizes when ``ddp_module`` is a DistributedDataParallel: read after
-    the step, as the engine reads them (a step may rebuild the buckets as it starts)."""
+    the step, as the engine reads them (a step may rebuild the buckets as it starts).
+    ``dynamo_at_start``: dynamo's counters when the case began."""
     from ..engine.census import ddp_bucket_sizes, take_census
 
-    record = take_census(step)
+    record = take_census(step, dynamo_at_start=dynamo_at_start)
     if ddp_module is not None:
         record["ddp_buckets"] = ddp_bucket_sizes(ddp_module)
     return record

@@ -8,7 +8,8 @@ baseline's raw rounds in extra_info["ab"]), summarised as the engine does (each 
 --block-summary median: the rule before 2026-11-22's last change) and analysed again look by
 look, exactly as the engine would have, up to the pairs the recorded run took: a case that stopped
 early ("same" or "regression") cannot be continued, so a rule that would have looked further is
-judged on fewer pairs than it would have had.
+judged on fewer pairs than it would have had. A case recorded with extra looks (past its planned
+looks, ABSettings.extra_stage_sizes) is replayed through them too, each at EXTRA_LOOK_LEVEL.
 
     .venv/bin/python lab/reference/ab_replay.py /tmp/ddpbench-ab-reliability   # ab_reliability.py's --out
     .venv/bin/python lab/reference/ab_replay.py DIR --scale 1.10   # candidate blocks 10% slower
@@ -42,7 +43,7 @@ from typing import NamedTuple
 
 from ddpbench.gates import stats
 from ddpbench.gates.ab import strata
-from ddpbench.gates.ab.engine import BLOCK_SUMMARY, ABSettings, SideRounds
+from ddpbench.gates.ab.engine import BLOCK_SUMMARY, EXTRA_LOOK_LEVEL, ABSettings, SideRounds
 
 BLOCK_SUMMARIES = {
     "mean": lambda rounds: rounds.block_means,  # the engine's
@@ -54,7 +55,7 @@ def _cap_ended(ab: dict, pairs: int) -> bool:
     """Whether the time cap ended the recorded case: before its last planned look, either
     inconclusive or decided at a last look tested above its planned level."""
     settings = ABSettings()
-    if pairs >= settings.max_pairs:
+    if pairs >= settings.max_pairs:  # every planned look taken (extra looks, if any, came after)
         return False
     if ab.get("verdict") == "inconclusive":
         return True
@@ -132,15 +133,18 @@ def replay(baseline, candidate, pools, threshold, levels, stage_size,
 def replay_result(baseline, candidate, pools, threshold, levels, stage_size,
                   pool_pair_share: float = stats.POOL_PAIR_SHARE, minima=None, blocks=None, scale: float = 1.0,
                   before_not_slower: bool = False):
-    """(verdict, pairs taken, the last look's stats.PairedResult or None). ``blocks``: both sides'
+    """(verdict, pairs taken, the last look's stats.PairedResult or None). ``stage_size``: the
+    pairs every look adds, or a list of them look by look (the planned stages, then the extra
+    looks'). ``blocks``: both sides'
     rounds and placements per block (baseline rounds, candidate rounds, baseline placements,
     candidate placements), to summarise each look's pairs by placement as
     --dist-ab-stratify-placement does, instead of ``baseline`` / ``candidate``; ``scale``
     multiplies the candidate's summaries; ``before_not_slower``: a not-slower interval reads
     inconclusive and the looks go on, as before that verdict existed."""
     verdict, seen, result = "inconclusive", 0, None
-    for level in levels:
-        seen += stage_size
+    sizes = [stage_size] * len(levels) if isinstance(stage_size, int) else list(stage_size)
+    for level, size in zip(levels, sizes):
+        seen += size
         if blocks is None:
             base, cand = baseline[:seen], [c * scale for c in candidate[:seen]]
         else:
@@ -195,6 +199,12 @@ def main(argv=None):
                 levels = list(stats.sequential_levels(settings.alpha, looks)[:reached])
                 if case.capped and reached:
                     levels[-1] = stats.level_for_last_look(settings.alpha, looks, reached)
+            # The extra looks the recorded case took after its planned ones (at EXTRA_LOOK_LEVEL).
+            extra = settings.extra_stage_sizes(len(set(case.pools)))
+            taken = 0
+            while reached == looks and taken < len(extra) and sum(sizes) + sum(extra[:taken + 1]) <= len(case.baseline):
+                taken += 1
+            levels += [EXTRA_LOOK_LEVEL] * taken
             minima = None if args.without_minima_rule else (case.baseline_minima,
                                                             [c * args.scale for c in case.candidate_minima])
             blocks = None
@@ -203,7 +213,7 @@ def main(argv=None):
                           case.candidate_placements)
             unstratified += args.stratify_placement and blocks is None
             verdict, seen, result = replay_result(case.baseline, case.candidate, case.pools, case.threshold, levels,
-                                                  sizes[0], args.pool_pair_share, minima, blocks, args.scale,
+                                                  sizes + extra[:taken], args.pool_pair_share, minima, blocks, args.scale,
                                                   args.before_not_slower)
             counts[verdict] += 1
             if result is not None and math.isfinite(result.ci_high) and result.ci_low > 0:

@@ -34,7 +34,14 @@ class ABSettings:
     pools_per_side: int = 2
     first_pairs: int = 12  # over all pool pairs (each gets an even share, at least 2)
     more_pairs: int = 12  # added per stage while inconclusive
-    max_pairs: int = 96
+    max_pairs: int = 96  # the planned looks' pairs: the levels spread alpha over these looks
+    # After the planned looks, a case still inconclusive takes *extra looks* while its time cap
+    # allows: ``extra_pairs`` more pairs each, up to ``max_extended_pairs`` in all. An extra look is
+    # tested at level 0 (EXTRA_LOOK_LEVEL: the planned looks spent all of alpha), so it can end the
+    # case only as ``same`` or ``not-slower``, never ``regression``: the false-regression rate stays
+    # the planned looks' (docs/design.md, *Extra looks*).
+    extra_pairs: int = 48
+    max_extended_pairs: int = 288
     min_block_rounds: int = 3
     max_block_rounds: int = 1000
     # Set each side's workload up anew before each of its blocks (after the first): what one
@@ -66,9 +73,24 @@ class ABSettings:
             sizes.append(more)
         return sizes
 
+    def extra_stage_sizes(self, pool_pairs: int) -> list[int]:
+        """The pairs each extra look adds, after the planned stages (empty when
+        ``max_extended_pairs`` leaves no room for one)."""
+        total = sum(self.stage_sizes(pool_pairs))
+        size = _per_pool_pair(self.extra_pairs, pool_pairs) * pool_pairs
+        sizes = []
+        while total + size <= self.max_extended_pairs:
+            sizes.append(size)
+            total += size
+        return sizes
+
     def alpha_per_look(self, pool_pairs: int) -> tuple[float, ...]:
-        """The significance level of each look (after each stage), first to last."""
+        """The significance level of each planned look (after each stage), first to last."""
         return stats.sequential_levels(self.alpha, len(self.stage_sizes(pool_pairs)))
+
+
+# An extra look's level: no alpha is left after the planned looks, so it cannot reject.
+EXTRA_LOOK_LEVEL = 0.0
 
 
 # How a block of rounds becomes the one number a pair compares (SideRounds.block_means), and what
@@ -166,6 +188,8 @@ class ABOutcome:
             "alpha": settings.alpha,
             "alpha_per_look": list(self.levels_applied),
             "alpha_at_last_look": self.levels_applied[-1],
+            "planned_looks": len(settings.stage_sizes(self.pools_per_side)),
+            "extra_looks": max(0, len(self.levels_applied) - len(settings.stage_sizes(self.pools_per_side))),
             "baseline": _side_summary(self.baseline, raw=True),
             "candidate": _side_summary(self.candidate, raw=False),  # its rounds are the case's own
             "sides": sides,
@@ -316,30 +340,40 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     ``settings.pools_per_side`` pools), interleaved, in the block order ``seed`` draws for this
     case. Stages of pairs run until the verdict is clear or the next stage would pass the time cap;
     look k is tested at the k-th of ``settings.alpha_per_look`` and a last look at what is left of
-    alpha. The candidate's first pool is the case's own: its metrics and check results are the
-    case's. A task failing on either side raises :class:`SideFailed`."""
+    alpha. A case still inconclusive after its planned looks takes extra looks while the cap
+    allows (``settings.extra_stage_sizes``, each at EXTRA_LOOK_LEVEL). The candidate's first pool
+    is the case's own: its metrics and check results are the case's. A task failing on either side
+    raises :class:`SideFailed`."""
     started = time.monotonic()
     case = _Case(pools, settings, timeout_s, case_id)
     try:
         rounds = case.start(workload, plan)
         rng = schedule.case_rng(case_id, seed)
         stage_sizes = settings.stage_sizes(case.pool_pairs)
+        every_stage = stage_sizes + settings.extra_stage_sizes(case.pool_pairs)
         levels = settings.alpha_per_look(case.pool_pairs)
         applied: list[float] = []
         while True:
             stage_started = time.monotonic()
-            stage = schedule.pairs_over_pools(stage_sizes[len(applied)] // case.pool_pairs, case.pool_pairs, rng)
+            stage = schedule.pairs_over_pools(every_stage[len(applied)] // case.pool_pairs, case.pool_pairs, rng)
             case.run_pairs(stage, rounds)
             looks = len(applied) + 1
             seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
             remaining = settings.max_time_s - (time.monotonic() - started)
-            last_look = looks == len(stage_sizes) or stage_sizes[looks] * seconds_per_pair > remaining
-            applied.append(stats.level_for_last_look(settings.alpha, len(stage_sizes), looks) if last_look
-                           else levels[looks - 1])
+            next_fits = looks < len(every_stage) and every_stage[looks] * seconds_per_pair <= remaining
+            cap_ends_planned = False
+            if looks > len(stage_sizes):
+                applied.append(EXTRA_LOOK_LEVEL)
+            elif looks < len(stage_sizes) and next_fits:
+                applied.append(levels[looks - 1])
+            else:  # the last planned look: as planned, or the cap ends the planned looks here
+                cap_ends_planned = looks < len(stage_sizes)
+                applied.append(stats.level_for_last_look(settings.alpha, len(stage_sizes), looks))
             result = case.analyse(applied[-1])
             # Every decided verdict ends the case, not-slower too: stopping without a regression
             # can only take chances to reject away, never add one (docs/design.md, *The looks' levels*).
-            if result.verdict != "inconclusive" or last_look:
+            # A cap that ends the planned looks early leaves no time for an extra look either.
+            if result.verdict != "inconclusive" or cap_ends_planned or not next_fits:
                 break
         metrics = case.finish()
     except BaseException:

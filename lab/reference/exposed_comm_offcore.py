@@ -3,18 +3,18 @@ raise ``exposed_comm_s`` while ``compute_s`` stays? (docs/results.md, *Why is it
 
 On the 2-core machine gloo's communication runs on the same cores as the backward pass, so default
 DDP hides none of it and one bucket has no overlap to lose. A GPU's kernels leave the host cores
-free; this script stands in for that: each transformer block's backward also waits ``--offcore-ms``
-with its core idle (a full backward hook that sleeps), as a rank waits on its GPU. DDP's buckets
-that are ready by then are all-reduced by gloo's thread meanwhile. With many small buckets
-(``bucket_cap_mb`` 1) most of the exchange can hide behind those waits; with one bucket
-(``bucket_cap_mb`` 1000) all of it starts after the backward pass, exposed. The compute-only
-variant waits alike, so ``compute_s`` should not move.
+free; this script stands in for that: each transformer block's backward ends with ``--offcore-ms``
+of waiting with its core idle (a full backward hook that sleeps), as a rank waits on its GPU, and
+the compute-only variant waits alike. Buckets that are ready by then can be all-reduced by gloo's
+thread meanwhile, so many small buckets (``bucket_cap_mb`` 1) have overlap to lose and one bucket
+(``bucket_cap_mb`` 1000) has none. What it measured so far, and why that is not yet the
+validation issue 36 asks for: docs/results.md, *Why is it slower*.
 
 A temporary flat-layout folder holds the workload (a TransformerTraining whose loop adds the hooks)
 and one test per bucket cap; each run is one pytest run of both cases with ``--dist-exposed-comm``
 round groups, ``--runs`` times, quiet.
 
-    .venv/bin/python lab/reference/exposed_comm_offcore.py --runs 3
+    .venv/bin/python lab/reference/exposed_comm_offcore.py --runs 3 [--size cpu-large --offcore-ms 20]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from ddpbench.workloads.training.metrics import add_exposed_communication
 
 from offcore import OffCoreTransformer
 
-CASES = [OffCoreTransformer(size={size!r}, bucket_cap_mb=cap) for cap in (1, 1000)]
+CASES = [OffCoreTransformer(size={size!r}, bucket_cap_mb=cap) for cap in {caps!r}]
 
 
 @pytest.mark.parametrize("workload", [pytest.param(w, id=f"cap{{w.bucket_cap_mb:g}}") for w in CASES])
@@ -86,9 +86,11 @@ def _ms(value) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--offcore-ms", type=float, default=20.0, help="each block's idle wait in backward")
-    parser.add_argument("--size", default="cpu-large", help="the transformer size (cpu-small, cpu-large)")
+    parser.add_argument("--offcore-ms", type=float, default=30.0, help="each block's idle wait in backward")
+    parser.add_argument("--size", default="cpu-small", help="the transformer size (cpu-small, cpu-large)")
     parser.add_argument("--groups", type=int, default=16, help="round groups of step, compute-only, replay")
+    parser.add_argument("--caps", type=float, nargs="+", default=[1.0, 1000.0],
+                        help="the bucket_cap_mb of each case (default: 1, many small buckets, and 1000, one bucket)")
     args, pytest_args = parser.parse_known_args()
     rows: dict[str, list[dict]] = {}
     walls = []
@@ -96,7 +98,7 @@ def main() -> None:
         root = Path(tmp)
         (root / "pytest.ini").write_text("[pytest]\n")
         (root / "offcore.py").write_text(WORKLOAD.format(offcore_s=args.offcore_ms / 1e3))
-        (root / "test_offcore.py").write_text(BENCH.format(size=args.size, groups=args.groups))
+        (root / "test_offcore.py").write_text(BENCH.format(size=args.size, groups=args.groups, caps=tuple(args.caps)))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
         for index in range(1, args.runs + 1):
             out = root / f"run{index}.json"

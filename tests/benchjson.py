@@ -1,4 +1,5 @@
-"""Builders of pytest-benchmark JSON documents (the shape pytest-benchmark 5.x writes) for tests."""
+"""Builders of pytest-benchmark JSON documents (the shape pytest-benchmark 5.x writes) for tests, and
+:func:`run_cli`, which runs ``ddpbench`` on them in-process."""
 
 from __future__ import annotations
 
@@ -65,3 +66,13 @@ def write(path, doc) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))
     return path
+
+
+def run_cli(capsys, *argv):
+    """``ddpbench ARGV`` in-process: (exit status, stdout, stderr); it must never print a traceback."""
+    from ddpbench import cli
+
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, out, err

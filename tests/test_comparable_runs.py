@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchjson import MACHINE, bench, run_doc, write
+from benchjson import MACHINE, bench, run_cli, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import compare as cmp
 
@@ -30,13 +30,6 @@ def sample(seed, median, n=30):
 CASE = "test_all_reduce[gloo-2p-1MB]"
 CPU_CASE = {"backend": "gloo", "world_size": 2, "device": "cpu", "nodes": 1, "pinned_cores": False,
             "ops_per_round": 1}
-
-
-def _main(capsys, *argv):
-    rc = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return rc, out, err
 
 
 def _pair(tmp_path, base_facts=None, cur_facts=None, base_machine=None, cur_machine=None,
@@ -91,11 +84,11 @@ def test_every_saved_run_records_its_fingerprint_and_completeness(pytester):
 def test_a_changed_torch_is_refused_naming_the_difference_and_the_override(tmp_path, capsys):
     b, c = _pair(tmp_path, base_facts={"torch": "2.12.0+cpu"}, cur_facts={},
                  slowdown=1.3)  # a slowdown that is torch's, not the code's
-    rc, out, err = _main(capsys, "compare", b, c)
+    rc, out, err = run_cli(capsys, "compare", b, c)
     assert rc == 2 and out == ""
     assert err.startswith("ddpbench compare: error: the runs are not comparable")
     assert "torch '2.12.0+cpu' -> '2.13.0+cpu'" in err and "--allow-different torch" in err
-    rc, out, err = _main(capsys, "compare", b, c, "--allow-different", "torch")
+    rc, out, err = run_cli(capsys, "compare", b, c, "--allow-different", "torch")
     assert rc == 1 and "compared although torch '2.12.0+cpu' -> '2.13.0+cpu'" in out
 
 
@@ -103,15 +96,15 @@ def test_every_run_fact_that_differs_is_named(tmp_path, capsys):
     other = {"torch": "2.13.0+cu128", "cuda": "12.8", "nccl": "2.27.3", "engine": "f" * 64,
              "python": "CPython 3.12.1", "cpu_model": "Other CPU", "cpu_cores": 4, "gpus": ["NVIDIA H100"]}
     b, c = _pair(tmp_path, base_facts={}, cur_facts=other)
-    rc, _, err = _main(capsys, "compare", b, c)
+    rc, _, err = run_cli(capsys, "compare", b, c)
     assert rc == 2
     for text in ("torch '2.13.0+cpu' -> '2.13.0+cu128'", "cuda None -> '12.8'", "nccl None -> '2.27.3'",
                  "engine eeeeeeeeeeee -> ffffffffffff", "python 'CPython 3.11' -> 'CPython 3.12'",
                  "cpu_model 'Test CPU' -> 'Other CPU'", "cpu_cores 2 -> 4", "gpus none -> NVIDIA H100",
                  "--allow-different torch,cuda,nccl,engine,python,cpu_model,cpu_cores,gpus"):
         assert text in err
-    assert _main(capsys, "compare", b, c, "--allow-different", "all")[0] == 0
-    assert _main(capsys, "compare", b, c, "--allow-different", "torch,cuda,nccl,engine",
+    assert run_cli(capsys, "compare", b, c, "--allow-different", "all")[0] == 0
+    assert run_cli(capsys, "compare", b, c, "--allow-different", "torch,cuda,nccl,engine",
                  "--allow-different", "python,cpu_model")[0] == 2  # cpu_cores and gpus still differ
 
 
@@ -119,7 +112,7 @@ def test_a_new_hostname_or_python_patch_release_is_not_a_difference(tmp_path, ca
     # Every hosted runner has another hostname; a kernel or Python patch update is said, not refused.
     b, c = _pair(tmp_path, base_facts={}, cur_facts={"python": "CPython 3.11.9", "kernel": "6.5"},
                  cur_machine=dict(MACHINE, node="fv-az123-456", release="6.5"))
-    rc, out, _ = _main(capsys, "compare", b, c)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 0 and "WARNING" not in out and "fv-az" not in out
     assert "note: Python CPython 3.11.7 -> CPython 3.11.9 (a patch release: compared)" in out
     assert "note: kernel 6.0 -> 6.5 (compared)" in out
@@ -127,7 +120,7 @@ def test_a_new_hostname_or_python_patch_release_is_not_a_difference(tmp_path, ca
 
 def test_runs_without_a_fingerprint_are_compared_on_what_they_record(tmp_path, capsys):
     b, c = _pair(tmp_path, base_facts=None, cur_facts={})  # the baseline: an older ddpbench
-    rc, out, _ = _main(capsys, "compare", b, c)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 0
     assert ("WARNING: base.json recorded no fingerprint (saved by an older ddpbench or another tool): "
             "torch, cuda, nccl, engine, cpu_cores cannot be checked") in out
@@ -135,7 +128,7 @@ def test_runs_without_a_fingerprint_are_compared_on_what_they_record(tmp_path, c
     b, c = _pair(tmp_path / "gpu", base_facts=None, cur_facts={"torch": "2.13.0+cu128", "gpus": ["NVIDIA H100"]},
                  base_machine=dict(MACHINE, ddpbench_gpus={"devices": ["NVIDIA H100"], "torch": "2.12.0+cu126",
                                                            "cuda": "12.6", "nccl": "2.26.2"}))
-    rc, _, err = _main(capsys, "compare", b, c)
+    rc, _, err = run_cli(capsys, "compare", b, c)
     assert rc == 2 and "torch '2.12.0+cu126' -> '2.13.0+cu128'" in err
 
 
@@ -156,12 +149,12 @@ def test_bad_allow_different_values_are_usage_errors(tmp_path, capsys):
 def test_a_case_measured_differently_is_marked_not_compared(tmp_path, capsys):
     pinned = dict(CPU_CASE, pinned_cores=True)
     b, c = _pair(tmp_path, base_facts={}, cur_facts={}, cur_extra=pinned, slowdown=0.7)
-    rc, out, _ = _main(capsys, "compare", b, c)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 0
     line = next(line for line in out.splitlines() if line.startswith(CASE))
     assert line.endswith("inconclusive (unlike: pinned_cores False -> True)")
     assert "--allow-different pinned_cores compares them anyway" in out
-    rc, out, _ = _main(capsys, "compare", b, c, "--allow-different", "pinned_cores", "--json")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--allow-different", "pinned_cores", "--json")
     [case] = json.loads(out)["cases"]
     assert case["verdict"] == "improvement" and case["reason"] == "unlike, allowed: pinned_cores False -> True"
 
@@ -198,18 +191,18 @@ def test_the_default_baseline_skips_incomplete_runs_and_says_so(tmp_path, capsys
            cases=("a",))
     _saved(folder, 3, 0.002)
     monkeypatch.chdir(tmp_path)
-    rc, out, _ = _main(capsys, "compare")
+    rc, out, _ = run_cli(capsys, "compare")
     assert rc == 0
     assert f"baseline: {folder / '0001_run.json'}".replace(str(tmp_path) + "/", "") in out
     assert "current:  .benchmarks/Linux-CPython-3.11-64bit/0003_run.json" in out
     assert "baseline chosen: the newest complete run of this machine on branch main" in out
     assert ("passed over 0002_run.json: incomplete: 1 failed or erroring case(s) (benchmarks/test_x.py::b); "
             "stopped early (stopping after 1 failures)") in out
-    rc, out, _ = _main(capsys, "compare", "--json")
+    rc, out, _ = run_cli(capsys, "compare", "--json")
     assert json.loads(out)["selection"][1].startswith("passed over 0002_run.json: incomplete")
     # the incomplete run as the current one: compared, said so, its lost case fails the gate
     (folder / "0003_run.json").unlink()
-    rc, out, _ = _main(capsys, "compare")
+    rc, out, _ = run_cli(capsys, "compare")
     assert rc == 1 and "the current run 0002_run.json is incomplete" in out and "missing" in out
 
 
@@ -240,12 +233,12 @@ def test_no_complete_baseline_is_an_error_naming_the_runs_passed_over(tmp_path, 
     _saved(folder, 1, 0.002, run={"complete": False, "exitstatus": 3, "failed": 0})
     _saved(folder, 2, 0.002)
     monkeypatch.chdir(tmp_path)
-    rc, _, err = _main(capsys, "compare")
+    rc, _, err = run_cli(capsys, "compare")
     assert rc == 2
     assert "no complete saved run of this machine to compare 0002_run.json with" in err
     assert "0001_run.json: incomplete: pytest exit status 3 (internal error)" in err
     assert "ddpbench compare BASELINE CURRENT" in err
-    assert _main(capsys, "compare", "1", "2")[0] == 0  # named runs are compared as named
+    assert run_cli(capsys, "compare", "1", "2")[0] == 0  # named runs are compared as named
 
 
 def test_runs_numbered_past_9999_are_listed_in_number_order(tmp_path):

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchjson import bench, run_doc, write
+from benchjson import bench, run_cli, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import calibration
 from ddpbench.gates import compare as cmp
@@ -206,11 +206,11 @@ def test_a_probe_outside_the_band_never_turns_a_slowdown_into_an_improvement(tmp
         assert case.reason == "probe 1.60x, outside 0.80-1.25"
         assert case.ratio == pytest.approx(1.35, abs=0.05)  # the raw ratio is shown, not a corrected one
         assert any("outside the 0.80-1.25" in w for w in result.warnings)
-    rc, out, _ = _main(capsys, "compare", b, c)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 0 and "inconclusive (probe 1.60x, outside 0.80-1.25)" in out and "improvement" not in out
-    assert _main(capsys, "compare", b, c, "--fail-on-inconclusive")[0] == 1
+    assert run_cli(capsys, "compare", b, c, "--fail-on-inconclusive")[0] == 1
     # --calibration never: the raw verdict, and a warning that the machine changed
-    rc, out, _ = _main(capsys, "compare", b, c, "--calibration", "never")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--calibration", "never")
     assert rc == 1 and "regression" in out and "compared raw (--calibration never)" in out
 
 
@@ -234,17 +234,17 @@ def test_a_correction_within_the_band_never_flips_a_verdict(tmp_path, capsys):
 def test_the_correction_is_a_column_in_text_markdown_and_json(tmp_path, capsys):
     base, cur = _slower_machine_runs(tmp_path, 1.2)
     b, c = str(base.path), str(cur.path)
-    rc, out, _ = _main(capsys, "compare", b, c)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
     header = next(line for line in out.splitlines() if line.startswith("case"))
     assert "calibration" in header
     assert sum("probe ÷1.200" in line for line in out.splitlines()) == 4
-    rc, out, _ = _main(capsys, "compare", b, c, "--markdown")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--markdown")
     assert "| calibration |" in out and out.count("| probe ÷1.200 |") == 4
-    rc, out, _ = _main(capsys, "compare", b, c, "--json")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     cases = json.loads(out)["cases"]
     assert all(case["calibrated"] and case["calibration_factor"] == pytest.approx(1.2) for case in cases)
     assert all(case["details"]["raw_ratio"] > 1.1 for case in cases)
-    rc, out, _ = _main(capsys, "compare", b, c, "--calibration", "never")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--calibration", "never")
     rows = [line for line in out.splitlines() if line.startswith("case") and not line.startswith("case ")]
     assert len(rows) == 4 and all(" raw " in row for row in rows) and "probe ÷" not in out
 
@@ -311,27 +311,20 @@ def _files(tmp_path, shift=1.0, include_data=True, extra_case=None, drop_case=No
     return str(b), str(c)
 
 
-def _main(capsys, *argv):
-    rc = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return rc, out, err
-
-
 def test_cli_exit_1_on_regression_and_0_without(tmp_path, capsys):
     b, c = _files(tmp_path, shift=1.5)
-    rc, out, _ = _main(capsys, "compare", b, c)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 1
     line = next(l for l in out.splitlines() if "all_reduce" in l)
     assert "regression" in line and "<<" in line
     b, c = _files(tmp_path / "same", shift=1.0)
-    rc, out, _ = _main(capsys, "compare", b, c)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 0 and "2 same" in out
 
 
 def test_cli_new_and_missing_cases(tmp_path, capsys):
     b, c = _files(tmp_path, extra_case="test_new[x]", drop_case="test_broadcast[gloo-2p-1MB]")
-    rc, out, err = _main(capsys, "compare", b, c, "--json")
+    rc, out, err = run_cli(capsys, "compare", b, c, "--json")
     # A case the baseline has and the current run lost (crashed, hung, removed) fails the gate.
     assert rc == 1
     assert ("1 case(s) the baseline has were lost by the current run (benchmarks/test_x.py::test_broadcast[gloo-2p-1MB]): "
@@ -341,11 +334,11 @@ def test_cli_new_and_missing_cases(tmp_path, capsys):
     assert verdicts == {"test_all_reduce[gloo-2p-1MB]": "same", "test_new[x]": "new",
                         "test_broadcast[gloo-2p-1MB]": "missing"}
     assert doc["counts"]["new"] == 1 and doc["counts"]["missing"] == 1 and doc["threshold"] == 0.1
-    rc, out, _ = _main(capsys, "compare", b, c, "--allow-missing")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--allow-missing")
     assert rc == 0 and "allowed by --allow-missing" in out
     # A new case alone is not a failure.
     b, c = _files(tmp_path / "new", extra_case="test_new[x]")
-    assert _main(capsys, "compare", b, c)[0] == 0
+    assert run_cli(capsys, "compare", b, c)[0] == 0
 
 
 def test_inconclusive_cases_are_counted_and_fail_only_when_asked(tmp_path, capsys):
@@ -354,19 +347,19 @@ def test_inconclusive_cases_are_counted_and_fail_only_when_asked(tmp_path, capsy
     noisy = [bench("test_noisy[gloo-2p-1MB]", sample(rng, 0.002, n=8, sigma=0.3))]
     b = write(tmp_path / "b.json", run_doc(noisy))
     c = write(tmp_path / "c.json", run_doc([bench("test_noisy[gloo-2p-1MB]", sample(rng, 0.002, n=8, sigma=0.3))]))
-    rc, out, _ = _main(capsys, "compare", str(b), str(c))
+    rc, out, _ = run_cli(capsys, "compare", str(b), str(c))
     assert rc == 0 and "1 inconclusive" in out and "--fail-on-inconclusive makes them one" in out
-    rc, out, _ = _main(capsys, "compare", str(b), str(c), "--fail-on-inconclusive")
+    rc, out, _ = run_cli(capsys, "compare", str(b), str(c), "--fail-on-inconclusive")
     assert rc == 1 and "exit status 1 (--fail-on-inconclusive)" in out
 
 
 def test_cli_markdown_and_threshold(tmp_path, capsys):
     b, c = _files(tmp_path, shift=1.2)
-    rc, out, _ = _main(capsys, "compare", b, c, "--markdown")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--markdown")
     assert rc == 1
     assert out.startswith("### ddpbench compare: regressions found")
     assert "| case | baseline median (ms) |" in out and "**regression**" in out
-    rc, out, _ = _main(capsys, "compare", b, c, "--markdown", "--threshold", "30%")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--markdown", "--threshold", "30%")
     assert rc == 0 and "no regression" in out
 
 
@@ -376,16 +369,16 @@ def test_cli_defaults_to_the_two_newest_saved_runs(tmp_path, capsys, monkeypatch
     for number, median in (("0001", 0.002), ("0002", 0.002), ("0003", 0.004)):
         write(machine_dir / f"{number}_run.json", run_doc([bench("case", sample(rng, median))]))
     monkeypatch.chdir(tmp_path)
-    rc, out, _ = _main(capsys, "compare")
+    rc, out, _ = run_cli(capsys, "compare")
     assert rc == 1 and "0002_run.json" in out and "0003_run.json" in out
-    rc, out, _ = _main(capsys, "compare", "1", "2")  # saved-run numbers
+    rc, out, _ = run_cli(capsys, "compare", "1", "2")  # saved-run numbers
     assert rc == 0 and "0001_run.json" in out
 
 
 def test_cli_chart_is_a_valid_png(tmp_path, capsys):
     mpimg = pytest.importorskip("matplotlib.image")
     b, c = _files(tmp_path, shift=1.5)
-    rc, _, err = _main(capsys, "compare", b, c, "--chart", str(tmp_path / "ratios.png"))
+    rc, _, err = run_cli(capsys, "compare", b, c, "--chart", str(tmp_path / "ratios.png"))
     assert rc == 1 and "ratios.png" in err
     image = mpimg.imread(tmp_path / "ratios.png")
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
@@ -397,7 +390,7 @@ def test_cli_chart_is_a_valid_png(tmp_path, capsys):
 
 
 def _bad(capsys, *argv):
-    rc, _, err = _main(capsys, *argv)
+    rc, _, err = run_cli(capsys, *argv)
     assert rc == 2
     assert err.startswith("ddpbench compare: error: ")
     return err
@@ -449,10 +442,10 @@ def test_same_file_twice(tmp_path, capsys):
 
 def test_runs_without_raw_data_exit_2_unless_summary_stats_are_allowed(tmp_path, capsys):
     b, c = _files(tmp_path, shift=1.5, include_data=False)
-    rc, out, err = _main(capsys, "compare", b, c)
+    rc, out, err = run_cli(capsys, "compare", b, c)
     assert rc == 2
     assert "summary stats" in out and "--benchmark-save-data" in err and "--allow-summary-stats" in err
-    rc, out, _ = _main(capsys, "compare", b, c, "--allow-summary-stats")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--allow-summary-stats")
     assert rc == 1 and "regression" in out
 
 

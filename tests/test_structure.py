@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from benchjson import bench, run_doc, write
+from benchjson import bench, run_cli, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import verdicts
 from ddpbench.gates.compare import compare_runs, load_run
@@ -158,16 +158,9 @@ def _runs(tmp_path, base_census, cur_census, cur_rounds=STEADY):
     return str(b), str(c)
 
 
-def _main(capsys, *argv):
-    rc = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return rc, out, err
-
-
 def test_compare_fails_on_a_structural_regression_whatever_the_timing_says(tmp_path, capsys):
     b, c = _runs(tmp_path, BASE, GREW)
-    rc, out, _ = _main(capsys, "compare", b, c)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 1
     row = next(line for line in out.splitlines() if NAME in line)
     assert f"regression: {GREW_LINE}" in row and row.endswith("regression (structure; timing same)  <<")
@@ -175,10 +168,10 @@ def test_compare_fails_on_a_structural_regression_whatever_the_timing_says(tmp_p
         f"1 structural regression(s) (benchmarks/test_x.py::{NAME}): what one step launches grew or changed, a "
         f"regression whatever the timing says (--accept-structure-change accepts a change made on purpose)")
     assert "structure: 1 regression" in out.splitlines()[0]
-    rc, out, _ = _main(capsys, "compare", b, c, "--markdown")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--markdown")
     assert rc == 1 and "| structure | verdict |" in out
     assert f"| regression: {GREW_LINE} | ❌ **regression** (structure; timing same) |" in out
-    rc, out, _ = _main(capsys, "compare", b, c, "--json")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 1 and case["verdict"] == "regression" and case["timing_verdict"] == "same"
     assert case["structure"] == {"verdict": "regression", "line": GREW_LINE, "accepted": False}
@@ -186,24 +179,24 @@ def test_compare_fails_on_a_structural_regression_whatever_the_timing_says(tmp_p
 
 def test_an_accepted_structural_change_passes_and_is_still_shown(tmp_path, capsys):
     b, c = _runs(tmp_path, BASE, GREW)
-    rc, out, _ = _main(capsys, "compare", b, c, "--accept-structure-change")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--accept-structure-change")
     assert rc == 0
     row = next(line for line in out.splitlines() if NAME in line)
     assert f"regression, accepted: {GREW_LINE}" in row and row.endswith("same")
     assert (f"1 structural change(s) accepted by --accept-structure-change (benchmarks/test_x.py::{NAME}): "
             f"shown, not failing") in out
-    rc, out, _ = _main(capsys, "compare", b, c, "--accept-structure-change", "--json")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--accept-structure-change", "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 0 and case["verdict"] == "same" and case["structure"]["accepted"] is True
     # Accepting a structural change does not accept a slower step.
     b, c = _runs(tmp_path / "slower", BASE, GREW, cur_rounds=[t * 1.5 for t in STEADY])
-    rc, out, _ = _main(capsys, "compare", b, c, "--accept-structure-change")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--accept-structure-change")
     assert rc == 1 and "1 regression(s): exit status 1" in out
 
 
 def test_fewer_collectives_are_a_structural_improvement_and_pass(tmp_path, capsys):
     b, c = _runs(tmp_path, GREW, BASE)
-    rc, out, _ = _main(capsys, "compare", b, c, "--json")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 0 and case["verdict"] == "same" and case["timing_verdict"] is None
     assert case["structure"]["verdict"] == "improvement"
@@ -213,16 +206,16 @@ def test_fewer_collectives_are_a_structural_improvement_and_pass(tmp_path, capsy
                          ids=["older-baseline", "older-current", "neither"])
 def test_without_a_census_on_one_side_the_timing_verdict_stands_alone(tmp_path, capsys, base_census, cur_census):
     b, c = _runs(tmp_path, base_census, cur_census)
-    rc, out, _ = _main(capsys, "compare", b, c, "--json")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 0 and case["verdict"] == "same" and case["structure"]["verdict"] == "not counted"
     b, c = _runs(tmp_path / "slower", base_census, cur_census, cur_rounds=[t * 1.5 for t in STEADY])
-    assert _main(capsys, "compare", b, c)[0] == 1  # a timing regression still fails
+    assert run_cli(capsys, "compare", b, c)[0] == 1  # a timing regression still fails
 
 
 def test_an_unchanged_structure_leaves_the_timing_verdict_alone(tmp_path, capsys):
     b, c = _runs(tmp_path, BASE, copy.deepcopy(BASE), cur_rounds=[t * 1.5 for t in STEADY])
-    rc, out, _ = _main(capsys, "compare", b, c, "--json")
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 1 and case["verdict"] == "regression" and case["timing_verdict"] is None
     assert case["structure"]["verdict"] == "same"
@@ -239,7 +232,7 @@ def test_an_unlike_case_is_not_counted(tmp_path):
 
 def test_a_malformed_census_in_a_saved_run_is_a_named_error(tmp_path, capsys):
     b, c = _runs(tmp_path, BASE, dict(GREW, ddp_buckets="four"))
-    rc, out, err = _main(capsys, "compare", b, c)
+    rc, out, err = run_cli(capsys, "compare", b, c)
     assert rc == 2 and out == ""
     assert err == (f"ddpbench compare: error: {c}: benchmarks/test_x.py::{NAME}: extra_info census.ddp_buckets "
                    f"is 'four', expected a list of byte counts or null. The file is damaged or was edited: "
@@ -266,15 +259,15 @@ def _ab_run(tmp_path, baseline_census, candidate_census, **ab):
 
 def test_an_ab_run_fails_on_a_structural_regression_unless_accepted(tmp_path, capsys):
     run = _ab_run(tmp_path, BASE, GREW)
-    rc, out, _ = _main(capsys, "compare", run)
+    rc, out, _ = run_cli(capsys, "compare", run)
     assert rc == 1
     row = next(line for line in out.splitlines() if NAME in line)
     assert f"regression: {GREW_LINE}" in row and "regression (structure; timing same)  <<" in row
     assert "--accept-structure-change accepts a change made on purpose" in out
-    rc, out, _ = _main(capsys, "compare", run, "--accept-structure-change", "--markdown")
+    rc, out, _ = run_cli(capsys, "compare", run, "--accept-structure-change", "--markdown")
     assert rc == 0 and f"| regression, accepted: {GREW_LINE} | same |" in out
     # The structural verdict needs no pairs: one round is enough, and an inconclusive timing is kept.
-    rc, out, _ = _main(capsys, "compare", _ab_run(tmp_path, BASE, GREW, verdict="inconclusive", pairs=1,
+    rc, out, _ = run_cli(capsys, "compare", _ab_run(tmp_path, BASE, GREW, verdict="inconclusive", pairs=1,
                                                   ratio_ci=None), "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 1 and (case["verdict"], case["timing_verdict"]) == ("regression", "inconclusive")
@@ -283,17 +276,17 @@ def test_an_ab_run_fails_on_a_structural_regression_unless_accepted(tmp_path, ca
 
 def test_an_ab_run_without_a_census_on_a_side_keeps_its_timing_verdict(tmp_path, capsys):
     for base, cand in ((None, GREW), (BASE, None)):
-        rc, out, _ = _main(capsys, "compare", _ab_run(tmp_path, base, cand), "--json")
+        rc, out, _ = run_cli(capsys, "compare", _ab_run(tmp_path, base, cand), "--json")
         (case,) = json.loads(out)["cases"]
         assert rc == 0 and case["verdict"] == "same" and case["structure"]["verdict"] == "not counted"
-    rc, out, _ = _main(capsys, "compare", _ab_run(tmp_path, GREW, BASE), "--json")
+    rc, out, _ = run_cli(capsys, "compare", _ab_run(tmp_path, GREW, BASE), "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 0 and case["structure"]["verdict"] == "improvement"
 
 
 def test_a_malformed_baseline_census_in_an_ab_run_is_a_named_error(tmp_path, capsys):
     run = _ab_run(tmp_path, dict(BASE, collectives=[1]), GREW)
-    rc, out, err = _main(capsys, "compare", run)
+    rc, out, err = run_cli(capsys, "compare", run)
     assert rc == 2 and out == ""
     assert (f"{NAME}: extra_info ab.census_baseline.collectives[0] is 1, expected an object (kind, dtype, "
             f"group_size, count, bytes, call_bytes). The run's file is damaged") in err
@@ -388,6 +381,6 @@ def test_every_timing_verdict_gets_its_structure_compared(tmp_path, capsys, timi
     # within the threshold): the census still fails it.
     ci = {"same": [0.98, 1.02], "not-slower": [0.92, 1.03], "inconclusive": [0.97, 1.09],
           "improvement": [0.7, 0.8]}[timing]
-    rc, out, _ = _main(capsys, "compare", _ab_run(tmp_path, BASE, GREW, verdict=timing, ratio_ci=ci), "--json")
+    rc, out, _ = run_cli(capsys, "compare", _ab_run(tmp_path, BASE, GREW, verdict=timing, ratio_ci=ci), "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 1 and (case["verdict"], case["timing_verdict"]) == ("regression", timing)

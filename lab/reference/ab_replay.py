@@ -199,11 +199,11 @@ def main(argv=None):
                 levels = list(stats.sequential_levels(settings.alpha, looks)[:reached])
                 if case.capped and reached:
                     levels[-1] = stats.level_for_last_look(settings.alpha, looks, reached)
-            # The extra looks the recorded case took after its planned ones (at EXTRA_LOOK_LEVEL).
+            # The extra looks the recorded case took after its planned ones (at EXTRA_LOOK_LEVEL;
+            # every extra look adds the same pairs).
             extra = settings.extra_stage_sizes(len(set(case.pools)))
-            taken = 0
-            while reached == looks and taken < len(extra) and sum(sizes) + sum(extra[:taken + 1]) <= len(case.baseline):
-                taken += 1
+            past_planned = len(case.baseline) - sum(sizes) if reached == looks else 0
+            taken = min(len(extra), past_planned // extra[0]) if extra else 0
             levels += [EXTRA_LOOK_LEVEL] * taken
             minima = None if args.without_minima_rule else (case.baseline_minima,
                                                             [c * args.scale for c in case.candidate_minima])

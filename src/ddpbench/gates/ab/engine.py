@@ -170,6 +170,7 @@ class ABOutcome:
     def summary(self, sides: dict[str, dict]) -> dict[str, Any]:
         """``extra_info["ab"]``."""
         settings = self.settings
+        planned_looks = len(settings.stage_sizes(self.pools_per_side))
         info = self.result.to_dict()
         info.update({
             "blocks": 2 * self.result.pairs,
@@ -188,8 +189,8 @@ class ABOutcome:
             "alpha": settings.alpha,
             "alpha_per_look": list(self.levels_applied),
             "alpha_at_last_look": self.levels_applied[-1],
-            "planned_looks": len(settings.stage_sizes(self.pools_per_side)),
-            "extra_looks": max(0, len(self.levels_applied) - len(settings.stage_sizes(self.pools_per_side))),
+            "planned_looks": planned_looks,
+            "extra_looks": max(0, len(self.levels_applied) - planned_looks),
             "baseline": _side_summary(self.baseline, raw=True),
             "candidate": _side_summary(self.candidate, raw=False),  # its rounds are the case's own
             "sides": sides,

@@ -1,20 +1,22 @@
-"""Exposed communication when compute leaves the cores free: does one bucket holding every gradient
-raise ``exposed_comm_s`` while ``compute_s`` stays? (docs/results.md, *Why is it slower?*)
+"""Exposed communication when compute leaves the cores free: one bucket holding every gradient
+raises ``exposed_comm_s`` while ``compute_s`` stays (docs/results.md, *Why is it slower?*).
 
 On the 2-core machine gloo's communication runs on the same cores as the backward pass, so default
 DDP hides none of it and one bucket has no overlap to lose. A GPU's kernels leave the host cores
 free; this script stands in for that: each transformer block's backward ends with ``--offcore-ms``
 of waiting with its core idle (a full backward hook that sleeps), as a rank waits on its GPU, and
-the compute-only variant waits alike. Buckets that are ready by then can be all-reduced by gloo's
-thread meanwhile, so many small buckets (``bucket_cap_mb`` 1) have overlap to lose and one bucket
-(``bucket_cap_mb`` 1000) has none. What it measured so far, and why that is not yet the
-validation issue 36 asks for: docs/results.md, *Why is it slower*.
+the compute-only variant waits alike. Buckets that are ready by then are all-reduced by gloo's
+thread meanwhile, so the default's first bucket hides behind the remaining blocks' waits and one
+bucket (``bucket_cap_mb`` 1000) can start only after the last gradient. ``--batch-size 1`` keeps the
+on-core compute small beside the waits and the gradients' exchange (at the size's own batch its
+noise is wider than the difference).
 
 A temporary flat-layout folder holds the workload (a TransformerTraining whose loop adds the hooks)
-and one test per bucket cap; each run is one pytest run of both cases with ``--dist-exposed-comm``
+and one test per bucket cap; each run is one pytest run of every case with ``--dist-exposed-comm``
 round groups, ``--runs`` times, quiet.
 
-    .venv/bin/python lab/reference/exposed_comm_offcore.py --runs 3 [--size cpu-large --offcore-ms 20]
+    .venv/bin/python lab/reference/exposed_comm_offcore.py --runs 5 --size cpu-large --batch-size 1 \
+        --offcore-ms 20 --caps 1 25 1000
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from ddpbench.workloads.training.metrics import add_exposed_communication
 
 from offcore import OffCoreTransformer
 
-CASES = [OffCoreTransformer(size={size!r}, bucket_cap_mb=cap) for cap in {caps!r}]
+CASES = [OffCoreTransformer(size={size!r}, batch_size={batch_size!r}, bucket_cap_mb=cap) for cap in {caps!r}]
 
 
 @pytest.mark.parametrize("workload", [pytest.param(w, id=f"cap{{w.bucket_cap_mb:g}}") for w in CASES])
@@ -85,12 +87,15 @@ def _ms(value) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--offcore-ms", type=float, default=30.0, help="each block's idle wait in backward")
-    parser.add_argument("--size", default="cpu-small", help="the transformer size (cpu-small, cpu-large)")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--offcore-ms", type=float, default=20.0, help="each block's idle wait in backward")
+    parser.add_argument("--size", default="cpu-large", help="the transformer size (cpu-small, cpu-large)")
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="sequences per rank (0: the size's own); few make the on-core compute small "
+                             "beside the idle waits and the gradients' communication")
     parser.add_argument("--groups", type=int, default=16, help="round groups of step, compute-only, replay")
-    parser.add_argument("--caps", type=float, nargs="+", default=[1.0, 1000.0],
-                        help="the bucket_cap_mb of each case (default: 1, many small buckets, and 1000, one bucket)")
+    parser.add_argument("--caps", type=float, nargs="+", default=[25.0, 1000.0],
+                        help="the bucket_cap_mb of each case (default: 25, DDP's own, and 1000, one bucket)")
     args, pytest_args = parser.parse_known_args()
     rows: dict[str, list[dict]] = {}
     walls = []
@@ -98,7 +103,7 @@ def main() -> None:
         root = Path(tmp)
         (root / "pytest.ini").write_text("[pytest]\n")
         (root / "offcore.py").write_text(WORKLOAD.format(offcore_s=args.offcore_ms / 1e3))
-        (root / "test_offcore.py").write_text(BENCH.format(size=args.size, groups=args.groups, caps=tuple(args.caps)))
+        (root / "test_offcore.py").write_text(BENCH.format(size=args.size, batch_size=args.batch_size, groups=args.groups, caps=tuple(args.caps)))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
         for index in range(1, args.runs + 1):
             out = root / f"run{index}.json"

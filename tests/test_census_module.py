@@ -235,3 +235,34 @@ def test_combine_census_keeps_rank_zero_and_flags_disagreement():
     assert combine_census([a, b]) == dict(a, ranks_disagree=True)
     assert combine_census([a, None]) == dict(a, ranks_disagree=True)
     assert combine_census([None, None]) is None
+
+
+def test_an_uncompiled_census_leaves_torch_dynamo_unimported_and_a_compiled_one_skips_dynamo():
+    # torch wraps a dispatch mode's __torch_dispatch__ in torch._dynamo.disable, which imports
+    # torch._dynamo (about 1.4 s of CPU per rank process); the census needs that only once dynamo is
+    # in use. A fresh interpreter, since this one may have imported it already.
+    import subprocess
+    import sys
+
+    script = """
+import sys, torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from ddpbench.engine.census import take_census
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+t = torch.ones(4)
+plain = take_census(lambda: dist.all_reduce(t))
+print("dynamo after the plain census:", "torch._dynamo" in sys.modules)
+fn = torch.compile(lambda x: dist.all_reduce(x) or x * 2, backend="eager")
+fn(t)
+from ddpbench.engine.census import CollectiveCensus
+with CollectiveCensus() as census:
+    fn(t)
+    print("skips dynamo once imported:", type(census._mode)._should_skip_dynamo())
+print("counts:", plain["collectives"][0]["count"], len(census.calls))
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "dynamo after the plain census: False" in run.stdout
+    assert "skips dynamo once imported: True" in run.stdout
+    assert "counts: 1 1" in run.stdout

@@ -79,7 +79,10 @@ def test_a_regression_is_profiled_on_both_sides_and_the_injected_work_tops_the_g
     assert INJECTED_OP in [op["op"] for op in profile["top_ops"][:3]]
     # The profiled rounds are thrown away: the case's rounds are the gate's pairs of blocks only.
     assert case["stats"]["rounds"] == ab["pairs"] * ab["rounds_per_block"]
-    assert profile["rounds"] >= 5 and profile["round_median_ms"]["candidate"] > profile["round_median_ms"]["baseline"]
+    # Each side's profiled round median is kept (5 profiled rounds of a 1 MB all_reduce under a loaded
+    # `make test` were once 2.1 ms on the candidate against 5.0 on the baseline: the ordering is the
+    # gate's pairs' to decide, not the profile's).
+    assert profile["rounds"] >= 5 and all(profile["round_median_ms"][side] > 0 for side in ("baseline", "candidate"))
     folder = pathlib.Path(profile["folder"])
     assert folder.parent.parent == store / "ab-profiles" and folder.name == "test_all_reduce[gloo-2p]"
     for side in ("baseline", "candidate"):

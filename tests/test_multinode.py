@@ -324,6 +324,12 @@ def _clean_env() -> dict:
     return dict(env, DDPBENCH_SECRET=SECRET, PYTHONUNBUFFERED="1")
 
 
+def _torchrun_env(tmp_path) -> dict:
+    """:func:`_clean_env` for a torchrun agent: its log folder (``torchelastic_*``, which torchrun
+    makes in the temporary folder and never removes) goes under the test's own folder."""
+    return dict(_clean_env(), TMPDIR=str(tmp_path))
+
+
 def _launch(tmp_path, hang, silent_clients=0, world_sizes="2"):
     """The controller (pytest, ``--dist-world-sizes`` given) and two torchrun "nodes" of one rank
     each on loopback; ``silent_clients`` connections that never speak are opened to the
@@ -348,8 +354,8 @@ def _launch(tmp_path, hang, silent_clients=0, world_sizes="2"):
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
          f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv_port}",
          "-m", "ddpbench.worker", "--backend=gloo", f"--controller=127.0.0.1:{controller_port}"],
-        cwd=tmp_path, env=env, stdout=open(tmp_path / f"node{node}.log", "w"), stderr=subprocess.STDOUT,
-        start_new_session=True) for node in (0, 1)]
+        cwd=tmp_path, env=_torchrun_env(tmp_path), stdout=open(tmp_path / f"node{node}.log", "w"),
+        stderr=subprocess.STDOUT, start_new_session=True) for node in (0, 1)]
     controller.silent_clients = silent  # held open while the workers join
     return controller, nodes
 
@@ -683,7 +689,7 @@ def _torchrun_nodes(tmp_path, a, b, local_addr: bool):
                          "--nproc-per-node=1", "--rdzv-backend=c10d",
                          f"--rdzv-endpoint={a.address}:{RDZV_PORT}", *options,
                          "-m", "ddpbench.worker", "--backend=gloo", f"--controller={a.address}:{CONTROLLER_PORT}"),
-            cwd=tmp_path, env=_clean_env(), stdout=open(tmp_path / f"host_{host.address}.log", "w"),
+            cwd=tmp_path, env=_torchrun_env(tmp_path), stdout=open(tmp_path / f"host_{host.address}.log", "w"),
             stderr=subprocess.STDOUT))
     return nodes
 

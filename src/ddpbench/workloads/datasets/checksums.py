@@ -3,11 +3,6 @@ compares against the dataset as built."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .layouts import DatasetSpec
-
 SHAPE_WIDTH = 8  # dimensions a sample's recorded shape holds (padded with -1)
 POSITION_WEIGHTS = 4093  # element k of a sample weighs (k mod 4093) + 1 in its weighted sum
 CHECKSUM_BATCH_ELEMENTS = 1 << 23  # elements fingerprinted at a time (64 MiB as float64)
@@ -61,8 +56,9 @@ class SampleChecksums:
         return cls(torch.cat(shapes).numpy(), torch.cat(sums).numpy(), torch.cat(weighted).numpy())
 
     @classmethod
-    def of_spec(cls, spec: DatasetSpec) -> "SampleChecksums":
-        """The fingerprints of ``spec``'s samples, generated a batch at a time (never all held)."""
+    def of_spec(cls, spec) -> "SampleChecksums":
+        """The fingerprints of ``spec``'s samples (a ``layouts.DatasetSpec``, or anything whose
+        ``iter_samples()`` yields them), generated a batch at a time (never all held)."""
         return cls.of(spec.iter_samples())
 
     @property

@@ -72,7 +72,7 @@ CASES = [OffCoreTransformer(size={size!r}, batch_size={batch_size!r}, bucket_cap
 
 
 @pytest.mark.parametrize("workload", [pytest.param(w, id=f"cap{{w.bucket_cap_mb:g}}") for w in CASES])
-@pytest.mark.parametrize("dist_spec", [pytest.param(PoolSpec("gloo", 2, "cpu"), id="gloo-2p")])
+@pytest.mark.parametrize("dist_spec", [pytest.param(PoolSpec("gloo", {world_size}, "cpu"), id="gloo-{world_size}p")])
 def test_offcore(dist_benchmark, workload):
     result = dist_benchmark(workload, variant_rounds={groups})
     dist_benchmark.extra_info.update(add_exposed_communication(result.extra_info))
@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1,
                         help="sequences per rank (0: the size's own); few make the on-core compute small "
                              "beside the idle waits and the gradients' communication")
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="ranks (1: nothing to exchange, so exposed communication should hold 0)")
     parser.add_argument("--groups", type=int, default=16, help="round groups of step, compute-only, replay")
     parser.add_argument("--caps", type=float, nargs="+", default=[25.0, 1000.0],
                         help="the bucket_cap_mb of each case (default: 25, DDP's own, and 1000, one bucket)")
@@ -103,7 +105,7 @@ def main() -> None:
         root = Path(tmp)
         (root / "pytest.ini").write_text("[pytest]\n")
         (root / "offcore.py").write_text(WORKLOAD.format(offcore_s=args.offcore_ms / 1e3))
-        (root / "test_offcore.py").write_text(BENCH.format(size=args.size, batch_size=args.batch_size, groups=args.groups, caps=tuple(args.caps)))
+        (root / "test_offcore.py").write_text(BENCH.format(size=args.size, batch_size=args.batch_size, world_size=args.world_size, groups=args.groups, caps=tuple(args.caps)))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
         for index in range(1, args.runs + 1):
             out = root / f"run{index}.json"
@@ -124,7 +126,7 @@ def main() -> None:
                       f"[{_ms(info['exposed_comm_s_ci'][0])}, {_ms(info['exposed_comm_s_ci'][1])}] ms, "
                       f"isolated comm {_ms(info['comm_isolated_s'])} ms, overlap {info['comm_overlap_pct']:.0f}%, "
                       f"buckets {(info.get('census') or {}).get('ddp_buckets')}", flush=True)
-    print(f"\n{args.runs} runs, {args.size}, {args.offcore_ms:g} ms idle per block's backward, "
+    print(f"\n{args.runs} runs, {args.world_size} rank(s), {args.size}, {args.offcore_ms:g} ms idle per block's backward, "
           f"{args.groups} round groups; wall per run {statistics.median(walls):.0f} s "
           f"(min {min(walls):.0f}, max {max(walls):.0f})")
     print("| case | " + " | ".join(f"{k} ms, median (min-max)" for k in KEYS) + " | overlap %, median (min-max) |")

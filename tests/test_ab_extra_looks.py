@@ -8,43 +8,9 @@ import random
 
 from ddpbench.engine.timing import RoundPlan
 from ddpbench.gates import stats
-from ddpbench.gates.ab import tasks
 from ddpbench.gates.ab.engine import EXTRA_LOOK_LEVEL, ABSettings, run_case
 
-RANKS = 2
-ROUND_S = 1e-3
-
-
-class FakePool:
-    """Answers the A/B engine's tasks as a 2-rank pool would; each block's rounds are ROUND_S times
-    ``slower`` times one lognormal draw (``noise``: its sigma) shared by the block's rounds."""
-
-    alive = True
-
-    def __init__(self, rng: random.Random, noise: float, slower: float = 1.0):
-        self.rng, self.noise, self.slower = rng, noise, slower
-        self.pids = [0] * RANKS
-        self.blocks = 0
-
-    def run(self, fn, *args, timeout_s=None):
-        if fn is tasks.start:
-            return [{"estimate_s": ROUND_S, "ops_per_round": 1}] * RANKS
-        if fn is tasks.block:
-            rounds = args[1]
-            self.blocks += 1
-            level = ROUND_S * self.slower * math.exp(self.rng.gauss(0.0, self.noise))
-            return [([level] * rounds, None)] * RANKS
-        if fn is tasks.finish:
-            return [{}] * RANKS
-        if fn is tasks.stop:
-            return None
-        raise AssertionError(f"unexpected task {fn}")
-
-
-def _pools(seed: int, noise: float, slower: float = 1.0, per_side: int = 2):
-    rng = random.Random(seed)
-    return {"baseline": [FakePool(rng, noise) for _ in range(per_side)],
-            "candidate": [FakePool(rng, noise, slower) for _ in range(per_side)]}
+from fake_pools import ROUND_S, fake_pools as _pools
 
 
 # Two extra looks at most (144 and 192 pairs): each look's bootstrap grows with the pairs squared.

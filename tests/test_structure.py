@@ -370,6 +370,8 @@ def test_the_pytest_option_reaches_the_ab_session(pytester, monkeypatch, accept)
     ab = session.ABSession.from_options(pytester.parseconfig(*args))
     ab.results.append((NAME, dict(AB, census_baseline=BASE), 0.001, {"census": GREW}))
     assert ab.accept_structure_change is accept and ab.exit_status() == (0 if accept else 1)
+    # An accepted change is timed in full; otherwise a structural regression ends its case early.
+    assert ab.settings.stop_on_structural_regression is not accept
     lines = [line for line, _ in ab.summary_lines()]
     assert any(("accepted by --dist-ab-accept-structure-change" if accept else
                 "--dist-ab-accept-structure-change accepts a change made on purpose") in line for line in lines)

@@ -261,8 +261,9 @@ def _headers(report: GateReport) -> list[str]:
 def _verdict_note(case: CaseVerdict) -> str:
     """What follows the verdict word: why (a reason), and what the timing said when the structure
     made the case a regression."""
+    first_look = " at its first look" if case.details.get("stopped_by_structure") else ""
     notes = ([case.reason] if case.reason else []) + (
-        [f"structure; timing {case.timing_verdict}"] if case.timing_verdict else [])
+        [f"structure; timing {case.timing_verdict}{first_look}"] if case.timing_verdict else [])
     return f" ({'; '.join(notes)})" if notes else ""
 
 

@@ -20,6 +20,7 @@ from ...engine.modes import placement_info
 from ...engine.timing import max_over_ranks
 from . import schedule
 from .. import stats
+from ..structure import CensusError, compare_census
 from . import strata
 from . import tasks
 
@@ -63,6 +64,11 @@ class ABSettings:
     # Off: it hides a change in how often the ranks share a CPU, and no recorded run has shown yet
     # that it narrows the intervals (docs/design.md).
     stratify_placement: bool = False
+    # A case whose two censuses, taken at set-up, already show a structural regression stops after
+    # its first look: that verdict stands whatever the timing says (docs/design.md, "Structural
+    # verdict"), so more pairs would only spend the run's time; the first look still gives the
+    # timing's ratio. Off when the gate accepts structural changes (--dist-ab-accept-structure-change).
+    stop_on_structural_regression: bool = True
 
     def stage_sizes(self, pool_pairs: int) -> list[int]:
         """The pairs each stage adds, first to last, if every stage is run."""
@@ -161,6 +167,9 @@ class ABOutcome:
     seed: int = 0  # the run's seed of the block order (--dist-ab-seed repeats it)
     baseline_metrics: list[dict[str, Any]] = field(default_factory=list)  # the baseline's first pool's ranks
     stratified: bool = False  # the pairs were summarised by placement (settings.stratify_placement, known)
+    # The structural regression that ended the case after its first look
+    # (settings.stop_on_structural_regression), as the line naming it; None when it did not.
+    stopped_by_structure: str | None = None
 
     @property
     def order(self) -> str:
@@ -202,6 +211,8 @@ class ABOutcome:
             info["census_baseline"] = census
         if settings.stratify_placement:
             info["stratify_placement"] = True  # asked for; block_summary says whether it applied
+        if self.stopped_by_structure is not None:
+            info["stopped_by_structure"] = self.stopped_by_structure
         return info
 
 
@@ -261,6 +272,7 @@ class _Case:
         self.sides = {name: SideRounds() for name in _SIDES}
         self.pairs: list[tuple[str, str, int]] = []
         self.stratified = False  # whether the last look summarised the pairs by placement
+        self.censuses: dict[str, Any] = {}  # per side, its first pool's census at set-up (None: none)
 
     def _run(self, name: str, j: int, fn, *args):
         return _on(name, j, self.pools[name][j], fn, *args, timeout_s=self.timeout_s)
@@ -273,6 +285,8 @@ class _Case:
                 self.live.append(self.pools[name][j])
                 replies = self._run(name, j, tasks.start, self.key, workload, plan)
                 estimates.append(max(reply["estimate_s"] for reply in replies))
+                if j == 0:  # a baseline whose engine predates the census replies without one
+                    self.censuses[name] = combine_census([reply.get("census") for reply in replies])
                 # Every pool times the ops per round the first one chose ("auto" chooses once).
                 plan = dataclasses.replace(plan, ops_per_round=replies[0]["ops_per_round"])
         if not all(math.isfinite(e) and e > 0 for e in estimates):
@@ -349,6 +363,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     case = _Case(pools, settings, timeout_s, case_id)
     try:
         rounds = case.start(workload, plan)
+        stopped_by_structure = (_structural_regression(case.censuses) if settings.stop_on_structural_regression
+                                else None)
         rng = schedule.case_rng(case_id, seed)
         stage_sizes = settings.stage_sizes(case.pool_pairs)
         every_stage = stage_sizes + settings.extra_stage_sizes(case.pool_pairs)
@@ -374,7 +390,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             # Every decided verdict ends the case, not-slower too: stopping without a regression
             # can only take chances to reject away, never add one (docs/design.md, *The looks' levels*).
             # A cap that ends the planned looks early leaves no time for an extra look either.
-            if result.verdict != "inconclusive" or cap_ends_planned or not next_fits:
+            # A structural regression decided the case at set-up: its first look is enough.
+            if result.verdict != "inconclusive" or cap_ends_planned or not next_fits or stopped_by_structure:
                 break
         metrics = case.finish()
     except BaseException:
@@ -385,4 +402,16 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                      baseline_metrics=metrics[schedule.BASELINE],
                      rounds_per_block=rounds, pairs=case.pairs, pools_per_side=case.pool_pairs,
                      levels_applied=tuple(applied), settings=settings,
-                     wall_s=time.monotonic() - started, seed=seed, stratified=case.stratified)
+                     wall_s=time.monotonic() - started, seed=seed, stratified=case.stratified,
+                     stopped_by_structure=stopped_by_structure)
+
+
+def _structural_regression(censuses: dict[str, Any]) -> str | None:
+    """The line naming a structural regression of the candidate's census against the baseline's
+    (``gates.structure``), or None: no regression, or nothing to compare (a side without a census,
+    one that cannot be read: the report judges those when the case is done)."""
+    try:
+        verdict = compare_census(censuses.get(schedule.BASELINE), censuses.get(schedule.CANDIDATE), "candidate")
+    except CensusError:
+        return None
+    return (verdict.line or verdict.verdict) if verdict.verdict == "regression" else None

@@ -85,7 +85,9 @@ class ABSession:
                               max_time_s=max_time or (run_budget or DEFAULT_MAX_TIME_S),
                               block_time_s=config.getoption("dist_ab_block_time"),
                               pools_per_side=config.getoption("dist_ab_pools_per_side"),
-                              stratify_placement=config.getoption("dist_ab_stratify_placement", False))
+                              stratify_placement=config.getoption("dist_ab_stratify_placement", False),
+                              stop_on_structural_regression=not config.getoption("dist_ab_accept_structure_change",
+                                                                                 False))
         first_stage_blocks = 2 * settings.stage_sizes(settings.pools_per_side)[0]
         if first_stage_blocks * settings.block_time_s > settings.max_time_s:
             option = "--dist-ab-max-time" if max_time or not run_budget else "--dist-ab-run-budget"

@@ -10,19 +10,14 @@ from ddpbench.engine.timing import RoundPlan
 from ddpbench.gates import verdicts
 from ddpbench.gates.ab.engine import ABSettings, run_case
 
+from census_records import census
 from fake_pools import ROUND_S, fake_pools
 
 
-def census(*call_bytes):
-    """A census whose one step all_reduces float32 tensors of these sizes over 2 ranks."""
-    return {"version": 1, "method": "dispatch", "rounds_counted": 1, "ops_per_round": 1,
-            "collectives": [{"kind": "all_reduce", "dtype": "float32", "group_size": 2, "count": len(call_bytes),
-                             "bytes": sum(call_bytes), "call_bytes": sorted(call_bytes)}] if call_bytes else [],
-            "ddp_buckets": None, "graph_breaks": None, "recompiles": None, "cuda_kernel_launches": None}
-
-
-BASE = census(1 << 20)
-GREW = census(1 << 20, 4096)  # one 4 KB all_reduce more per step
+BASE = census(("all_reduce", "float32", 2, [1 << 20]))
+GREW = census(("all_reduce", "float32", 2, [1 << 20, 4096]))  # one 4 KB all_reduce more per step
+TWO_KINDS = census(("all_reduce", "float32", 2, [4096]), ("broadcast", "float32", 2, [4096]))
+REORDERED = dict(TWO_KINDS, collectives=TWO_KINDS["collectives"][::-1])
 # Noisy blocks and a small slowdown: the timing stays inconclusive look after look.
 SETTINGS = ABSettings(block_time_s=3 * ROUND_S, max_time_s=600.0, max_extended_pairs=96)
 
@@ -54,7 +49,7 @@ def test_a_structural_regression_ends_the_case_after_its_first_look():
 def test_no_stop_when_the_change_is_accepted_improves_or_reorders_or_a_side_has_no_census():
     accepted = dataclasses.replace(SETTINGS, stop_on_structural_regression=False)
     for censuses, settings in (((BASE, GREW), accepted), ((GREW, BASE), SETTINGS),
-                               ((census(4096, 1 << 20), census(1 << 20, 4096)), SETTINGS),
+                               ((TWO_KINDS, REORDERED), SETTINGS),
                                ((None, GREW), SETTINGS), ((BASE, None), SETTINGS)):
         outcome = _case(censuses, settings)
         assert outcome.stopped_by_structure is None and len(outcome.levels_applied) > 1, censuses

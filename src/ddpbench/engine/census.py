@@ -17,6 +17,7 @@ Public names (stable: ``ddpbench census`` builds on them): :func:`take_census`,
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from typing import Any, Callable
@@ -151,6 +152,7 @@ def describe_call(func, args, kwargs) -> tuple[str, str, int, int] | None:
     return None
 
 
+@functools.cache
 def _census_mode_class(skip_dynamo: bool):
     """The dispatch mode that counts collectives. ``skip_dynamo``: torch wraps its
     ``__torch_dispatch__`` in ``torch._dynamo.disable`` (TorchDispatchMode's default), which imports
@@ -187,9 +189,6 @@ def _census_mode_class(skip_dynamo: bool):
     return _CollectiveCounter
 
 
-_MODE_CLASSES: dict[bool, type] = {}  # by skip_dynamo
-
-
 def dynamo_snapshot() -> dict[str, int] | None:
     """Dynamo's counters now: frames compiled and graph breaks met, or None when torch.compile was
     never used in this process (torch._dynamo not imported)."""
@@ -224,16 +223,14 @@ class CollectiveCensus:
         self._profiler = None
 
     def __enter__(self) -> "CollectiveCensus":
-        skip_dynamo = "torch._dynamo" in sys.modules
-        if skip_dynamo not in _MODE_CLASSES:
-            _MODE_CLASSES[skip_dynamo] = _census_mode_class(skip_dynamo)
+        mode_class = _census_mode_class(skip_dynamo="torch._dynamo" in sys.modules)
         self.calls.clear()
         if self.count_kernel_launches:
             from torch.profiler import ProfilerActivity, profile
 
             self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self._profiler.__enter__()
-        self._mode = _MODE_CLASSES[skip_dynamo](self.calls, self._lock)
+        self._mode = mode_class(self.calls, self._lock)
         self._mode.__enter__()
         return self
 

@@ -23,8 +23,9 @@ from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_
                         should_profile)
 from .heap import DEFAULT_HEAP, heap_env
 from .schedule import new_seed
-from .sides import (Side, SideError, check_modules_differ, engine_lines, local_facts, make_side, module_lines,
-                    modules_under_test, parse_env_assignments, probe, resolve_modules)
+from .sides import (ImportIsolationError, Side, SideError, check_import_isolation, check_modules_differ, engine_lines,
+                    local_facts, make_side, module_lines, modules_under_test, parse_env_assignments, probe,
+                    resolve_modules, with_import_guard)
 
 # Any of these turns A/B mode on.
 AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
@@ -73,10 +74,13 @@ class ABSession:
             candidate = make_side("candidate", None, None,
                                   parse_env_assignments(config.getoption("dist_candidate_env"),
                                                         "--dist-candidate-env"), common)
+            baseline = with_import_guard(baseline, _import_guard_folder())
             ours = local_facts()
             baseline = probe(baseline, ours["rank_protocol"])
             candidate = (probe(candidate, ours["rank_protocol"]) if candidate.env
                          else dataclasses.replace(candidate, facts=ours))
+        except ImportIsolationError as exc:
+            refuse_mixed_environments(exc)
         except SideError as exc:
             raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
         max_time = config.getoption("dist_ab_max_time", None)
@@ -140,11 +144,15 @@ class ABSession:
         test_modules = {item.module for item in session.items if getattr(item, "module", None) is not None}
         project = {str(session.config.rootpath)} | {os.path.dirname(m.__file__) for m in test_modules
                                                      if getattr(m, "__file__", None)}
-        names = modules_under_test(test_modules, project)
+        # torch always: a baseline environment may differ from the candidate's by torch alone (does
+        # upgrading torch slow our step?), and both sides' torch is then shown in the header.
+        names = sorted(set(modules_under_test(test_modules, project)) | {"torch"})
         try:
             self.baseline = resolve_modules(self.baseline, names)
             self.candidate = resolve_modules(self.candidate, names)
             check_modules_differ(self.baseline, self.candidate)
+        except ImportIsolationError as exc:
+            refuse_mixed_environments(exc)
         except SideError as exc:
             raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
         lines = module_lines(self.baseline, self.candidate)
@@ -178,12 +186,14 @@ class ABSession:
         try:
             outcome = run_case(pools, workload, plan, self.case_settings(case_id), timeout_s, case_id, self.seed)
         except SideFailed as failure:
+            self.check_import_isolation()  # a failure of ranks that ran the wrong code says nothing
             if failure.side == "candidate":
                 self._lost(case_id, failure)
             return self._alone(own_pool, workload, plan, timeout_s, case_id, extra_info, failure)
         finally:
             if self.budget is not None:
                 self.budget.finish(case_id)
+        self.check_import_isolation()  # before the verdict is kept: none from a baseline that ran the wrong code
         summary = outcome.summary(self.sides())
         summary["heap"] = self.heap
         if self.budget is not None:
@@ -201,6 +211,14 @@ class ABSession:
         candidate = outcome.candidate
         return CaseRounds(candidate.round_times, outcome.candidate_metrics, candidate.rank_cpus,
                           candidate.rank_round_times)
+
+    def check_import_isolation(self) -> None:
+        """Ends the run with exit 2 when the baseline's ranks imported anything from inside the
+        candidate's environment (their import guard's log; see ddpbench.pool.launch)."""
+        try:
+            check_import_isolation(self.baseline)
+        except ImportIsolationError as exc:
+            refuse_mixed_environments(exc)
 
     def _lost(self, case_id: str, failure: SideFailed) -> None:
         """The candidate lost a case the baseline ran (crashed, hung): a verdict of its own that
@@ -264,6 +282,23 @@ def baseline_lacks_case(error: BaseException) -> bool:
 
     return (isinstance(error, TaskFailed) and bool(error.errors) and not error.dead and not error.stuck
             and all(text.startswith(LOAD_FAILURE_PREFIX) for text in error.errors.values()))
+
+
+def refuse_mixed_environments(error: ImportIsolationError) -> None:
+    """Stop the run with exit 2 (bad input): no verdict, no saved results (an interrupted run saves
+    none), the message naming both environments."""
+    pytest.exit(f"ddpbench A/B: {error}", returncode=ImportIsolationError.EXIT_STATUS)
+
+
+def _import_guard_folder() -> str:
+    """A folder of this run's own for the baseline ranks' import-guard log, removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ddpbench-ab-imports-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _profile_root(config, seed: int) -> Path:

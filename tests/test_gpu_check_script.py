@@ -2,7 +2,6 @@
 per-part time limits and budgets, and its readers of recorded outputs (pytest's, nccl-tests', the
 benchmark JSON of the transformer and exposed-communication cases, A/B verdicts)."""
 
-import json
 import os
 import pathlib
 import subprocess

@@ -306,6 +306,12 @@ def _pytest_outcome(part: dict, done: dict, parsed: dict) -> None:
         part["findings"].append(f"skipped {count}: {reason}")
 
 
+def saved_runs() -> list[Path]:
+    """pytest-benchmark's saved runs in .benchmarks (``<machine>/0001_<commit>_<date>.json``; not the
+    A/B profiles' Chrome traces kept beside them)."""
+    return list((ROOT / ".benchmarks").glob("*/[0-9][0-9][0-9][0-9]_*.json"))
+
+
 def suite_json(check: Check) -> Path:
     return check.out / "suite" / "suite.json"
 
@@ -317,7 +323,7 @@ def part_suite(check: Check, part: dict, limit: float) -> None:
                            "-v", "-rfEs")
     done, parsed = _pytest_part(check, part, limit, command, "suite")
     _pytest_outcome(part, done, parsed)
-    saved = sorted((ROOT / ".benchmarks").glob("**/*.json"), key=lambda p: p.stat().st_mtime)
+    saved = sorted(saved_runs(), key=lambda p: p.stat().st_mtime)
     part["figures"]["saved_runs"] = len(saved)
     if saved:
         part["figures"]["newest_saved_run"] = str(saved[-1].relative_to(ROOT))
@@ -327,7 +333,7 @@ def part_suite_gates(check: Check, part: dict, limit: float) -> None:
     folder = check.out / "suite"
     log = folder / "gates.log"
     deadline = time.monotonic() + limit
-    saved = list((ROOT / ".benchmarks").glob("**/*.json"))
+    saved = saved_runs()
     problems = []
     if len(saved) >= 2:
         compare_json = folder / "compare.json"
@@ -561,6 +567,9 @@ def part_nccl_tests(check: Check, part: dict, limit: float) -> None:
         part["status"], part["reason"] = "failed", (f"nccl-tests build failed (exit {check.build and check.build.returncode}): "
                                                     f"{_tail(check.out / 'nccl_tests' / 'build.log', 4)}")
         return
+    headers, torch_nccl = (plan.get("nccl") or {}).get("version"), check.environment.get("nccl")
+    part["checks"].append({"name": "nccl-tests built against the NCCL torch uses", "ok": headers == torch_nccl,
+                           "detail": f"nccl.h {headers}, torch.cuda.nccl.version() {torch_nccl}"})
     env = nccl_build.runtime_env(nccl_build.library_dirs(plan))
     folder = check.out / "nccl_tests"
     command = [check.python, "lab/reference/nccl_tests_side_by_side.py", "--nccl-tests", str(NCCL_TESTS_BUILD),
@@ -578,6 +587,7 @@ def part_nccl_tests(check: Check, part: dict, limit: float) -> None:
     part["findings"].append(f"{found['goal_rows']} rows out of place at >= 100 MB (the comparable ones at n = 1); "
                             f"outside 0.95-1.05: {', '.join(found['goal_outside']) or 'none'}")
     _finish(part, done, f"{found['paired_rows']} paired rows, ratios {found['ratio_range']}; " + part["findings"][-1])
+    _fail_on_checks(part)
 
 
 def part_ab_gate(check: Check, part: dict, limit: float) -> None:

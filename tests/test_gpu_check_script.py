@@ -2,6 +2,7 @@
 per-part time limits and budgets, and its readers of recorded outputs (pytest's, nccl-tests', the
 benchmark JSON of the transformer and exposed-communication cases, A/B verdicts)."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -92,6 +93,9 @@ def test_a_failing_part_costs_only_itself_and_budgets_are_cut_to_what_is_left(tm
     doc = outputs.load_summary(tmp_path / "summary.json")
     assert [p["status"] for p in doc["parts"]] == ["failed", "passed", "skipped"]
     assert gpu_check.part_budget(145, 600) == 145 and gpu_check.part_budget(145, 14) == 0
+    last = _check(tmp_path / "last", "--parts", "suite,transformer", "--total-budget", "1000")
+    gpu_check.run_part(last, "transformer")  # the last part: what the others left, not its 100 s
+    assert limits["transformer"] > 900
 
 
 def test_options_name_a_wrong_part_or_budget(capsys):
@@ -242,3 +246,127 @@ def test_the_build_plan_says_what_is_missing(tmp_path):
     (source / "COMMIT").write_text("a0b82b2\n")
     found = nccl_build.plan(source, tmp_path / "b", "9.0", 8, [], environ={"PATH": ""})
     assert found["commit"] == "a0b82b2" and "no NCCL headers" in found["reason"] and not found["ok"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Each part's glue on recorded outputs: its commands are answered by a stand-in for Check.run that
+# writes what pytest, ddpbench or the side-by-side script would (nothing runs).
+# ----------------------------------------------------------------------------------------------
+
+
+def _fake_runs(check, monkeypatch, answer):
+    """Check.run answered by ``answer(command) -> (rc, log text, stdout text, {path: document})``."""
+    seen = []
+
+    def run(part, command, limit_s, log, stdout=None, env=None):
+        seen.append(command)
+        part["commands"].append(" ".join(command))
+        rc, text, out, files = answer(command)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.write(text)
+        if stdout is not None:
+            stdout.write_text(out)
+        for path, doc in files.items():
+            pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+            pathlib.Path(path).write_text(doc if isinstance(doc, str) else json.dumps(doc))
+        return {"rc": rc, "wall_s": 0.1, "timed_out": False}
+
+    monkeypatch.setattr(check, "run", run)
+    return seen
+
+
+def _json_target(command):
+    return next((w.split("=", 1)[1] for w in command if w.startswith("--benchmark-json=")), None)
+
+
+def test_transformer_memory_and_exposed_parts_read_what_their_runs_wrote(tmp_path, monkeypatch):
+    census = {"cuda_kernel_launches": 900, "ddp_buckets": [1] * 19}
+    slices = {
+        "eager": [_transformer("nccl-1p-gpt2-124m-ddp-bf16", 0.1, mfu=0.4, census=census,
+                               rank_peak_memory=[{"peak_memory_allocated_bytes": 1000}], memory={"peak_bytes": 970}),
+                  _transformer("nccl-1p-gpt2-124m-fsdp2-bf16", 0.1, mfu=0.35, census=census,
+                               rank_peak_memory=[{"peak_memory_allocated_bytes": 800}], memory={"peak_bytes": 700})],
+        "compiled": [_transformer("nccl-1p-gpt2-124m-ddp-bf16-compiled", 0.08, mfu=0.5, census=census)],
+        "nccl-1p": [_exposed("nccl-1p-gpt2-124m-ddp-bf16", 0.03, [0.029, 0.031], 0.0, [-0.001, 0.001], 19),
+                    _exposed("nccl-1p-gpt2-124m-ddp-bf16-cap1000", 0.03, [0.029, 0.031], 0.0, [-0.001, 0.001], 1)],
+        "gloo-cuda-2p": [_exposed("gloo-cuda-2p-gpt2-124m-ddp-bf16", 0.08, [0.07, 0.09], 0.1, [0.09, 0.11], 19),
+                         _exposed("gloo-cuda-2p-gpt2-124m-ddp-bf16-cap1000", 0.08, [0.07, 0.09], 0.2, [0.18, 0.22], 1)]}
+
+    def answer(command):
+        target = _json_target(command)
+        if target:  # a pytest slice
+            label = pathlib.Path(target).stem.removeprefix("transformer_").removeprefix("exposed_comm_")
+            docs = slices[label]
+            return 0, f"=== {len(docs)} passed in 9.0s ===\n", "", {target: {"benchmarks": docs}}
+        impl = command[command.index("--impl") + 1]  # ddpbench census
+        return 0, "", json.dumps({"world_sizes": [{"world_size": 1, "peak_bytes": 990 if impl == "ddp" else 640}]}), {}
+
+    check = _check(tmp_path)
+    seen = _fake_runs(check, monkeypatch, answer)
+    for name in ("transformer", "exposed_comm", "memory"):
+        gpu_check.run_part(check, name)
+    transformer, exposed, memory = check.parts
+    assert transformer["status"] == "passed", transformer
+    assert [c["ok"] for c in transformer["checks"]] == [True, True]
+    assert "| nccl-1p-gpt2-124m-ddp-bf16-compiled | 0.08 |" in transformer["table"]
+    assert ["-k", "not compiled"] == seen[0][seen[0].index("-k"):seen[0].index("-k") + 2]
+    assert exposed["status"] == "passed" and len(exposed["figures"]["pairs"]) == 2, exposed["reason"]
+    assert any("one bucket exposes more: yes" in f for f in exposed["findings"])
+    assert memory["status"] == "failed"  # fsdp2's census reads 700 of 800 measured: outside ±10%
+    assert memory["checks"][-1]["detail"] == "1 of 2; within ±5%: 1"
+    assert ("census simulation ddp at world size 1: 990 B against nccl-1p-gpt2-124m-ddp-bf16's measured 1000 B "
+            "= 0.990") in memory["findings"]
+    assert outputs.load_summary(tmp_path / "summary.json")["parts"][2]["name"] == "memory"
+
+
+def test_the_ab_part_counts_verdicts_of_both_runs(tmp_path, monkeypatch):
+    def verdicts(verdict):
+        return {"counts": {verdict: 3}, "cases": [{"name": f"case{i}", "verdict": verdict, "ratio": 1.1,
+                                                   "ci_low": 1.05, "ci_high": 1.2, "details": {"wall_s": 9.5}}
+                                                  for i in range(3)]}
+
+    def answer(command):
+        target = _json_target(command)
+        if target:
+            injected = any("DDPBENCH_INJECT_SLOWDOWN" in w for w in command)
+            return (1 if injected else 0), "", "", {target: {"benchmarks": []}}
+        return 0, "", json.dumps(verdicts("regression" if "injected" in command[-2] else "same")), {}
+
+    check = _check(tmp_path)
+    seen = _fake_runs(check, monkeypatch, answer)
+    part = gpu_check.run_part(check, "ab_gate")
+    assert part["status"] == "passed", part
+    assert part["findings"] == ["aa: {'same': 3}, false regressions 0", "injected: {'regression': 3}, caught 3 of 3"]
+    aa = seen[0]
+    assert f"--dist-baseline-python={check.python}" in aa and any(w.startswith("--dist-ab-run-budget=") for w in aa)
+
+
+def test_the_nccl_tests_part_reads_the_side_by_side_records(tmp_path, monkeypatch):
+    build = tmp_path / "build"
+    build.mkdir()
+    for op in nccl_build.OPS:
+        (build / f"{op}_perf").write_text("")
+    monkeypatch.setattr(gpu_check, "NCCL_TESTS_BUILD", build)
+    reference = side_by_side.parse_nccl_tests((DATA / "nccl_tests_all_gather_h100.txt").read_text())["rows"]
+    records = [{"repeat": 0, "graphs": "off", "op": "all_gather", "placement": "out-of-place", "size_bytes": size,
+                "nccl_tests_us": placed["out-of-place"], "ddpbench_us": placed["out-of-place"] * 1.01}
+               for size, placed in reference.items()]
+    rows = side_by_side.summarize(records)
+
+    def answer(command):
+        out = pathlib.Path(command[command.index("--out") + 1])
+        return 0, "", "", {out / "records.json": {"records": records, "summary": rows},
+                           out / "summary.md": side_by_side.table(rows)}
+
+    check = _check(tmp_path / "out")
+    check.environment = {"nccl": "2.28.9"}
+    check.build_plan = {"ok": True, "commit": "a0b82b2", "nvcc": "/usr/local/cuda/bin/nvcc", "cuda_home": None,
+                        "nccl": {"include": "/x/include", "library": "/x/lib/libnccl.so.2", "version": "2.28.9"}}
+    seen = _fake_runs(check, monkeypatch, answer)
+    part = gpu_check.run_part(check, "nccl_tests")
+    assert part["status"] == "passed", part
+    assert part["figures"]["side_by_side"]["goal_rows"] == 2 and "outside 0.95-1.05: none" in part["findings"][0]
+    assert "--placements" in seen[0] and str(build) in seen[0]
+    check.environment = {"nccl": "2.27.3"}  # nccl-tests linked against another NCCL than torch's
+    assert gpu_check.run_part(check, "nccl_tests")["reason"] == "check failed: nccl-tests built against the NCCL torch uses"

@@ -53,7 +53,8 @@ NCCL_TESTS_SOURCE = ROOT / "lab" / "gpu" / "nccl-tests"
 NCCL_TESTS_BUILD = ROOT / "lab" / "gpu" / "nccl-tests-build"
 PARTS = ("install", "suite", "suite_gates", "transformer", "exposed_comm", "memory", "nccl_tests", "ab_gate")
 # Seconds per part; they add up to TOTAL_BUDGET_S, 9 minutes, so the device call (timeout_s ~560)
-# ends with the summary written. The background build of nccl-tests has its own limit.
+# ends with the summary written. The last part run also gets what the others left unused (unless
+# --budget sets its own). The background build of nccl-tests has its own limit.
 BUDGETS = {"install": 25, "suite": 145, "suite_gates": 20, "transformer": 100, "exposed_comm": 75,
            "memory": 30, "nccl_tests": 85, "ab_gate": 60}
 TOTAL_BUDGET_S = 540
@@ -65,7 +66,7 @@ BUILD_JOBS = 8
 KILL_AFTER_S = 5
 SUITE_DESELECT = "not test_dataset_sharing and not test_transformer_gpu"
 SUITE_MIN_TIME = "0.3"
-SUITE_CASE_TIMEOUT_S = 30  # --dist-timeout: a hung case fails after this, not at the part's limit
+SUITE_CASE_TIMEOUT_S = 60  # --dist-timeout: a hung case fails after this, not at the part's limit
 AB_AA_CASES = ["benchmarks/test_collectives.py::test_all_reduce[nccl-1p-1MB]",
                "benchmarks/test_collectives.py::test_all_gather[nccl-1p-100MB]",
                "benchmarks/test_collectives.py::test_reduce_scatter[nccl-1p-10MB]",
@@ -170,6 +171,7 @@ class Check:
 
     def write_summary(self) -> None:
         doc = self.summary()
+        self.out.mkdir(parents=True, exist_ok=True)
         for name, text in (("summary.json", json.dumps(doc, indent=1, default=str)),
                            ("summary.md", outputs.render_markdown(doc))):
             tmp = self.out / (name + ".tmp")
@@ -282,6 +284,7 @@ def part_install(check: Check, part: dict, limit: float) -> None:
     part["checks"].append({"name": "ddpbench imports from this tree", "ok": found.startswith(str(ROOT)),
                            "detail": found or "not importable"})
     _finish(part, done, "installed" if done["rc"] == 0 else f"pip exited {done['rc']}: {_tail(log, 3)}")
+    _fail_on_checks(part)
 
 
 def _pytest_part(check: Check, part: dict, limit: float, command: list[str], folder: str) -> tuple[dict, dict]:
@@ -731,7 +734,10 @@ def run_part(check: Check, name: str) -> dict:
         _skip(part, skip)
         check.write_summary()
         return part
-    limit = part_budget(check.budgets[name], check.left())
+    configured = check.budgets[name]
+    if name == check.args.parts[-1] and name not in check.args.budget:
+        configured = max(configured, check.left() - RESERVE_S)  # the last part also gets what others left
+    limit = part_budget(configured, check.left())
     part["budget_s"] = limit
     if not limit:
         _skip(part, f"no time left: {max(0.0, check.left()):.0f} s of the {check.args.total_budget:.0f} s total")

@@ -370,3 +370,34 @@ def test_the_nccl_tests_part_reads_the_side_by_side_records(tmp_path, monkeypatc
     assert "--placements" in seen[0] and str(build) in seen[0]
     check.environment = {"nccl": "2.27.3"}  # nccl-tests linked against another NCCL than torch's
     assert gpu_check.run_part(check, "nccl_tests")["reason"] == "check failed: nccl-tests built against the NCCL torch uses"
+
+
+def test_the_suite_and_its_gates_count_cases_and_verdicts(tmp_path, monkeypatch):
+    recorded = (DATA / "pytest_verbose_mixed.txt").read_text()
+
+    def answer(command):
+        target = _json_target(command)
+        if target:  # the suite: 1 failed, 2 passed, 3 skipped, 1 error
+            return 1, recorded, "", {target: {"benchmarks": []}}
+        if "compare" in command:
+            return 1, "", json.dumps({"counts": {"regression": 2, "same": 5, "new": 0}, "cases": []}), {}
+        if "report" in command:
+            charts = pathlib.Path(command[command.index("--charts") + 1])
+            return 0, "", "", {charts / "run" / "a.png": "", charts / "run" / "b.png": ""}
+        return 0, "", json.dumps({"runs": 2, "series": 103, "steps": [{}]}), {}  # history --json
+
+    check = _check(tmp_path)
+    _fake_runs(check, monkeypatch, answer)
+    saved = [tmp_path / "storage" / name for name in ("0001_a.json", "0002_b.json")]
+    for path in saved:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("{}")
+    monkeypatch.setattr(gpu_check, "saved_runs", lambda: saved)
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    suite = gpu_check.run_part(check, "suite")
+    assert suite["status"] == "failed" and suite["reason"] == "2 passed, 1 failed, 3 skipped, 1 errors"
+    assert "failed: test_rec.py::test_fails, test_rec.py::test_errors" in suite["findings"]
+    gates = gpu_check.run_part(check, "suite_gates")
+    assert gates["status"] == "passed", gates["reason"]  # compare's exit 1 (regressions) is a finding
+    assert gates["findings"] == ["compare (exit 1, newest two saved runs): {'regression': 2, 'same': 5}",
+                                 "report: 2 charts", "history: 2 runs, 103 series, 1 steps"]

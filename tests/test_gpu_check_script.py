@@ -234,8 +234,13 @@ def test_nccl_is_found_in_the_wheel_layout_torch_ships_and_linked_for_the_build(
     wrapper = tmp_path / "nvcc"
     wrapper.write_text(f'#!/bin/sh\nexec {toolkit}/bin/nvcc "$@"\n')
     assert nccl_build.cuda_home_of(wrapper) == toolkit
-    env = nccl_build.runtime_env(["/a", "/b"], {"LD_LIBRARY_PATH": "/c"})
-    assert env["LD_LIBRARY_PATH"] == os.pathsep.join(["/a", "/b", "/c"])
+    build = tmp_path / "build"
+    (build / "all_reduce_perf").write_text('#!/bin/sh\necho "$LD_LIBRARY_PATH $*"\n')
+    (build / "all_reduce_perf").chmod(0o755)
+    runners = nccl_build.write_runners(build, [str(wheel / "lib")])
+    ran = subprocess.run([str(runners / "all_reduce_perf"), "-g", "1"], capture_output=True, text=True,
+                         env=dict(os.environ, LD_LIBRARY_PATH="/c"))
+    assert ran.stdout.strip() == f"{wheel / 'lib'}:/c -g 1"  # only the binary gets the wheel's folder
 
 
 def test_the_build_plan_says_what_is_missing(tmp_path):
@@ -367,7 +372,8 @@ def test_the_nccl_tests_part_reads_the_side_by_side_records(tmp_path, monkeypatc
     part = gpu_check.run_part(check, "nccl_tests")
     assert part["status"] == "passed", part
     assert part["figures"]["side_by_side"]["goal_rows"] == 2 and "outside 0.95-1.05: none" in part["findings"][0]
-    assert "--placements" in seen[0] and str(build) in seen[0]
+    assert "--placements" in seen[0] and str(build / "run") in seen[0]
+    assert (build / "run" / "all_gather_perf").read_text().startswith('#!/bin/sh\nLD_LIBRARY_PATH="/x/lib')
     check.environment = {"nccl": "2.27.3"}  # nccl-tests linked against another NCCL than torch's
     assert gpu_check.run_part(check, "nccl_tests")["reason"] == "check failed: nccl-tests built against the NCCL torch uses"
 

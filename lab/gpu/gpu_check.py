@@ -573,12 +573,12 @@ def part_nccl_tests(check: Check, part: dict, limit: float) -> None:
     headers, torch_nccl = (plan.get("nccl") or {}).get("version"), check.environment.get("nccl")
     part["checks"].append({"name": "nccl-tests built against the NCCL torch uses", "ok": headers == torch_nccl,
                            "detail": f"nccl.h {headers}, torch.cuda.nccl.version() {torch_nccl}"})
-    env = nccl_build.runtime_env(nccl_build.library_dirs(plan))
+    runners = nccl_build.write_runners(NCCL_TESTS_BUILD, nccl_build.library_dirs(plan))
     folder = check.out / "nccl_tests"
-    command = [check.python, "lab/reference/nccl_tests_side_by_side.py", "--nccl-tests", str(NCCL_TESTS_BUILD),
+    command = [check.python, "lab/reference/nccl_tests_side_by_side.py", "--nccl-tests", str(runners),
                "--repeats", str(check.args.nccl_repeats), "--graphs", "off,on", "--placements", "out-of-place",
                "--out", str(folder / "side_by_side")]
-    done = check.run(part, command, deadline - time.monotonic(), folder / "log.txt", env=env)
+    done = check.run(part, command, deadline - time.monotonic(), folder / "log.txt")
     records = folder / "side_by_side" / "records.json"
     if not records.is_file():
         _finish(part, done, f"side by side wrote no records (exit {done['rc']}): {_tail(folder / 'log.txt', 3)}")
@@ -700,7 +700,7 @@ DRY_RUN_PLANS = {
     "memory": lambda c: [c.ddpbench("census", "--size", "gpt2-124m", "--impl", impl, "--precision", "bf16",
                                     "--world-sizes", "1", "--json", "--no-chart") for impl in ("ddp", "fsdp2")],
     "nccl_tests": lambda c: [[c.python, "lab/reference/nccl_tests_side_by_side.py", "--nccl-tests",
-                              str(NCCL_TESTS_BUILD), "--repeats", str(c.args.nccl_repeats), "--graphs", "off,on",
+                              str(NCCL_TESTS_BUILD / "run"), "--repeats", str(c.args.nccl_repeats), "--graphs", "off,on",
                               "--placements", "out-of-place", "--out", "OUT/nccl_tests/side_by_side"]],
     "ab_gate": lambda c: [c.pytest(*AB_AA_CASES, "--dist-backend=nccl", f"--dist-baseline-python={c.python}"),
                           c.pytest(*AB_POWER_CASES, "--dist-backend=nccl", f"--dist-baseline-python={c.python}",

@@ -5,7 +5,8 @@ torch's CUDA wheels bring NCCL as the ``nvidia-nccl-cu*`` wheel: ``nvidia/nccl/i
 ``__file__``, its folder is ``__path__``), or older builds keep ``libnccl.so*`` in ``torch/lib``.
 The wheel has no unversioned ``libnccl.so`` for ``-lnccl`` to link against, so the build gets a
 small NCCL_HOME of its own (``include`` and ``lib/libnccl.so`` linking to the wheel's files), and the
-binaries run with the wheel's lib folder on ``LD_LIBRARY_PATH``: the NCCL they load is torch's.
+binaries run through ``build/run/<op>_perf`` scripts that put the wheel's lib folder first on their
+own ``LD_LIBRARY_PATH``: the NCCL they load is torch's.
 
 nvcc comes from the CUDA toolkit of the machine (``$CUDA_HOME/bin/nvcc``, ``nvcc`` on PATH, or
 ``/usr/local/cuda/bin/nvcc``); the GPU's compute capability picks the one ``-gencode`` to compile
@@ -134,17 +135,23 @@ def make_command(source: Path, build: Path, nccl_home: Path, cuda_home: Path, ar
             *[str(path) for path in binaries(build).values()]]
 
 
-def runtime_env(library_dirs: list[str], environ=os.environ) -> dict[str, str]:
-    """The environment the binaries run in: ``library_dirs`` (the NCCL library's folder, the
-    toolkit's for libcudart) first on LD_LIBRARY_PATH."""
-    env = dict(environ)
-    dirs = [str(d) for d in library_dirs] + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(dirs)
-    return env
+def write_runners(build: Path, dirs: list[str]) -> Path:
+    """``build/run/<op>_perf``: one shell script per binary that runs it with ``dirs`` first on
+    LD_LIBRARY_PATH, so only nccl-tests sees them (torch, run beside it, keeps its own libraries:
+    a toolkit's libcudart first on its path could replace the one torch's wheels bring)."""
+    folder = build / "run"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = os.pathsep.join(str(d) for d in dirs)
+    for op, binary in binaries(build).items():
+        runner = folder / f"{op}_perf"
+        runner.write_text(f'#!/bin/sh\nLD_LIBRARY_PATH="{path}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" '
+                          f'exec "{binary.resolve()}" "$@"\n')
+        runner.chmod(0o755)
+    return folder
 
 
 def library_dirs(found: dict) -> list[str]:
-    """What :func:`runtime_env` needs of a :func:`plan`: the NCCL library's folder, then the CUDA
+    """What :func:`write_runners` needs of a :func:`plan`: the NCCL library's folder, then the CUDA
     toolkit's lib64 / lib (libcudart)."""
     dirs = [str(Path(found["nccl"]["library"]).parent)]
     if found.get("cuda_home"):
@@ -214,8 +221,9 @@ def main(argv=None) -> int:
     if done.returncode or missing:
         print(f"make exited {done.returncode}; missing: {', '.join(missing) or 'none'}", file=sys.stderr)
         return 1
-    print(f"built: {', '.join(str(p) for p in binaries(args.build).values())}; run them with "
-          f"LD_LIBRARY_PATH={os.pathsep.join(library_dirs(found))}")
+    runners = write_runners(args.build, library_dirs(found))
+    print(f"built: {', '.join(str(p) for p in binaries(args.build).values())}; run them through {runners}/ "
+          f"(LD_LIBRARY_PATH={os.pathsep.join(library_dirs(found))})")
     return 0
 
 

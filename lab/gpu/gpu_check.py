@@ -576,7 +576,7 @@ def part_nccl_tests(check: Check, part: dict, limit: float) -> None:
     runners = nccl_build.write_runners(NCCL_TESTS_BUILD, nccl_build.library_dirs(plan))
     folder = check.out / "nccl_tests"
     command = [check.python, "lab/reference/nccl_tests_side_by_side.py", "--nccl-tests", str(runners),
-               "--repeats", str(check.args.nccl_repeats), "--graphs", "off,on", "--placements", "out-of-place",
+               "--repeats", str(check.args.nccl_repeats), "--graphs", "off,on", "--placements", check.args.nccl_placements,
                "--out", str(folder / "side_by_side")]
     done = check.run(part, command, deadline - time.monotonic(), folder / "log.txt")
     records = folder / "side_by_side" / "records.json"
@@ -701,7 +701,7 @@ DRY_RUN_PLANS = {
                                     "--world-sizes", "1", "--json", "--no-chart") for impl in ("ddp", "fsdp2")],
     "nccl_tests": lambda c: [[c.python, "lab/reference/nccl_tests_side_by_side.py", "--nccl-tests",
                               str(NCCL_TESTS_BUILD / "run"), "--repeats", str(c.args.nccl_repeats), "--graphs", "off,on",
-                              "--placements", "out-of-place", "--out", "OUT/nccl_tests/side_by_side"]],
+                              "--placements", c.args.nccl_placements, "--out", "OUT/nccl_tests/side_by_side"]],
     "ab_gate": lambda c: [c.pytest(*AB_AA_CASES, "--dist-backend=nccl", f"--dist-baseline-python={c.python}"),
                           c.pytest(*AB_POWER_CASES, "--dist-backend=nccl", f"--dist-baseline-python={c.python}",
                                    "-p", "ddpbench.testing", f"--dist-candidate-env={AB_INJECTION}")],
@@ -789,6 +789,10 @@ def parse_args(argv=None):
                         help="the interpreter with torch and ddpbench (default $PYTHON or python3)")
     parser.add_argument("--suite-min-time", default=SUITE_MIN_TIME, help=f"suite's --dist-min-time (default {SUITE_MIN_TIME})")
     parser.add_argument("--nccl-repeats", type=int, default=1, help="side-by-side repeats (default 1)")
+    parser.add_argument("--nccl-placements", default="out-of-place",
+                        help="ddpbench's placements in the side by side (default out-of-place: at one GPU an "
+                             "in-place collective moves nothing, so its time is torch's per-call cost; "
+                             "out-of-place,in-place adds those rows)")
     args = parser.parse_args(argv)
     args.budget = dict(args.budget)
     return args

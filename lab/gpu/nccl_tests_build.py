@@ -171,18 +171,18 @@ def plan(source: Path, build: Path, arch: str | None, jobs: int, search_dirs=Non
         return out
     commit_file = source / "COMMIT"
     out["commit"] = commit_file.read_text().strip() if commit_file.is_file() else None
+    nvcc = find_nvcc(environ)
+    out["nvcc"] = str(nvcc) if nvcc else None
     try:
         nccl = find_nccl(nccl_search_dirs() if search_dirs is None else search_dirs)
     except ValueError as exc:
         out["reason"] = str(exc)
         return out
     out["nccl"] = {k: str(v) if v is not None else None for k, v in nccl.items()}
-    nvcc = find_nvcc(environ)
     if nvcc is None:
         out["reason"] = ("no nvcc (CUDA toolkit) on this machine: $CUDA_HOME/bin/nvcc, nvcc on PATH and "
                          "/usr/local/cuda/bin/nvcc are all missing; nccl-tests cannot be built here")
         return out
-    out["nvcc"] = str(nvcc)
     if arch is None:
         out["reason"] = "no GPU to take the compute capability from"
         return out

@@ -26,7 +26,7 @@ import pytest
 from benchjson import bench, run_doc
 from census_records import census
 from ddpbench import bisect as bisect_module
-from ddpbench.bisect import Bisect, CaseVerdict, narrow, read_probe
+from ddpbench.bisect import Bisect, CaseVerdict
 
 A, B = "benchmarks/test_x.py::test_a", "benchmarks/test_x.py::test_b"
 BASE = census(("all_reduce", "float32", 2, [4096]))
@@ -139,6 +139,8 @@ def test_a_missing_case_is_a_skip_with_its_reason_unless_missing_is_bad(tmp_path
 
 
 def test_read_probe_judges_only_what_bad_judged():
+    from ddpbench.bisect import read_probe
+
     slower, same = CaseVerdict(A, "regression", 2.0, (1.9, 2.1)), CaseVerdict(B, "same", 1.0, (0.95, 1.05))
     assert read_probe([slower, same]) == ("bad", "")
     assert read_probe([same], [A, B]) == ("skip", f"not judged here: {A} (not in the run)")
@@ -152,6 +154,8 @@ def test_read_probe_judges_only_what_bad_judged():
 
 
 def test_the_search_alone_is_a_pure_function():
+    from ddpbench.bisect import narrow
+
     outcomes = ["good", "skip", "bad", "bad"]
     asked = []
 

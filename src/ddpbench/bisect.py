@@ -51,6 +51,7 @@ from typing import Callable, Sequence
 
 from .gates.verdicts import TIMED, VerdictError, ab_verdicts_of_run
 
+BAD_VERDICTS = ("regression",)  # and "missing" with --missing-is-bad
 GOOD_VERDICTS = ("same", "not-slower", "improvement")  # not on the slow side of the step
 DEFAULT_MAX_TIME = 60.0
 DEFAULT_COLLECT_TIMEOUT = 300.0  # --collect-timeout: GOOD's and BAD's pytest --collect-only
@@ -127,7 +128,7 @@ def read_probe(cases: Sequence[CaseVerdict], reference: Sequence[str] | None = N
     """
     if not cases:
         return "skip", "no A/B verdict in the run"
-    if any(c.verdict == "regression" for c in cases):
+    if any(c.verdict in BAD_VERDICTS for c in cases):
         return "bad", ""
     missing = [c.name for c in cases if c.verdict == "missing"]
     if missing and missing_is_bad:

@@ -118,6 +118,12 @@ class CaseVerdict:
         structural regression makes it a regression whatever the timing says (``accepted``: the
         gate's option to accept it)."""
         self.structure = accept(structure) if accepted else structure
+        self.decide_from_components()
+
+    def decide_from_components(self) -> None:
+        """Set ``verdict`` to what the gate decides from the timing's own verdict (kept in
+        ``timing_verdict``) and the components judged so far (:func:`decide`); a component's
+        ``judge_...`` method calls it after adding its verdict."""
         if self.timing_verdict is None:
             self.timing_verdict = self.verdict
         self.failed_by = component_failures(self)

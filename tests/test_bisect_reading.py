@@ -242,7 +242,8 @@ def test_a_commit_git_cannot_check_out_or_without_the_folder_is_a_skipped_probe(
     search = _real(repo / "benches", monkeypatch, tmp_path, shas[0], shas[-1])
     try:
         probe = search.probe(0)  # commit 1: no benches/
-        assert probe.outcome == "skip" and probe.note == "the folder bisect runs in (benches) does not exist at this commit"
+        assert (probe.outcome, probe.note) == ("skip", "the folder bisect runs in (benches) does not exist at "
+                                                       "this commit")
         probe = search.probe(1)  # commit 2: its worktree cannot be checked out
         assert probe.outcome == "skip" and probe.note.startswith("git worktree add failed (exit "), probe.note
         assert "broken" in probe.note, probe.note
@@ -261,8 +262,11 @@ def test_untracked_files_are_mentioned_not_refused(tmp_path, monkeypatch):
     search = _real(repo, monkeypatch, tmp_path, shas[0], shas[-1])
     try:
         assert search.untracked == ["local_data.bin"]
-        monkeypatch.setattr(search, "collect", lambda sha, name: (_ for _ in ()).throw(SystemExit(0)))
-        with pytest.raises(SystemExit):
+        def collect(sha, name):  # the note comes before any collection
+            raise bisect_module.BisectError("stopped here by the test")
+
+        monkeypatch.setattr(search, "collect", collect)
+        with pytest.raises(bisect_module.BisectError, match="stopped here"):
             search.run()
         assert ("note: 1 untracked file(s) (local_data.bin) are in no commit: the probes' worktrees do not have "
                 "them") in search.out.getvalue()
@@ -282,8 +286,9 @@ if {when}:
 def test_a_hanging_collection_or_ab_run_is_stopped_and_named(tmp_path, monkeypatch):
     repo = tmp_path / "project"
     project = {"pytest.ini": "[pytest]\n", "test_x.py": "def test_a():\n    pass\n"}
+    in_ab_run = 'any(a.startswith("--dist-baseline-path") for a in sys.argv)'
     shas = _repo(repo, [dict(project, **{"conftest.py": HANGS.format(when="True")}),
-                        {"conftest.py": HANGS.format(when='any(a.startswith("--dist-baseline-path") for a in sys.argv)')}])
+                        {"conftest.py": HANGS.format(when=in_ab_run)}])
     search = _real(repo, monkeypatch, tmp_path, shas[0], shas[-1], collect_timeout=1.5, probe_timeout=1.5)
     try:
         started = time.monotonic()

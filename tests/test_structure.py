@@ -189,7 +189,7 @@ def test_fewer_collectives_are_a_structural_improvement_and_pass(tmp_path, capsy
     b, c = _runs(tmp_path, GREW, BASE)
     rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     (case,) = json.loads(out)["cases"]
-    assert rc == 0 and case["verdict"] == "same" and case["timing_verdict"] is None
+    assert rc == 0 and case["verdict"] == case["timing_verdict"] == "same" and case["failed_by"] == []
     assert case["structure"]["verdict"] == "improvement"
 
 
@@ -208,7 +208,7 @@ def test_an_unchanged_structure_leaves_the_timing_verdict_alone(tmp_path, capsys
     b, c = _runs(tmp_path, BASE, copy.deepcopy(BASE), cur_rounds=[t * 1.5 for t in STEADY])
     rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     (case,) = json.loads(out)["cases"]
-    assert rc == 1 and case["verdict"] == "regression" and case["timing_verdict"] is None
+    assert rc == 1 and case["verdict"] == case["timing_verdict"] == "regression" and case["failed_by"] == []
     assert case["structure"]["verdict"] == "same"
 
 
@@ -273,6 +273,25 @@ def test_an_ab_run_without_a_census_on_a_side_keeps_its_timing_verdict(tmp_path,
     rc, out, _ = run_cli(capsys, "compare", _ab_run(tmp_path, GREW, BASE), "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 0 and case["structure"]["verdict"] == "improvement"
+
+
+def test_a_saved_run_is_read_alike_in_the_old_and_the_new_record_format(tmp_path, capsys):
+    # Before the decided verdict was saved, ab.verdict held the timing's word and nothing beside it;
+    # now ab.verdict is what the run decided, timing_verdict and structure_verdict its components.
+    old = _ab_run(tmp_path / "old", BASE, GREW, verdict="inconclusive", ratio_ci=[0.97, 1.09])
+    new = _ab_run(tmp_path / "new", BASE, GREW, verdict="regression", timing_verdict="inconclusive",
+                  structure_verdict="regression", ratio_ci=[0.97, 1.09])
+    for run in (old, new):
+        rc, out, _ = run_cli(capsys, "compare", run, "--json")
+        (case,) = json.loads(out)["cases"]
+        assert rc == 1 and (case["verdict"], case["timing_verdict"], case["failed_by"]) == (
+            "regression", "inconclusive", ["structure"]), run
+        # Accepted when read, either format falls back to the timing's own verdict, never the saved decision.
+        rc, out, _ = run_cli(capsys, "compare", run, "--accept-structure-change", "--json")
+        (case,) = json.loads(out)["cases"]
+        assert rc == 0 and case["verdict"] == "inconclusive" and case["structure"]["accepted"] is True, run
+    rc, _, err = run_cli(capsys, "compare", _ab_run(tmp_path / "bad", BASE, GREW, timing_verdict="slow"))
+    assert rc == 2 and "ab.timing_verdict is 'slow', not one of" in err
 
 
 def test_a_malformed_baseline_census_in_an_ab_run_is_a_named_error(tmp_path, capsys):
@@ -343,7 +362,10 @@ def test_the_ab_run_exits_1_on_a_structural_regression_and_compare_accepts_it_wh
                                  "*ddpbench A/B: 1 structural regression(s) (*test_step*)*"
                                  "--dist-ab-accept-structure-change accepts a change made on purpose)"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]
-    assert case["extra_info"]["ab"]["verdict"] != "regression"  # the timing verdict is stored as measured
+    # The saved verdict is the run's (it exited 1 on it); the timing's and the census's beside it.
+    ab = case["extra_info"]["ab"]
+    assert ab["verdict"] == "regression" and ab["timing_verdict"] != "regression"
+    assert ab["structure_verdict"] == "regression" and "structure_accepted" not in ab
     run = str(pytester.path / "ab.json")
     assert cli.main(["compare", run]) == 1
     assert cli.main(["compare", run, "--accept-structure-change"]) == 0
@@ -361,6 +383,13 @@ def test_the_pytest_option_reaches_the_ab_session(pytester, monkeypatch, accept)
     ab = session.ABSession.from_options(pytester.parseconfig(*args))
     ab.results.append((NAME, dict(AB, census_baseline=BASE), 0.001, {"census": GREW}))
     assert ab.accept_structure_change is accept and ab.exit_status() == (0 if accept else 1)
+    # What the run file will say (extra_info["ab"], written before pytest-benchmark saves): the
+    # verdict it exits on, with the timing's and the structure's beside it.
+    ab.record_verdicts()
+    saved = ab.results[0][1]
+    assert (saved["verdict"], saved["timing_verdict"], saved["structure_verdict"]) == (
+        "same" if accept else "regression", "same", "regression")
+    assert saved.get("structure_accepted", False) is accept
     # An accepted change is timed in full; otherwise a structural regression ends its case early.
     assert ab.settings.stop_on_structural_regression is not accept
     lines = [line for line, _ in ab.summary_lines()]

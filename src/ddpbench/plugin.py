@@ -531,6 +531,8 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     ab = getattr(session.config, "_ddpbench_ab", None)
+    if ab is not None:
+        ab.record_verdicts()  # each case's saved verdict is the one the run decides and exits on
     if ab is not None and exitstatus == pytest.ExitCode.OK and ab.exit_status():
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # 1, as --benchmark-compare-fail does
     bench_session = getattr(session.config, "_benchmarksession", None)

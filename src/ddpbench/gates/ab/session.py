@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
-from ..verdicts import LOST_CASES_KEY, ab_report, ab_verdicts, format_text
+from ..verdicts import LOST_CASES_KEY, VerdictError, ab_report, ab_verdicts, format_text, record_decision
 from .budget import RunBudget
 from .engine import ABSettings, SideFailed, run_case
 from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
@@ -250,7 +250,20 @@ class ABSession:
     # -- the run's end ----------------------------------------------------------------------------
 
     def report(self):
-        return ab_report(ab_verdicts(self.results, self.accept_structure_change), self.sides())
+        """The run's verdicts, each case's decided verdict written back into its extra_info["ab"]
+        (record_decision): the run file says what the gate decided and exited on."""
+        cases = ab_verdicts(self.results, self.accept_structure_change)
+        for (_, summary, _, _), case in zip(self.results, cases):
+            record_decision(summary, case)
+        return ab_report(cases, self.sides())
+
+    def record_verdicts(self) -> None:
+        """Decide every case now, before the run is saved (pytest_sessionfinish). A census that
+        cannot be read leaves the summaries as measured: the verdict table names the problem."""
+        try:
+            self.report()
+        except VerdictError:
+            pass
 
     def exit_status(self) -> int:
         return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,

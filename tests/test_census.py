@@ -98,9 +98,11 @@ def test_figures_are_per_op_when_a_round_runs_several(pool):
 ])
 def test_a_collective_case_issues_one_call_of_its_size_per_op(pool, workload, kind):
     census, _ = census_of(pool, workload)
-    assert census["collectives"] == [{"kind": kind, "dtype": "float32", "group_size": 2, "count": 1,
-                                      "bytes": MB, "call_bytes": [MB]}]
-    assert census["version"] == 1 and census["rounds_counted"] == 1 and census["ops_per_round"] == 1
+    assert census["collectives"] == [{"kind": kind, "dtype": "float32", "group_size": 2, "group": "world",
+                                      "peer": None, "count": 1, "bytes": MB, "call_bytes": [MB],
+                                      "data_dependent_bytes": None}]
+    assert census["version"] == 2 and census["rounds_counted"] == 1 and census["ops_per_round"] == 1
+    assert census["ops_counted"] == 2 and census["sequence_checked"] is True and "incomplete" not in census
 
 
 # ---- ranks that issue different collectives ---------------------------------------------------
@@ -136,11 +138,15 @@ def test_a_ddp_training_case_s_buckets_are_its_all_reduce_calls(pool, warmup):
     with one warm-up round the sizes come from the reducer's buckets themselves."""
     census, _ = census_of(pool, Training("mlp", "ddp", bucket_cap_mb=0.05, measure_memory=False),
                           RoundPlan(warmup=warmup, rounds=1))
-    calls = entries(census)[("all_reduce", "float32", 2)]["call_bytes"]
+    all_reduce = entries(census)[("all_reduce", "float32", 2)]
     assert census["ddp_buckets"] is not None and len(census["ddp_buckets"]) > 1
-    assert sorted(census["ddp_buckets"]) == calls
+    assert (all_reduce["count"], all_reduce["bytes"]) == (len(census["ddp_buckets"]), sum(census["ddp_buckets"]))
     if warmup == 2:  # after the rebuild (whose bucket order DDP broadcasts once) only all_reduces
         assert [c["kind"] for c in census["collectives"]] == ["all_reduce"]
+        assert sorted(census["ddp_buckets"]) == all_reduce["call_bytes"]
+    else:  # the census's first op is the rebuild step, its second a steady one: not judged
+        first_op = census["varies_between_steps"].split("; ")[0]
+        assert first_op.startswith("op 1 of 2: ") and "broadcast" in first_op
 
 
 @pytest.mark.parametrize("knobs", [dict(bucket_cap_mb=1), dict(bucket_cap_mb=1, comm_hook="fp16")],
@@ -251,7 +257,8 @@ def test_the_census_is_in_extra_info_and_off_turns_it_off(pytester):
     (on,) = json.loads((pytester.path / "on.json").read_text())["benchmarks"]
     (off,) = json.loads((pytester.path / "off.json").read_text())["benchmarks"]
     assert on["extra_info"]["census"]["collectives"] == [
-        {"kind": "all_reduce", "dtype": "float32", "group_size": 2, "count": 1, "bytes": 1024, "call_bytes": [1024]}]
+        {"kind": "all_reduce", "dtype": "float32", "group_size": 2, "group": "world", "peer": None, "count": 1,
+         "bytes": 1024, "call_bytes": [1024], "data_dependent_bytes": None}]
     assert "engine_census_s" in on["extra_info"]
     assert "census" not in off["extra_info"] and "engine_census_s" not in off["extra_info"]
     result = pytester.runpytest_subprocess("--dist-census=maybe", "-p", "no:cacheprovider", timeout=120)
@@ -267,3 +274,79 @@ def test_a_powersgd_case_s_census_is_marked_incomplete_so_no_gate_judges_it(pool
     assert "future callbacks" in census["incomplete"]
     fewer = dict(census, collectives=[])
     assert compare_census(fewer, census).verdict == "not counted"
+
+
+# ---- what the census cannot see is detected, never read as `same` ----------------------------------
+
+def thread_setup(ctx, extra_elements=0):
+    import torch
+
+    return {"grad": torch.ones(MB // 4), "extra": torch.ones(extra_elements)}
+
+
+def all_reduce_on_a_thread(state):
+    """The workload's own thread all_reduces 1 MB (and the planted extra, when there is one); the
+    round's thread issues nothing, so the census mode (thread-local) counts nothing."""
+    import threading
+
+    import torch.distributed as dist
+
+    def work():
+        dist.all_reduce(state["grad"])
+        if state["extra"].numel():
+            dist.all_reduce(state["extra"])
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+
+
+def direct_backend_all_reduce(state):
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(state["grad"])
+    dist.group.WORLD._get_backend(torch.device("cpu")).allreduce([state["extra"]]).wait()
+
+
+def test_collectives_out_of_the_census_s_sight_make_it_incomplete_not_same(pool):
+    # A baseline all_reducing 1 MB on a worker thread, a candidate adding 4 KB there: both censuses
+    # are empty, but the process group's sequence number moved, so neither is judged `same`.
+    base, _ = census_of(pool, ddpbench.FunctionWorkload(thread_setup, all_reduce_on_a_thread))
+    cand, _ = census_of(pool, ddpbench.FunctionWorkload(functools.partial(thread_setup, extra_elements=1024),
+                                                        all_reduce_on_a_thread))
+    assert base["collectives"] == [] and base["sequence_checked"] is True
+    # (the census counts two ops: two all_reduces on the thread, four with the planted one)
+    assert "process group world's sequence number moved 2 in the counted ops where the census counted 0" \
+        in base["incomplete"]
+    assert "moved 4 in the counted ops where the census counted 0" in cand["incomplete"]
+    verdict = compare_census(base, cand)
+    assert verdict.verdict == "not counted" and "incomplete" in verdict.line
+    # A call straight to the backend (no dispatch) is unseen too; the dispatched one is counted.
+    direct, _ = census_of(pool, ddpbench.FunctionWorkload(functools.partial(thread_setup, extra_elements=16),
+                                                          direct_backend_all_reduce))
+    assert entries(direct)[("all_reduce", "float32", 2)]["count"] == 1
+    assert "moved 4 in the counted ops where the census counted 2" in direct["incomplete"]
+
+
+def every_other_step_setup(ctx):
+    import torch
+
+    return {"step": 0, "t": torch.ones(256)}
+
+
+def all_reduce_every_other_step(state):
+    import torch.distributed as dist
+
+    state["step"] += 1
+    if state["step"] % 2:
+        dist.all_reduce(state["t"])
+
+
+@pytest.mark.parametrize("ops_per_round", [1, 3])
+def test_a_step_with_a_collective_every_other_step_is_marked_as_varying_not_a_crash(pool, ops_per_round):
+    census, _ = census_of(pool, ddpbench.FunctionWorkload(every_other_step_setup, all_reduce_every_other_step),
+                          RoundPlan(warmup=1, rounds=2, ops_per_round=ops_per_round))
+    assert census["ops_counted"] == max(ops_per_round, 2)
+    assert "op 1 of" in census["varies_between_steps"] and "none" in census["varies_between_steps"]
+    assert compare_census(census, census).verdict == "not counted"

@@ -315,13 +315,13 @@ def test_collectives_out_of_the_census_s_sight_make_it_incomplete_not_same(pool)
     base, _ = census_of(pool, ddpbench.FunctionWorkload(thread_setup, all_reduce_on_a_thread))
     cand, _ = census_of(pool, ddpbench.FunctionWorkload(functools.partial(thread_setup, extra_elements=1024),
                                                         all_reduce_on_a_thread))
+    verdict = compare_census(base, cand)
+    assert verdict.verdict == "not counted" and "incomplete" in verdict.line  # b862717 read `same`
     assert base["collectives"] == [] and base["sequence_checked"] is True
     # (the census counts two ops: two all_reduces on the thread, four with the planted one)
     assert "process group world's sequence number moved 2 in the counted ops where the census counted 0" \
         in base["incomplete"]
     assert "moved 4 in the counted ops where the census counted 0" in cand["incomplete"]
-    verdict = compare_census(base, cand)
-    assert verdict.verdict == "not counted" and "incomplete" in verdict.line
     # A call straight to the backend (no dispatch) is unseen too; the dispatched one is counted.
     direct, _ = census_of(pool, ddpbench.FunctionWorkload(functools.partial(thread_setup, extra_elements=16),
                                                           direct_backend_all_reduce))
@@ -347,6 +347,6 @@ def all_reduce_every_other_step(state):
 def test_a_step_with_a_collective_every_other_step_is_marked_as_varying_not_a_crash(pool, ops_per_round):
     census, _ = census_of(pool, ddpbench.FunctionWorkload(every_other_step_setup, all_reduce_every_other_step),
                           RoundPlan(warmup=1, rounds=2, ops_per_round=ops_per_round))
+    assert compare_census(census, census).verdict == "not counted"  # b862717: `same`, or a ValueError
     assert census["ops_counted"] == max(ops_per_round, 2)
     assert "op 1 of" in census["varies_between_steps"] and "none" in census["varies_between_steps"]
-    assert compare_census(census, census).verdict == "not counted"

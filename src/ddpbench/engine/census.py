@@ -14,14 +14,14 @@ frames eagerly, which would census another program).
 What the mode cannot see is detected instead (docs/design.md, "Collective census"): every process
 group's own sequence number (gloo moves it once per operation it runs, a send and a recv included;
 torch 2.13) is read before and after the counted round; a group whose number moved more than the
-census counted on it had
-collectives issued out of the mode's sight (a thread the workload started, a direct backend call, an
-op the census does not know), and the record is then ``incomplete``, never judged. Ops the mode sees
-but cannot count (``symm_mem::*``, the legacy ``c10d_functional::*``) mark it incomplete too.
+census counted on it had collectives issued out of the mode's sight (a thread the workload started,
+a direct backend call, an op the census does not know), and the record is then ``incomplete``,
+never judged. Ops the mode sees but cannot count (``symm_mem::*``, the legacy
+``c10d_functional::*``) mark it incomplete too.
 
 Public names (stable: ``ddpbench census`` builds on them): :func:`take_census`,
-:class:`CollectiveCensus`, :func:`combine_census`, :func:`dynamo_snapshot`, :func:`ddp_bucket_sizes`, :data:`CENSUS_VERSION`,
-:data:`CENSUS_METHOD`, :data:`KINDS`.
+:class:`CollectiveCensus`, :func:`combine_census`, :func:`dynamo_snapshot`, :func:`ddp_bucket_sizes`,
+:data:`CENSUS_VERSION`, :data:`CENSUS_METHOD`, :data:`KINDS`.
 """
 
 from __future__ import annotations
@@ -363,24 +363,24 @@ _KERNEL_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaun
                               "cudaLaunchCooperativeKernel", "cudaGraphLaunch"})
 
 
-def _sequence_numbers() -> dict[str, tuple[Any, int]] | None:
-    """Every process group's name -> (the group, its sequence number now); None when some group's
-    backend keeps none (torch's fake group), so that the unseen check cannot be made."""
+def _sequence_numbers() -> tuple[dict[str, tuple[Any, int]], bool]:
+    """Every process group's name -> (the group, its sequence number now), for the groups whose
+    backend keeps one; and whether every group does (torch's fake group keeps none)."""
     try:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            return {}
+            return {}, True
         groups = list(dist.distributed_c10d._world.pg_map)
     except Exception:
-        return None
-    numbers = {}
+        return {}, False
+    numbers, every = {}, True
     for pg in groups:
         try:
             numbers[pg.group_name] = (pg, int(pg._get_sequence_number_for_group()))
         except Exception:  # "does not yet support sequence numbers"
-            return None
-    return numbers
+            every = False
+    return numbers, every
 
 
 class CollectiveCensus:
@@ -406,7 +406,7 @@ class CollectiveCensus:
         self._lock = threading.Lock()
         self._mode = None
         self._profiler = None
-        self._sequence_before: dict[str, tuple[Any, int]] | None = None
+        self._sequence_before: tuple[dict[str, tuple[Any, int]], bool] = ({}, False)
 
     def __enter__(self) -> "CollectiveCensus":
         mode_class = _census_mode_class(skip_dynamo="torch._dynamo" in sys.modules)
@@ -442,16 +442,15 @@ class CollectiveCensus:
                 self.kernel_launches = sum(1 for event in self._profiler.events() if event.name in _KERNEL_LAUNCHES)
             self._profiler = None
 
-    def _check_unseen(self, after: dict[str, tuple[Any, int]] | None) -> None:
+    def _check_unseen(self, after: tuple[dict[str, tuple[Any, int]], bool]) -> None:
         """Each group whose sequence number moved more than the counted calls on it move it."""
-        before, self._sequence_before = self._sequence_before, None
-        self.sequence_checked = before is not None and after is not None
-        if not self.sequence_checked:
-            return
+        (before, every_before), (numbers, every_after) = self._sequence_before, after
+        self._sequence_before = ({}, False)
+        self.sequence_checked = every_before and every_after
         counted: dict[str, int] = {}
         for call in self.calls:
             counted[call.group_name] = counted.get(call.group_name, 0) + call.sequence_steps
-        for name, (pg, number) in after.items():
+        for name, (pg, number) in numbers.items():
             moved = number - before.get(name, (pg, 0))[1]  # a group made during the round started at 0
             if moved > counted.get(name, 0):
                 self.unseen[group_identity(pg)] = (moved, counted.get(name, 0))

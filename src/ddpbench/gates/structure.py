@@ -2,9 +2,9 @@
 
 A case's census (``extra_info["census"]``; in A/B mode the candidate's, the baseline's in
 ``extra_info["ab"]["census_baseline"]``) counts, per step and rank, the collectives by (kind,
-dtype, group size) with their payload bytes, DDP's bucket sizes, torch.compile's graph breaks and
-recompiles, and on CUDA the kernel launches. It is counted on one untimed step, so comparing two
-of them needs no statistics: a structural change is exact, instant and noise-free.
+dtype, group size, group, peer) with their payload bytes, DDP's bucket sizes, torch.compile's graph
+breaks and recompiles, and on CUDA the kernel launches. It is counted on untimed steps, so comparing
+two of them needs no statistics: a structural change is exact, instant and noise-free.
 
 The rule (:func:`compare_census`): every judged figure is compared as a multiset (order never
 matters). More of anything (a collective's calls or bytes, buckets or their bytes, graph breaks,

@@ -276,29 +276,53 @@ def test_a_powersgd_case_s_census_is_marked_incomplete_so_no_gate_judges_it(pool
     assert compare_census(fewer, census).verdict == "not counted"
 
 
-# ---- what the census cannot see is detected, never read as `same` ----------------------------------
+# ---- collectives on a workload's own threads, and what the census cannot see ----------------------
 
-def thread_setup(ctx, extra_elements=0):
+def thread_setup(ctx, extra_elements=0, worker=False):
+    """1 MB to all_reduce (and a planted extra); with ``worker``, a thread started here, at set-up,
+    that all_reduces whatever the round hands it: it runs outside the census's sight."""
+    import queue
+    import threading
+
     import torch
+    import torch.distributed as dist
 
-    return {"grad": torch.ones(MB // 4), "extra": torch.ones(extra_elements)}
+    state = {"grad": torch.ones(MB // 4), "extra": torch.ones(extra_elements), "worker": None}
+    if worker:
+        jobs, done = queue.Queue(), queue.Queue()
+
+        def serve():
+            while (tensor := jobs.get()) is not None:
+                dist.all_reduce(tensor)
+                done.put(True)
+
+        state["worker"] = (threading.Thread(target=serve, daemon=True), jobs, done)
+        state["worker"][0].start()
+    return state
 
 
 def all_reduce_on_a_thread(state):
-    """The workload's own thread all_reduces 1 MB (and the planted extra, when there is one); the
-    round's thread issues nothing, so the census mode (thread-local) counts nothing."""
+    """The round's collectives run on another thread: one the round starts, or the set-up's worker."""
     import threading
 
     import torch.distributed as dist
 
-    def work():
-        dist.all_reduce(state["grad"])
-        if state["extra"].numel():
-            dist.all_reduce(state["extra"])
-
-    thread = threading.Thread(target=work)
+    tensors = [state["grad"]] + ([state["extra"]] if state["extra"].numel() else [])
+    if state["worker"] is not None:
+        _, jobs, done = state["worker"]
+        for tensor in tensors:
+            jobs.put(tensor)
+            done.get()
+        return
+    thread = threading.Thread(target=lambda: [dist.all_reduce(t) for t in tensors])
     thread.start()
     thread.join()
+
+
+def stop_worker(state):
+    if state["worker"] is not None:
+        state["worker"][1].put(None)
+        state["worker"][0].join()
 
 
 def direct_backend_all_reduce(state):
@@ -309,16 +333,25 @@ def direct_backend_all_reduce(state):
     dist.group.WORLD._get_backend(torch.device("cpu")).allreduce([state["extra"]]).wait()
 
 
-def test_collectives_out_of_the_census_s_sight_make_it_incomplete_not_same(pool):
-    # A baseline all_reducing 1 MB on a worker thread, a candidate adding 4 KB there: both censuses
-    # are empty, but the process group's sequence number moved, so neither is judged `same`.
-    base, _ = census_of(pool, ddpbench.FunctionWorkload(thread_setup, all_reduce_on_a_thread))
-    cand, _ = census_of(pool, ddpbench.FunctionWorkload(functools.partial(thread_setup, extra_elements=1024),
-                                                        all_reduce_on_a_thread))
-    verdict = compare_census(base, cand)
-    assert verdict.verdict == "not counted" and "incomplete" in verdict.line  # b862717 read `same`
-    assert base["collectives"] == [] and base["sequence_checked"] is True
-    # (the census counts two ops: two all_reduces on the thread, four with the planted one)
+def test_a_thread_the_step_starts_is_counted_and_one_out_of_sight_makes_the_census_incomplete(pool):
+    def workload(**knobs):
+        return ddpbench.FunctionWorkload(functools.partial(thread_setup, **knobs), all_reduce_on_a_thread,
+                                         teardown=stop_worker)
+
+    # A baseline all_reducing 1 MB on a thread the step starts, a candidate adding 4 KB there
+    # (b862717 counted neither and read `same`): both counted, the 4 KB a regression.
+    base, _ = census_of(pool, workload())
+    cand, _ = census_of(pool, workload(extra_elements=1024))
+    assert compare_census(base, cand).verdict == "regression"
+    assert entries(base)[("all_reduce", "float32", 2)]["call_bytes"] == [MB]
+    assert entries(cand)[("all_reduce", "float32", 2)]["call_bytes"] == [4096, MB]
+    assert "incomplete" not in base and base["sequence_checked"] is True
+    # A worker thread started at set-up, before the census: not counted, but the process group's
+    # sequence number moved, so the census is incomplete (the two ops counted: 2 and 4 calls).
+    base, _ = census_of(pool, workload(worker=True))
+    cand, _ = census_of(pool, workload(worker=True, extra_elements=1024))
+    assert compare_census(base, cand).verdict == "not counted"
+    assert base["collectives"] == []
     assert "process group world's sequence number moved 2 in the counted ops where the census counted 0" \
         in base["incomplete"]
     assert "moved 4 in the counted ops where the census counted 0" in cand["incomplete"]

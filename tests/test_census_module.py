@@ -346,3 +346,29 @@ def test_a_rank_whose_census_is_incomplete_makes_the_case_s_so():
     combined = combine_census([plain, dict(plain, incomplete="process group world's sequence number moved 2")])
     assert combined["incomplete"] == "rank 1: process group world's sequence number moved 2"
     assert "incomplete" not in combine_census([plain, plain])
+
+
+def test_a_thread_started_during_the_census_counts_and_stops_counting_when_it_ends(fake_group):
+    import threading
+
+    original_start = threading.Thread.start
+    go_on, finished = threading.Event(), threading.Event()
+
+    def worker():  # one all_reduce inside the census, one after it (in a thread that outlived it)
+        dist.all_reduce(torch.ones(4))
+        go_on.wait(timeout=30)
+        dist.all_reduce(torch.ones(8))
+        finished.set()
+
+    with CollectiveCensus() as census:
+        thread = threading.Thread(target=worker, daemon=True)
+        thread.start()
+        for _ in range(3000):  # until its first all_reduce is counted (30 s at most)
+            if census.calls:
+                break
+            thread.join(timeout=0.01)
+    assert threading.Thread.start is original_start  # the census put it back
+    go_on.set()
+    assert finished.wait(timeout=30)
+    thread.join()
+    assert [call.nbytes for call in census.calls] == [16]

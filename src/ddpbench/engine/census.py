@@ -11,13 +11,14 @@ of every backend alike, the fake process group included. The mode declares itsel
 that torch.compile keeps running the compiled code under it (a user mode makes dynamo run the
 frames eagerly, which would census another program).
 
-What the mode cannot see is detected instead (docs/design.md, "Collective census"): every process
-group's own sequence number (gloo moves it once per operation it runs, a send and a recv included;
-torch 2.13) is read before and after the counted round; a group whose number moved more than the
-census counted on it had collectives issued out of the mode's sight (a thread the workload started,
-a direct backend call, an op the census does not know), and the record is then ``incomplete``,
-never judged. Ops the mode sees but cannot count (``symm_mem::*``, the legacy
-``c10d_functional::*``) mark it incomplete too.
+A Python thread started while the census runs counts too (:meth:`CollectiveCensus.__enter__`
+wraps its ``run`` in a mode of its own). What the mode cannot see is detected instead
+(docs/design.md, "Collective census"): every process group's own sequence number (gloo moves it
+once per operation it runs, a send and a recv included; torch 2.13) is read before and after the
+counted round; a group whose number moved more than the census counted on it had collectives
+issued out of the mode's sight (a thread started before the census, a direct backend call, an op
+the census does not know), and the record is then ``incomplete``, never judged. Ops the mode sees
+but cannot count (``symm_mem::*``, the legacy ``c10d_functional::*``) mark it incomplete too.
 
 Public names (stable: ``ddpbench census`` builds on them): :func:`take_census`,
 :class:`CollectiveCensus`, :func:`combine_census`, :func:`dynamo_snapshot`, :func:`ddp_bucket_sizes`,
@@ -321,9 +322,9 @@ def _census_mode_class(skip_dynamo: bool):
     class _CollectiveCounter(TorchDispatchMode):
         """Notes every c10d / functional collective that passes, then runs it unchanged."""
 
-        def __init__(self, calls: list, uncounted: list, lock: threading.Lock):
+        def __init__(self, calls: list, uncounted: list, lock: threading.Lock, active: list[bool]):
             super().__init__()
-            self.calls, self.uncounted, self.lock = calls, uncounted, lock
+            self.calls, self.uncounted, self.lock, self.active = calls, uncounted, lock, active
 
         @classmethod
         def is_infra_mode(cls) -> bool:
@@ -336,7 +337,7 @@ def _census_mode_class(skip_dynamo: bool):
             return skip_dynamo
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            calls = describe_call(func, args, kwargs)
+            calls = describe_call(func, args, kwargs) if self.active[0] else None
             if calls is not None:
                 with self.lock:
                     if isinstance(calls, str):
@@ -407,6 +408,8 @@ class CollectiveCensus:
         self._mode = None
         self._profiler = None
         self._sequence_before: tuple[dict[str, tuple[Any, int]], bool] = ({}, False)
+        self._active = [False]
+        self._restore_thread_start = threading.Thread.start
 
     def __enter__(self) -> "CollectiveCensus":
         mode_class = _census_mode_class(skip_dynamo="torch._dynamo" in sys.modules)
@@ -420,9 +423,32 @@ class CollectiveCensus:
             self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self._profiler.__enter__()
         self._sequence_before = _sequence_numbers()
-        self._mode = mode_class(self.calls, self.uncounted, self._lock)
+        self._active = [True]  # a thread's mode outliving the census counts no more once it is False
+        self._mode = mode_class(self.calls, self.uncounted, self._lock, self._active)
+        self._count_in_new_threads(mode_class)
         self._mode.__enter__()
         return self
+
+    def _count_in_new_threads(self, mode_class) -> None:
+        """While the census runs, a thread started in this process (a workload's worker for the
+        step) runs under a mode of its own that counts into the same record: ``Thread.start``
+        wraps the thread's ``run`` in it, so the mode leaves the thread's dispatch stack when
+        ``run`` returns. One that outlives the census counts no more (``active``)."""
+        original_start = threading.Thread.start
+        calls, uncounted, lock, active = self.calls, self.uncounted, self._lock, self._active
+
+        def start(thread, *args, **kwargs):
+            run = thread.run
+
+            def counted_run(*run_args, **run_kwargs):
+                with mode_class(calls, uncounted, lock, active):
+                    return run(*run_args, **run_kwargs)
+
+            thread.run = counted_run
+            return original_start(thread, *args, **kwargs)
+
+        threading.Thread.start = start
+        self._restore_thread_start = original_start
 
     def next_op(self) -> None:
         """The calls from here on belong to the next op."""
@@ -430,6 +456,8 @@ class CollectiveCensus:
             self.op_starts.append(len(self.calls))
 
     def __exit__(self, *exc) -> None:
+        threading.Thread.start = self._restore_thread_start
+        self._active[0] = False
         self._mode.__exit__(*exc)
         self._mode = None
         self._check_unseen(_sequence_numbers())
@@ -526,7 +554,7 @@ class CollectiveCensus:
         for group, (moved, counted) in sorted(self.unseen.items()):
             reasons.append(f"process group {group}'s sequence number moved {moved} in the counted ops where "
                            f"the census counted {counted}: collectives were issued out of its sight (a thread "
-                           f"the workload started, a direct backend call, or an op it does not know)")
+                           f"started before the census, a direct backend call, or an op it does not know)")
         reasons.extend(sorted(set(self.uncounted)))
         return "; ".join(reasons) or None
 

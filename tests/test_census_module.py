@@ -372,3 +372,17 @@ def test_a_thread_started_during_the_census_counts_and_stops_counting_when_it_en
     assert finished.wait(timeout=30)
     thread.join()
     assert [call.nbytes for call in census.calls] == [16]
+
+
+def test_a_call_the_census_cannot_read_leaves_the_step_running_and_the_census_incomplete(fake_group, monkeypatch):
+    from ddpbench.engine import census as census_module
+
+    def unreadable(pg):
+        raise RuntimeError("a group torch has not seen")
+
+    monkeypatch.setattr(census_module, "group_identity", unreadable)
+    t = torch.ones(4)
+    record = take_census(lambda: dist.all_reduce(t))
+    assert record["collectives"] == []
+    assert "c10d.allreduce_.default could not be counted (RuntimeError: a group torch has not seen)" \
+        in record["incomplete"]

@@ -337,7 +337,10 @@ def _census_mode_class(skip_dynamo: bool):
             return skip_dynamo
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            calls = describe_call(func, args, kwargs) if self.active[0] else None
+            try:
+                calls = describe_call(func, args, kwargs) if self.active[0] else None
+            except Exception as exc:  # the census never breaks a step: what it cannot read, it says
+                calls = f"{func} could not be counted ({type(exc).__name__}: {exc})"
             if calls is not None:
                 with self.lock:
                     if isinstance(calls, str):

@@ -101,7 +101,7 @@ def test_planted_changes_give_the_exact_verdict_and_line(before, after, verdict,
     (None, BASE, "the baseline recorded no census"),
     (BASE, None, "the current recorded no census"),
     (None, None, "neither side recorded a census"),
-    (BASE, dict(BASE, version=2), "current: census version 2 (this ddpbench reads version 1)"),
+    (BASE, dict(BASE, version=3), "current: census version 3 (this ddpbench reads versions 1, 2)"),
     (BASE, dict(GREW, method="profiler"), "counted differently (baseline dispatch:c10d, current profiler)"),
     # A workload that knows part of its step escapes the count (PowerSGD's callbacks, Lightning's
     # thread): not judged, even though the counts differ.
@@ -130,6 +130,76 @@ def test_a_malformed_census_is_an_error_naming_its_side_and_field(change, messag
     with pytest.raises(CensusError) as caught:
         compare_census(dict(BASE, **change), BASE)
     assert caught.value.side == "baseline"
+
+
+# ---- what depends on the data, which group, which peer, and the format's versions --------------
+
+OBJECT = {"data_dependent_bytes": "object"}
+SPLITS = {"data_dependent_bytes": "splits"}
+
+
+@pytest.mark.parametrize("before, after, verdict, line", [
+    # all_gather_object of a longer string: 9 more pickled bytes are data, not structure
+    (census(("all_gather", "uint8", 2, [64], OBJECT)), census(("all_gather", "uint8", 2, [73], OBJECT)),
+     "same", "all_gather uint8 ×2: +9 B (object: bytes depend on the data, not judged)"),
+    # an all_to_all whose splits the data sets (a mixture of experts' routing)
+    (census(("all_to_all", "float32", 4, [4096], SPLITS)), census(("all_to_all", "float32", 4, [1024], SPLITS)),
+     "same", "all_to_all float32 ×4: -3.0 KiB (splits: bytes depend on the data, not judged)"),
+    # ... their calls are still counted and judged
+    (census(("all_gather", "uint8", 2, [64], OBJECT)), census(("all_gather", "uint8", 2, [64, 80], OBJECT)),
+     "regression", "all_gather uint8 ×2: 1 → 2 per step (object: bytes not judged)"),
+    # a baseline whose split happened to be even (no mark) against one that was not: not judged either
+    (census(("all_to_all", "float32", 4, [4096])), census(("all_to_all", "float32", 4, [5000], SPLITS)),
+     "same", "all_to_all float32 ×4: +904 B (splits: bytes depend on the data, not judged)"),
+    # two mesh dimensions of one size swapping their traffic
+    (census(("all_reduce", "float32", 2, [MiB], {"group": "mesh_dp"}),
+            ("all_reduce", "float32", 2, [4 * MiB], {"group": "mesh_tp"})),
+     census(("all_reduce", "float32", 2, [4 * MiB], {"group": "mesh_dp"}),
+            ("all_reduce", "float32", 2, [MiB], {"group": "mesh_tp"})),
+     "regression", "all_reduce float32 ×2 on mesh_dp: 1 per step, +3.0 MiB; all_reduce float32 ×2 on mesh_tp: "
+                   "1 per step, -3.0 MiB; mixed: some figures up, some down (a regression)"),
+    # a send that goes to the previous rank instead of the next
+    (census(("send", "float32", 4, [MiB], {"peer": 1})), census(("send", "float32", 4, [MiB], {"peer": -1})),
+     "regression", "send float32 ×4 to -1: 0 → 1 per step, +1.0 MiB; send float32 ×4 to +1: 1 → 0 per step, "
+                   "-1.0 MiB; mixed: some figures up, some down (a regression)"),
+    # two version-1 records (saved by an older ddpbench) are still compared as they were
+    (census(("all_reduce", "float32", 2, [MiB]), version=1),
+     census(("all_reduce", "float32", 2, [MiB, MiB]), version=1),
+     "regression", "all_reduce float32 ×2: 1 → 2 per step, +1.0 MiB"),
+])
+def test_data_dependent_bytes_groups_peers_and_old_records(before, after, verdict, line):
+    assert compare_census(before, after) == StructureVerdict(verdict, line)
+
+
+@pytest.mark.parametrize("before, after, line", [
+    # a version-1 record against a version-2 one: refused, with why
+    (census(("all_reduce", "float32", 2, [MiB]), version=1), census(("all_reduce", "float32", 2, [MiB])),
+     "census versions differ (baseline 1, current 2): version 1 tells neither process groups nor peers apart "
+     "and never checked for unseen collectives; record both sides with one ddpbench to compare them"),
+    (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 2, [MiB]), version=1),
+     "census versions differ (baseline 2, current 1): version 1 tells neither process groups nor peers apart "
+     "and never checked for unseen collectives; record both sides with one ddpbench to compare them"),
+    # a step that issues a collective every other step: which phase was counted is chance
+    (BASE, dict(GREW, varies_between_steps="op 1 of 2: 1 all_reduce; op 2 of 2: none"),
+     "current: its collectives vary between steps (op 1 of 2: 1 all_reduce; op 2 of 2: none)"),
+])
+def test_censuses_of_two_versions_or_varying_steps_are_not_counted(before, after, line):
+    assert compare_census(before, after) == StructureVerdict("not counted", line)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"group": None}, "census.collectives[0].group is None, expected text (which process group)"),
+    ({"peer": "next"}, "census.collectives[0].peer is 'next', expected an offset within the group (a whole "
+                       "number), \"any\" or null"),
+    ({"data_dependent_bytes": 3}, "census.collectives[0].data_dependent_bytes is 3, expected text (why its bytes "
+                                  "depend on the data) or null"),
+])
+def test_a_malformed_version_2_entry_is_an_error_naming_its_field(change, message):
+    bad = copy.deepcopy(BASE)
+    bad["collectives"][0].update(change)
+    with pytest.raises(CensusError) as caught:
+        compare_census(BASE, bad)
+    assert str(caught.value) == message
 
 
 # ----------------------------------------------------------------------------------------------

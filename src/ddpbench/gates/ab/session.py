@@ -16,6 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
+from ...options import AB_OPTIONS  # any of these turns A/B mode on
 from ..verdicts import LOST_CASES_KEY, ab_report, ab_verdicts, format_text
 from .budget import RunBudget
 from .engine import ABSettings, SideFailed, run_case
@@ -26,8 +27,6 @@ from .schedule import new_seed
 from .sides import (Side, SideError, check_modules_differ, engine_lines, local_facts, make_side, module_lines,
                     modules_under_test, parse_env_assignments, probe, resolve_modules)
 
-# Any of these turns A/B mode on.
-AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
 OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
 DEFAULT_MAX_TIME_S = 60.0  # a case's cap for adding pairs without --dist-ab-max-time or a run budget
 

@@ -101,7 +101,12 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert "Performance has regressed:" in output
     assert "test_sleepy[gloo-2p]" in output.split("Performance has regressed:")[1]
     assert len(json.loads((pytester.path / "slow.json").read_text())["benchmarks"][0]["stats"]["data"]) == 7
-    assert "machine_info is different" not in output  # the same machine: the probe is kept beside it
+    # the same machine: no "machine_info is different" (the probe's timings are kept beside it), and
+    # ddpbench's own verdicts for the same pair under pytest-benchmark's table, said to be informational
+    assert "machine_info is different" not in output
+    verdicts = output.split("ddpbench: noise-aware verdicts for the same comparison")[1]
+    assert "current:  this session" in verdicts and "test_sleepy[gloo-2p]" in verdicts
+    assert "`ddpbench compare` is the gate" in verdicts
 
     # a baseline saved when ddpbench kept its probe in machine_info: still no warning
     doc = json.loads(baseline.read_text())

@@ -225,6 +225,8 @@ def pytest_configure(config):
 
         config._ddpbench_ab = ABSession.from_options(config)
     _check_compare_target(config)
+    if config.getoption("benchmark_compare", None):
+        config.pluginmanager.register(SessionCompare(), "ddpbench-session-compare")
     if config.getoption("dist_cuda_graphs", False) and not cuda_device_count():
         broken = cuda_probe()[1]
         raise pytest.UsageError(
@@ -678,6 +680,7 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
 
 _MACHINE_FACTS = pytest.StashKey[dict]()
 _CALIBRATION = pytest.StashKey[dict]()
+_COMPARED_MACHINE_INFO = pytest.StashKey[dict]()  # this machine's, as --benchmark-compare compared it
 
 
 def machine_facts(config, machine_info: dict) -> dict:
@@ -726,7 +729,35 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
         saved.pop(MACHINE_INFO_KEY, None)  # the loaded copy only; the saved file is as it was
         if FINGERPRINT_KEY in saved or GPU_INFO_KEY in saved:
             machine_info.update(machine_facts(config, machine_info))
+    config.stash[_COMPARED_MACHINE_INFO] = machine_info
     yield
+
+
+class SessionCompare:
+    """Registered in sessions given --benchmark-compare: under pytest-benchmark's comparison table,
+    ddpbench's noise-aware verdicts for the same pair (:mod:`ddpbench.gates.session_compare`),
+    when the session has ddpbench cases. Informational: the exit status stays pytest-benchmark's."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_terminal_summary(self, terminalreporter, config):
+        try:
+            return (yield)
+        finally:  # also when --benchmark-compare-fail raised after printing its table
+            bench_session = getattr(config, "_benchmarksession", None)
+            if (bench_session is not None and not bench_session.disabled and bench_session.compared_mapping
+                    and uses_ddpbench(config)):
+                _print_session_verdicts(terminalreporter, config, bench_session)
+
+
+def _print_session_verdicts(terminalreporter, config, bench_session) -> None:
+    from .gates.session_compare import print_verdicts
+
+    machine_info = dict(config.stash.get(_COMPARED_MACHINE_INFO, {}))
+    machine_info.update(machine_facts(config, machine_info))
+    doc = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bench_session.benchmarks,
+                                                     include_data=True, machine_info=machine_info,
+                                                     commit_info={})
+    print_verdicts(terminalreporter, bench_session, doc, probe=lambda: calibration_probe(config))
 
 
 def calibration_probe(config) -> dict:

@@ -161,7 +161,12 @@ def read_doc(path: str | Path) -> dict:
 def load_run(path: str | Path) -> Run:
     """Read one pytest-benchmark JSON file; :class:`CompareError` with a clear message if unusable."""
     path = Path(path)
-    doc = read_doc(path)
+    return run_of_doc(path, read_doc(path))
+
+
+def run_of_doc(path: Path, doc: dict) -> Run:
+    """A run document (as read by :func:`read_doc`, or a session's own) as a :class:`Run`;
+    :class:`CompareError` naming ``path`` when it is unusable."""
     cases: dict[str, Case] = {}
     for index, bench in enumerate(doc["benchmarks"]):
         stats = bench.get("stats") if isinstance(bench, dict) else None

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
+from ...options import AB_OPTIONS  # any of these turns A/B mode on
 from ..verdicts import LOST_CASES_KEY, VerdictError, ab_report, ab_verdicts, format_text, record_decision
 from .budget import RunBudget
 from .engine import ABSettings, SideFailed, run_case
@@ -27,8 +28,6 @@ from .sides import (ImportIsolationError, Side, SideError, check_import_isolatio
                     local_facts, make_side, module_lines, modules_under_test, parse_env_assignments, probe,
                     resolve_modules, with_import_guard)
 
-# Any of these turns A/B mode on.
-AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
 OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
 DEFAULT_MAX_TIME_S = 60.0  # a case's cap for adding pairs without --dist-ab-max-time or a run budget
 

@@ -105,7 +105,12 @@ class CaseVerdict:
         inconclusive for a ``reason`` (figures that cannot be compared: nothing is ruled out)."""
         if self.verdict != "inconclusive" or self.reason:
             return None
-        return slowdown_ruled_out(self.ci_high)
+        # An A/B look that did not reach its stop level rules out only what its stop bound does
+        # (stats.PairedResult.upper_end; null: too few pairs for any bound at that level).
+        stop_bound = self.details.get("stop_bound", self.ci_high)
+        if stop_bound is None or self.ci_high is None:
+            return None
+        return slowdown_ruled_out(max(self.ci_high, stop_bound))
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -425,7 +430,8 @@ def _ab_problem(ab: dict[str, Any]) -> str | None:
     if timing is not None and timing not in TIMED:
         return f"ab.timing_verdict is {show(timing)}, not one of {', '.join(TIMED)}"
     for key, positive in (("ratio", True), ("p_value", False), ("threshold", False), ("wall_s", False),
-                          ("ratio_of_block_minima", True), ("pairs", False)):
+                          ("ratio_of_block_minima", True), ("pairs", False), ("stop_bound", True),
+                          ("stop_level", False)):
         value = ab.get(key)
         if value is not None and not (_is_number(value) and math.isfinite(value) and (value > 0 or not positive)
                                       and value >= 0):

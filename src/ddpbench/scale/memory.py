@@ -68,8 +68,9 @@ def _located(tracker_class):
             # MemTracker refuses a second forward of the top module in one tracked region (it
             # expects one per iteration); each micro-batch's forward is one: its per-module
             # statistics restart there (the peak and its place, kept here, do not).
+            name = self._mod_tracker.get_known_fqn(module)
             if (module in self.memory_tracking and not self._mod_tracker.is_bw
-                    and self._mod_tracker.parents == {"Global"}):
+                    and set(self._mod_tracker.parents) - {name} == {"Global"}):
                 self.reset_mod_stats()
             super()._pre_fw_hook(module, inputs)
 

@@ -170,7 +170,8 @@ def memory_problem(workload, world_sizes: list[int], memory: bool = True) -> str
             fixes.append("a smaller --batch-size")
     else:
         fixes.append("smaller --world-sizes")
-    return (f"simulating {workload.size} with {workload.impl} at {worst} ranks needs about {human_bytes(needed)} of "
+    where = f" at {worst} ranks" if workload.impl == "fsdp2" else ""  # a DDP rank's needs do not depend on N
+    return (f"simulating {workload.size} with {workload.impl}{where} needs about {human_bytes(needed)} of "
             f"memory on this machine ({what}), and this machine has {human_bytes(available)} available; use "
             f"{', '.join(fixes[:-1])} or {fixes[-1]}, or a machine with more memory")
 

@@ -119,12 +119,17 @@ def test_the_census_preflight_covers_what_fsdp2s_gathers_hold_at_large_n():
 def test_the_census_is_refused_naming_the_padding_when_it_cannot_fit(monkeypatch, capsys):
     import psutil
 
+    import ddpbench.scale
     from ddpbench import cli
 
     class Memory:
         available = 4 * GIB
 
+    def simulate(*args, **kwargs):
+        raise AssertionError("the pre-flight let through a simulation this machine cannot hold")
+
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory)
+    monkeypatch.setattr(ddpbench.scale, "census_at_scale", simulate)
     assert cli.main(["census", "--impl", "fsdp2", "--world-sizes", "8,1048576", "--no-chart"]) == 2
     err = capsys.readouterr().err
     assert "ddpbench census: error: simulating cpu-small with fsdp2 at 1048576 ranks needs about" in err

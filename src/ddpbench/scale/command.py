@@ -103,6 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-memory", type=parse_memory_size, default=None, metavar="SIZE",
                         help="a GPU's memory, e.g. 80GiB: says at which world sizes a rank's peak fits and by how "
                              "much it misses")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each block in backward (torch.utils.checkpoint): fewer activations kept")
     parser.add_argument("--no-memory", action="store_true",
                         help="the collective census only (no per-rank peak memory)")
     parser.add_argument("--warmup-steps", type=_count, default=DEFAULT_WARMUP_STEPS, metavar="K",
@@ -135,7 +137,8 @@ def build_workload(args):
     if args.no_memory and (args.device_memory is not None or args.batch_size):
         raise ValueError("--device-memory and --batch-size are the memory census's; drop them or drop --no-memory")
     knobs = dict(size=args.size, impl=args.impl, precision=args.precision, grad_accum=args.grad_accum,
-                 batch_size=args.batch_size, measure_peak=False)
+                 batch_size=args.batch_size, activation_checkpointing=args.activation_checkpointing,
+                 measure_peak=False)
     if args.impl == "ddp":
         knobs.update(bucket_cap_mb=args.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB,
                      comm_hook=args.comm_hook or "none", find_unused_parameters=bool(args.find_unused_parameters),

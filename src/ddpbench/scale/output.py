@@ -27,6 +27,8 @@ def describe(result: ScaleCensus) -> str:
     """One line naming what was simulated."""
     w = result.workload
     knobs = [w.impl, w.precision, f"grad_accum {w.grad_accum}"]
+    if w.activation_checkpointing:
+        knobs.append("activation checkpointing")
     if w.impl == "ddp":
         knobs.append(f"bucket_cap_mb {w.bucket_cap_mb:g}")
         if w.comm_hook != "none":
@@ -80,7 +82,8 @@ _SHORT = {"sharded_parameters": "sharded params", "unsharded_parameters": "unsha
 
 
 def fit_summary(result: ScaleCensus) -> str | None:
-    """'fits 80.0 GiB from 64 ranks up; misses at 8 ranks by 3.2 GiB' (None without --device-memory)."""
+    """'per-rank peak fits 80.0 GiB from 64 ranks up; misses at 8 ranks by 3.2 GiB' (None without
+    --device-memory)."""
     from .memory import fits_from
 
     rows = _memory_rows(result)
@@ -88,20 +91,18 @@ def fit_summary(result: ScaleCensus) -> str | None:
         return None
     device = human_bytes(result.device_bytes)
     start = fits_from(rows)
-    misses = [row for row in rows if not row["memory"]["device"]["fits"]]
-    parts = []
-    if start is None:
-        parts.append(f"does not fit {device} at any simulated world size")
-    elif start == rows[0]["world_size"]:
-        parts.append(f"fits {device} at every simulated world size")
+    fitting = [row["world_size"] for row in rows if row["memory"]["device"]["fits"]]
+    misses = [f"at {row['world_size']} ranks by {human_bytes(-row['memory']['device']['headroom_bytes'])}"
+              for row in rows if not row["memory"]["device"]["fits"]]
+    if not fitting:
+        head = f"does not fit {device} at any simulated world size"
+    elif not misses:
+        head = f"fits {device} at every simulated world size"
+    elif start is not None:
+        head = f"fits {device} from {start} ranks up"
     else:
-        parts.append(f"fits {device} from {start} ranks up")
-    for row in misses:
-        parts.append(f"misses at {row['world_size']} ranks by "
-                     f"{human_bytes(-row['memory']['device']['headroom_bytes'])}")
-    if start is not None and any(row["world_size"] > start for row in misses):
-        parts.append("(it fits again at some sizes but not at all larger ones)")
-    return "per-rank peak " + "; ".join(parts)
+        head = f"fits {device} at {', '.join(str(n) for n in fitting)} ranks only"
+    return "per-rank peak " + head + ("; misses " + ", ".join(misses) if misses else "")
 
 
 def format_memory_table(result: ScaleCensus) -> list[str]:
@@ -120,7 +121,7 @@ def format_memory_table(result: ScaleCensus) -> list[str]:
         at = memory["peak_at"]
         line = [str(row["world_size"]), human_bytes(memory["peak_bytes"])]
         line += [human_bytes(memory["peak_breakdown"].get(c, 0)) for c in columns]
-        line.append(f"{at['module'] or '-'} {at['phase']}")
+        line.append(f"{at['module'] or '(no module)'} {at['phase']}")
         if result.device_bytes is not None:
             verdict = memory["device"]
             line.append(f"fits, {human_bytes(verdict['headroom_bytes'])} spare" if verdict["fits"]
@@ -190,7 +191,8 @@ def format_table(result: ScaleCensus) -> str:
 def to_json(result: ScaleCensus) -> str:
     """The JSON document: the workload's knobs, the method, and a record per world size."""
     w = result.workload
-    knobs = {"size": w.size, "impl": w.impl, "precision": w.precision, "grad_accum": w.grad_accum}
+    knobs = {"size": w.size, "impl": w.impl, "precision": w.precision, "grad_accum": w.grad_accum,
+             "activation_checkpointing": w.activation_checkpointing}
     if w.impl == "ddp":
         knobs.update(bucket_cap_mb=w.bucket_cap_mb, comm_hook=w.comm_hook,
                      find_unused_parameters=w.find_unused_parameters,
@@ -208,6 +210,8 @@ def to_json(result: ScaleCensus) -> str:
     if result.device_bytes is not None:
         doc["device_memory_bytes"] = result.device_bytes
         doc["fits_from_world_size"] = fits_from(_memory_rows(result))
+        doc["fits_at_world_sizes"] = [row["world_size"] for row in _memory_rows(result)
+                                      if row["memory"]["device"]["fits"]]
     doc["world_sizes"] = result.rows
     return json.dumps(doc, indent=2)
 

@@ -2,12 +2,14 @@
 has, by simulation (one process standing for rank 0 of N on torch's fake process group).
 
 For each world size: every collective one rank issues in one optimizer step of the transformer
-family (kind, dtype, count, payload bytes; :mod:`ddpbench.engine.census`'s record) and the
+family (kind, dtype, count, payload bytes; :mod:`ddpbench.engine.census`'s record), the
 training state that rank holds (parameters, gradients, optimizer state; FSDP2's shards shrink
-with N). Counts and bytes only: no timing, no overlap (docs/design.md, "The census at scale").
+with N) and its peak memory over the step (:mod:`.memory`). Counts and bytes only: no timing, no
+overlap (docs/design.md, "The census at scale").
 
 Modules: :mod:`.fakepg` (the simulated world), :mod:`.step` (one step's census on any rank, real
-or simulated), :mod:`.output` (table, JSON, chart), :mod:`.command` (the command line).
+or simulated), :mod:`.memory` (one step's peak memory, real or simulated), :mod:`.output` (table,
+JSON, chart), :mod:`.command` (the command line).
 """
 
 from __future__ import annotations

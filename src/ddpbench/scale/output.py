@@ -60,7 +60,7 @@ def caveats(result: ScaleCensus) -> list[str]:
     if w.impl == "ddp" and w.comm_hook in FAKE_VALUES_CAVEATS:
         notes.append(FAKE_VALUES_CAVEATS[w.comm_hook])
     if w.impl == "fsdp2" and w.precision == "bf16" and _memory_rows(result):
-        notes.append("FSDP2 with bf16 parameters: the peak memory on fake tensors is not byte-exact against real CPU "
+        notes.append("FSDP2 with bf16 parameters: the simulated peak memory is not byte-exact against real gloo "
                      "ranks (cpu-small at 2 ranks: 2.6% under; docs/design.md, 'The census at scale')")
     return notes
 

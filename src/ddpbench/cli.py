@@ -150,9 +150,10 @@ def _parser() -> argparse.ArgumentParser:
                        description="The collective census of one optimizer step of the transformer family "
                                    "(DDP or FSDP2) at each world size, simulated in this process as rank 0 of N "
                                    "on torch's fake process group: per collective kind and dtype the calls and "
-                                   "payload bytes per step and rank, and the parameter, gradient and optimizer "
-                                   "bytes each rank holds; a table (or --json) and a chart. Counts and bytes, "
-                                   "no timing. Exit 0, or 2 on bad input.")
+                                   "payload bytes per step and rank, the parameter, gradient and optimizer "
+                                   "bytes each rank holds, and each rank's peak memory over the step with its "
+                                   "breakdown (--device-memory: where it fits); a table (or --json) and a chart. "
+                                   "Counts and bytes, no timing. Exit 0, or 2 on bad input.")
     from .scale.command import add_arguments as add_census_arguments
 
     add_census_arguments(s)

@@ -143,9 +143,12 @@ class ABSession:
         test_modules = {item.module for item in session.items if getattr(item, "module", None) is not None}
         project = {str(session.config.rootpath)} | {os.path.dirname(m.__file__) for m in test_modules
                                                      if getattr(m, "__file__", None)}
-        # torch always: a baseline environment may differ from the candidate's by torch alone (does
-        # upgrading torch slow our step?), and both sides' torch is then shown in the header.
-        names = sorted(set(modules_under_test(test_modules, project)) | {"torch"})
+        names = set(modules_under_test(test_modules, project))
+        if self.baseline.launch.foreign_interpreter:
+            # Another environment may differ from the candidate's by torch alone (does upgrading
+            # torch slow our step?): torch counts then, and the header shows both sides' torch.
+            names.add("torch")
+        names = sorted(names)
         try:
             self.baseline = resolve_modules(self.baseline, names)
             self.candidate = resolve_modules(self.candidate, names)

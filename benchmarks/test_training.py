@@ -47,9 +47,8 @@ def test_training(dist_benchmark, dist_spec, training_reference, model, impl, gr
             pytest.skip(reason)
     workload = Training(model, impl, batch_size=batch_size, grad_accum=grad_accum)
     result = dist_benchmark(workload)
-    # per-rank view (the seed reports' "Rank | Time | Max Memory Allocated" table; the engine records
-    # each rank's median round as rank_median_s)
-    dist_benchmark.extra_info["rank_peak_memory_bytes"] = [m.get("peak_memory_bytes") for m in result.rank_metrics]
+    # per-rank view (the seed reports' "Rank | Time | Max Memory Allocated" table): the engine records
+    # each rank's median round as rank_median_s and its census peak in memory.peak_bytes_per_rank
     # With --dist-exposed-comm N (manual and ddp): compute_s, exposed_comm_s, comm_isolated_s, comm_overlap_pct.
     dist_benchmark.extra_info.update(add_exposed_communication(result.extra_info))
     key = (dist_spec.backend, dist_spec.device, model, impl, grad_accum, batch_size)

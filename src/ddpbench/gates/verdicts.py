@@ -27,6 +27,10 @@ says (the timing verdict is kept in ``timing_verdict``), unless the gate was tol
 made on purpose (``--accept-structure-change``): then the column says ``accepted`` and the case
 keeps its timing verdict.
 
+Beside it a memory verdict (:mod:`.memory`: the two sides' memory census records compared exactly,
+in the same words), shown in the "memory" column, with the same effect: a memory regression makes
+the case a ``regression`` whatever the timing says, unless accepted (``--accept-memory-change``).
+
 Verdicts read back from a saved run (:func:`ab_verdict`) are checked first: a field that does
 not hold what it should is a :class:`VerdictError` naming the case and the field, never a
 traceback from the formatters.
@@ -39,6 +43,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from .memory import BASELINE_MEMORY_KEY, MEMORY_KEY, compare_memory
 from .structure import BASELINE_CENSUS_KEY, CENSUS_KEY, STRUCTURE_VERDICTS, CensusError, StructureVerdict, \
     accept, compare_census
 from .stats import VERDICTS as TIMING_VERDICTS
@@ -87,7 +92,8 @@ class CaseVerdict:
     reason: str | None = None  # why a case is missing or new
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
-    timing_verdict: str | None = None  # what the timing said, when a structural regression overrode it
+    timing_verdict: str | None = None  # what the timing said, when a structural or memory regression overrode it
+    memory: StructureVerdict | None = None  # the memory censuses compared (ddpbench.gates.memory)
 
     @property
     def rules_out_slowdown(self) -> float | None:
@@ -111,6 +117,13 @@ class CaseVerdict:
         if self.structure.fails and self.verdict != "regression":
             self.timing_verdict, self.verdict = self.verdict, "regression"
 
+    def judge_memory(self, memory: StructureVerdict, accepted: bool = False) -> None:
+        """Add the memory verdict; an unaccepted memory regression makes the case a regression
+        whatever the timing says (``accepted``: the gate's option to accept it)."""
+        self.memory = accept(memory) if accepted else memory
+        if self.memory.fails and self.verdict != "regression":
+            self.timing_verdict, self.verdict = self.verdict, "regression"
+
 
 @dataclass(frozen=True)
 class Column:
@@ -121,6 +134,7 @@ class Column:
 
 
 STRUCTURE_COLUMN = Column("structure", lambda case: case.structure.cell() if case.structure else "-")
+MEMORY_COLUMN = Column("memory", lambda case: case.memory.cell() if case.memory else "-")
 
 
 @dataclass
@@ -153,6 +167,11 @@ class GateReport:
         return [c.fullname or c.name for c in self.cases
                 if c.structure is not None and c.structure.verdict == "regression" and c.structure.accepted == accepted]
 
+    def memory_regressions(self, accepted: bool) -> list[str]:
+        """The cases whose memory census regressed: accepted as made on purpose, or not."""
+        return [c.fullname or c.name for c in self.cases
+                if c.memory is not None and c.memory.verdict == "regression" and c.memory.accepted == accepted]
+
     def sorted_cases(self) -> list[CaseVerdict]:
         order = {v: i for i, v in enumerate(VERDICTS)}
         return sorted(self.cases, key=lambda c: (order[c.verdict], c.fullname or c.name))
@@ -164,8 +183,13 @@ class GateReport:
                   if c.structure is not None]
         structure = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
                               if judged.count(v))
+        judged = [("accepted" if c.memory.accepted else c.memory.verdict) for c in self.cases
+                  if c.memory is not None]
+        memory = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
+                           if judged.count(v))
         return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; ratio = {self.current_label} / "
-                f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else ""))
+                f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else "")
+                + (f"; memory: {memory}" if memory else ""))
 
     def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
                     option_prefix: str = "--", allow_baseline_failure: bool = False) -> tuple[int, list[str]]:
@@ -176,6 +200,7 @@ class GateReport:
         allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
         allow_failed = f"{option_prefix}allow-baseline-failure"
         accept_change = f"{option_prefix}accept-structure-change"
+        accept_memory = f"{option_prefix}accept-memory-change"
         status, lines = 0, []
         if self.count("regression"):
             status = 1
@@ -191,6 +216,16 @@ class GateReport:
                 lines.append(f"{len(names)} structural regression(s) ({shown}): what one step launches grew "
                              f"or changed, a regression whatever the timing says ({accept_change} accepts a "
                              f"change made on purpose)")
+        for accepted, names in ((False, self.memory_regressions(False)), (True, self.memory_regressions(True))):
+            if not names:
+                continue
+            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+            if accepted:
+                lines.append(f"{len(names)} memory change(s) accepted by {accept_memory} ({shown}): shown, not failing")
+            else:
+                lines.append(f"{len(names)} memory regression(s) ({shown}): the peak of live tensor bytes in one "
+                             f"step (or what held it, or what stays after the step) grew, a regression whatever "
+                             f"the timing says ({accept_memory} accepts a change made on purpose)")
         for verdict, allowed, option, cause in (
                 ("missing", allow_missing, allow,
                  f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
@@ -223,7 +258,7 @@ class GateReport:
 
 
 # What a case's details keep in JSON: the raw rounds and the sides' descriptions stay in the run.
-_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids", BASELINE_CENSUS_KEY)
+_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids", BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY)
 
 
 def _case_dict(case: CaseVerdict) -> dict[str, Any]:
@@ -261,9 +296,12 @@ def _headers(report: GateReport) -> list[str]:
 def _verdict_note(case: CaseVerdict) -> str:
     """What follows the verdict word: why (a reason), and what the timing said when the structure
     made the case a regression."""
-    first_look = " at its first look" if case.details.get("stopped_by_structure") else ""
+    first_look = (" at its first look" if case.details.get("stopped_by_structure") or case.details.get("stopped_by_memory")
+                  else "")
+    by = [name for name, judged in (("structure", case.structure), ("memory", case.memory))
+          if judged is not None and judged.fails] or ["structure"]
     notes = ([case.reason] if case.reason else []) + (
-        [f"structure; timing {case.timing_verdict}{first_look}"] if case.timing_verdict else [])
+        [f"{' and '.join(by)}; timing {case.timing_verdict}{first_look}"] if case.timing_verdict else [])
     return f" ({'; '.join(notes)})" if notes else ""
 
 
@@ -372,10 +410,12 @@ def _ab_problem(ab: dict[str, Any]) -> str | None:
 
 
 def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, census: Any = None,
-               accept_structure_change: bool = False) -> CaseVerdict:
+               accept_structure_change: bool = False, memory: Any = None, accept_memory_change: bool = False,
+               memory_tolerance: float | None = None) -> CaseVerdict:
     """A case's A/B verdict from its ``extra_info["ab"]`` (the timing verdict and the baseline's
-    census) and the candidate's ``census`` (``extra_info["census"]``); :class:`VerdictError` when a
-    field does not hold what it should (a damaged or hand-edited run)."""
+    census and memory census) and the candidate's ``census`` and ``memory``
+    (``extra_info["census"]`` / ``["memory"]``); :class:`VerdictError` when a field does not hold
+    what it should (a damaged or hand-edited run)."""
     problem = _ab_problem(ab)
     if problem:
         raise VerdictError(f"{name}: extra_info {problem}. The run's file is damaged or was edited: "
@@ -396,14 +436,23 @@ def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, 
             raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
                                f"or run the A/B comparison again") from None
         case.judge_structure(structure, accept_structure_change)
+        try:
+            judged = compare_memory(ab.get(BASELINE_MEMORY_KEY), memory, "candidate",
+                                    (f"ab.{BASELINE_MEMORY_KEY}", MEMORY_KEY), memory_tolerance)
+        except CensusError as exc:
+            raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
+                               f"or run the A/B comparison again") from None
+        case.judge_memory(judged, accept_memory_change)
     return case
 
 
 def ab_verdicts(results: list[tuple[str, dict, float | None, dict | None]],
-                accept_structure_change: bool = False) -> list[CaseVerdict]:
+                accept_structure_change: bool = False, accept_memory_change: bool = False,
+                memory_tolerance: float | None = None) -> list[CaseVerdict]:
     """The verdicts of an A/B run in progress: (case id, extra_info["ab"], candidate median, the
-    case's extra_info or None), the candidate's census read from that extra_info now."""
-    return [ab_verdict(name, summary, median, (info or {}).get(CENSUS_KEY), accept_structure_change)
+    case's extra_info or None), the candidate's census and memory census read from that extra_info now."""
+    return [ab_verdict(name, summary, median, (info or {}).get(CENSUS_KEY), accept_structure_change,
+                       (info or {}).get(MEMORY_KEY), accept_memory_change, memory_tolerance)
             for name, summary, median, info in results]
 
 
@@ -420,6 +469,7 @@ AB_COLUMNS = [
     Column("pairs", _ab_number("pairs", "{}")),
     Column("wall (s)", _ab_number("wall_s", "{:.1f}")),
     STRUCTURE_COLUMN,
+    MEMORY_COLUMN,
 ]
 
 
@@ -440,7 +490,8 @@ def ab_report(cases: list[CaseVerdict], sides: dict | None = None) -> GateReport
                       footer=[f"  {name}: {describe_side(desc)}" for name, desc in (sides or {}).items()])
 
 
-def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False) -> list[CaseVerdict]:
+def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False, accept_memory_change: bool = False,
+                       memory_tolerance: float | None = None) -> list[CaseVerdict]:
     """The A/B verdicts stored in a pytest-benchmark JSON run (cases without ``ab`` are skipped),
     the cases the candidate lost included."""
     out = []
@@ -450,7 +501,8 @@ def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False) -> list
         if isinstance(ab, dict) and "verdict" in ab:
             out.append(ab_verdict(case.get("fullname") or case.get("name", "?"), ab,
                                   (case.get("stats") or {}).get("median"), info.get(CENSUS_KEY),
-                                  accept_structure_change))
+                                  accept_structure_change, info.get(MEMORY_KEY), accept_memory_change,
+                                  memory_tolerance))
     for lost in doc.get(LOST_CASES_KEY) or []:
         if isinstance(lost, dict) and isinstance(lost.get("ab"), dict):
             out.append(ab_verdict(str(lost.get("name", "?")), lost["ab"], None))

@@ -15,7 +15,10 @@ from typing import Any, Callable
 
 import pytest
 
+from ...engine.memory import combine_memory
 from ...engine.timing import CaseRounds, measure_workload
+from ..memory import BASELINE_MEMORY_KEY, MEMORY_VERDICT_KEY, compare_memory, verdict_dict
+from ..structure import CensusError, accept
 from ..verdicts import LOST_CASES_KEY, ab_report, ab_verdicts, format_text
 from .budget import RunBudget
 from .engine import ABSettings, SideFailed, run_case
@@ -48,6 +51,8 @@ class ABSession:
     allow_baseline_failure: bool = False  # --dist-ab-allow-baseline-failure
     fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
     accept_structure_change: bool = False  # --dist-ab-accept-structure-change
+    accept_memory_change: bool = False  # --dist-ab-accept-memory-change
+    memory_tolerance: float | None = None  # --dist-ab-memory-tolerance (None: measured figures not judged)
     profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
     budget: RunBudget | None = None  # --dist-ab-run-budget: each case's cap is its share of what is left
@@ -87,7 +92,8 @@ class ABSession:
                               pools_per_side=config.getoption("dist_ab_pools_per_side"),
                               stratify_placement=config.getoption("dist_ab_stratify_placement", False),
                               stop_on_structural_regression=not config.getoption("dist_ab_accept_structure_change",
-                                                                                 False))
+                                                                                 False),
+                              stop_on_memory_regression=not config.getoption("dist_ab_accept_memory_change", False))
         first_stage_blocks = 2 * settings.stage_sizes(settings.pools_per_side)[0]
         if first_stage_blocks * settings.block_time_s > settings.max_time_s:
             option = "--dist-ab-max-time" if max_time or not run_budget else "--dist-ab-run-budget"
@@ -104,6 +110,8 @@ class ABSession:
                    allow_baseline_failure=config.getoption("dist_ab_allow_baseline_failure", False),
                    fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"),
                    accept_structure_change=config.getoption("dist_ab_accept_structure_change", False),
+                   accept_memory_change=config.getoption("dist_ab_accept_memory_change", False),
+                   memory_tolerance=config.getoption("dist_ab_memory_tolerance", None),
                    profile=config.getoption("dist_ab_profile", DEFAULT_PROFILE),
                    profile_root=_profile_root(config, seed), budget=budget)
 
@@ -190,6 +198,13 @@ class ABSession:
             summary["run_budget_s"] = self.budget.budget_s
         summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
         extra_info["ab"] = summary
+        memory = combine_memory([m.get("memory") for m in outcome.candidate_metrics])
+        try:  # the memory verdict as the report will give it, kept in the saved run
+            judged = compare_memory(summary.get(BASELINE_MEMORY_KEY), memory, "candidate",
+                                    tolerance=self.memory_tolerance)
+            summary[MEMORY_VERDICT_KEY] = verdict_dict(accept(judged) if self.accept_memory_change else judged)
+        except CensusError:  # the report names the damaged field
+            pass
         self.results.append((case_id, summary, statistics.median(outcome.candidate.round_times), extra_info))
         if should_profile(self.profile, summary["verdict"]):  # the verdict and rounds are final here
             profile = profile_case({name: side_pools[0] for name, side_pools in pools.items()}, workload,
@@ -232,7 +247,8 @@ class ABSession:
     # -- the run's end ----------------------------------------------------------------------------
 
     def report(self):
-        return ab_report(ab_verdicts(self.results, self.accept_structure_change), self.sides())
+        return ab_report(ab_verdicts(self.results, self.accept_structure_change, self.accept_memory_change,
+                                     self.memory_tolerance), self.sides())
 
     def exit_status(self) -> int:
         return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,

@@ -43,6 +43,8 @@ _CATEGORY_NAMES = {
 CATEGORIES = ("parameters", "sharded_parameters", "unsharded_parameters", "buffers", "gradients",
               "sharded_gradients", "unsharded_gradients", "optimizer_state", "activations", "temporaries",
               "ddp_buckets", "collective_buffers", "all_gather_buffers", "reduce_scatter_buffers", "inputs", "other")
+# What a provisional label at the peak may turn into once a hook or a collective says more.
+_FINAL_LABELS = ("Gradient", "Collective buffer", "Sharded Grad", "Unsharded Grad", "All Gather", "Reduce Scatter")
 # Record fields that differ from rank to rank by nature (never a disagreement).
 _PER_RANK = ("measured",)
 
@@ -78,6 +80,9 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
             super().__init__(*args)
             self._ref_class = refs
             self.peak_where: dict[Any, tuple[str | None, str]] = {}
+            # Per device, the storages provisionally labelled at the peak (a temporary, an
+            # activation, "other") with their label and bytes then: see relabeled_peak.
+            self._peak_provisional: dict[Any, list] = {}
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
@@ -88,7 +93,7 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
                            key=lambda n: (n.count("."), n))
             module = names[-1] if names else None
             phase = ("optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw
-                     else "forward" if module is not None else "outside modules")
+                     else "forward" if module is not None else "outside the model")
             return module, phase
 
         def _pre_fw_hook(self, module, inputs) -> None:
@@ -120,6 +125,27 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
             for dev, peak in self._peak_mem.items():
                 if before.get(dev) != peak:
                     self.peak_where[dev] = self._where_now()
+                    self._peak_provisional[dev] = [
+                        (winfo, winfo.reftype, winfo.mem_consumed) for winfo, _ in self._WINFO.values()
+                        if winfo.device == dev and str(winfo.reftype.value) in relabel]
+
+        def relabeled_peak(self) -> dict:
+            """The peak snapshot with what the step learnt after the peak: a tensor an op had just
+            made when the peak was taken is a temporary (or an activation) to torch's tracker until
+            a hook says what it is: a gradient (the parameter's hook runs after the op), a buffer
+            handed to a collective (DDP's bucket copy, a hand-written loop's flattened buffer),
+            FSDP2's gradient or reduce-scatter buffers. Those move to their final category."""
+            peak = self.get_tracker_snapshot("peak")
+            for dev, provisional in self._peak_provisional.items():
+                snapshot = peak.get(dev)
+                if snapshot is None:
+                    continue
+                for winfo, label, nbytes in provisional:
+                    final = winfo.reftype
+                    if final != label and str(final.value) in _FINAL_LABELS:
+                        snapshot[label] -= nbytes
+                        snapshot[final] = snapshot.get(final, 0) + nbytes
+            return peak
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             res = super().__torch_dispatch__(func, types, args, kwargs)
@@ -252,12 +278,14 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
     """Run ``run()`` (one step) once under the memory tracker and return the record. ``targets``:
     the modules, optimizers and tensors alive before the step (:func:`discover_targets`);
     ``device``: the rank's device (its figures are the record's); ``incomplete``: why part of the
-    step escapes the count (the gates then do not judge it)."""
+    step escapes the count (the gates then do not judge it). ``targets`` is emptied once they are
+    registered: a reference held here would keep a tensor alive that the step itself lets go."""
     import torch
 
     modules = [t for t in targets if isinstance(t, torch.nn.Module)]
     optimizers = [t for t in targets if isinstance(t, torch.optim.Optimizer)]
     tensors = [t for t in targets if isinstance(t, torch.Tensor)]
+    targets.clear()
     fsdp_roots = [m for m in modules if _is_fsdp2(m)]
     skip_dynamo = "torch._dynamo" not in sys.modules
     if fsdp_roots:
@@ -268,18 +296,19 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
         tracker = _tracker_class(False, skip_dynamo)()
         tracker.track_external(*modules, *optimizers, *tensors)
         method = "MemTracker"
+    del tensors
     ddp = any(_is_ddp(m) for m in modules)
     before = tracker.get_tracker_snapshot("current")
     with tracker:
         run()
     after = tracker.get_tracker_snapshot("current")
-    peak = tracker.get_tracker_snapshot("peak")
+    peak = tracker.relabeled_peak()
     dev = torch.device(device) if device is not None else torch.device("cpu")
     chosen = next((d for d in sorted(peak, key=str) if d.type == dev.type), None)
     if chosen is None and peak:
         chosen = sorted(peak, key=str)[0]
     roots = {type(m).__name__: type(m).__name__ for m in modules}
-    where = tracker.peak_where.get(chosen, (None, "outside modules"))
+    where = tracker.peak_where.get(chosen, (None, "outside the model"))
     record: dict[str, Any] = {
         "version": MEMORY_VERSION,
         "method": method,

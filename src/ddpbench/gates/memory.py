@@ -11,10 +11,13 @@ category's bytes at the peak (parameters, gradients, optimizer state, activation
 DDP buckets, FSDP2's buffers...) and the bytes that stay allocated after the step. More of any is a
 ``regression`` (a tensor kept alive across steps shows as more after the step, more at the peak or
 both); only less is an ``improvement``; identical is ``same``; a mixed change (one figure up,
-another down) is a ``regression`` too, until a person accepts it. The categories compare one by
-one only while the peak falls at the same place (module and phase): a peak that moved is another
-moment of the step, whose categories are shown but judged by the peak's total (activation
-checkpointing lowers the peak and moves it to where more gradients exist: an improvement). The line names what grew and
+another down) is a ``regression`` too, until a person accepts it. The peak's total decides where it
+changed, what held it is shown beside (a lower peak is what lets a job fit, whichever category
+grew: activation checkpointing lowers the peak and moves it to where more gradients exist, an
+improvement; ``gradient_as_bucket_view`` turns DDP's bucket copy into the gradients themselves,
+an improvement). Where the peak is the same to the byte at the same place (module and phase), its
+categories compare one by one: bytes that moved from one category to another are a regression
+until accepted, since something else now holds the peak. The line names what grew and
 where the peak now falls: ``peak +8.0 MiB: activations +8.0 MiB, at blocks.0 backward``.
 
 The measured CUDA figures (``memory.measured``: the caching allocator's max allocated over the
@@ -98,10 +101,15 @@ def _delta(nbytes: int) -> str:
 
 
 def _place(figures: dict) -> str:
+    """Where the peak fell, as a line says it: "at blocks.0 backward", "in the optimizer step"."""
     module, phase = figures["module"], figures["phase"]
     if module and phase:
-        return f"{module} {phase}"
-    return phase or module or "unknown"
+        return f"at {module} {phase}"
+    if phase == "optimizer":
+        return "in the optimizer step"
+    if phase in ("forward", "backward"):
+        return f"in {phase}"
+    return str(phase or module or "at an unknown place")
 
 
 def _category_changes(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, int]]:
@@ -142,16 +150,16 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
     moved = _place(base) != _place(cur)
     up |= peak_change > 0
     down |= peak_change < 0
-    if not moved:  # the same moment of the step: each category compares with its own
+    if not peak_change and not moved:  # the same peak at the same moment: what held it compares too
         up |= any(d > 0 for _, d in at_peak)
         down |= any(d < 0 for _, d in at_peak)
     if peak_change or at_peak:
         head = f"peak {_delta(peak_change)}" if peak_change else "peak same"
         what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in at_peak)
-        place = f"at {_place(cur)}" + (f" (was {_place(base)})" if moved else "")
+        place = _place(cur) + (f" (was {_place(base)})" if moved else "")
         parts.append(f"{head}: {what + ', ' if what else ''}{place}")
     elif moved:
-        parts.append(f"peak same, now at {_place(cur)} (was {_place(base)})")
+        parts.append(f"peak same, now {_place(cur)} (was {_place(base)})")
     after_change = cur["after"] - base["after"]
     if after_change:
         kept = _category_changes(base["after_step"], cur["after_step"])

@@ -112,7 +112,7 @@ def test_activation_checkpointing_is_an_improvement(baseline):
     verdict = compare_memory(baseline, checkpointed)
     # The peak moved (to the first block's backward, where more gradients exist): its total decides.
     assert verdict.verdict == "improvement", verdict.line
-    assert verdict.line.startswith("peak -1.5 MiB: activations -1.9 MiB") and "(was blocks.3 backward)" in verdict.line
+    assert verdict.line.startswith("peak -1.5 MiB: activations -1.9 MiB") and "(was at blocks.3 backward)" in verdict.line
 
 
 def test_an_a_a_is_same_ten_times_of_ten():

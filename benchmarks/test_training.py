@@ -9,6 +9,7 @@ world-size-1 case (same backend, device, model, impl, accumulation and batch) ra
 
 Default run: batch 32, accumulation 1 and 4. ``-m slow`` adds batch 64.
 DataParallel (single process, every GPU) runs under ``gpu`` + ``multi_gpu``.
+``test_training_bucket_view``: DDP with ``gradient_as_bucket_view=True`` (mlp), for the memory census.
 
 ``test_training_shared_gpu`` (``gpu``): two gloo ranks with CUDA tensors on ONE GPU
 (``gloo-cuda-2p``), so a single-GPU runner still measures a step whose gradients really cross
@@ -58,6 +59,14 @@ def test_training(dist_benchmark, dist_spec, training_reference, model, impl, gr
     elif key in training_reference:
         efficiency = samples_per_second / (dist_spec.world_size * training_reference[key])
         dist_benchmark.extra_info["scaling_efficiency"] = round(efficiency, 4)
+
+
+@pytest.mark.parametrize("model", ["mlp"])
+def test_training_bucket_view(dist_benchmark, model):
+    """DDP with ``gradient_as_bucket_view=True`` beside test_training's ``ddp`` and ``manual`` cases
+    (batch 32, no accumulation): the report's Memory table shows DDP's bucket copy (``DDP
+    buckets`` = the parameters' bytes) in the ``ddp`` case and gone here (seed 004's finding)."""
+    dist_benchmark(Training(model, "ddp", batch_size=32, gradient_as_bucket_view=True))
 
 
 @pytest.mark.gpu

@@ -245,3 +245,24 @@ def test_an_ab_run_whose_candidate_keeps_64_mb_alive_fails_naming_it(pytester):
     assert ab["memory_verdict"]["verdict"] == "regression" and ab["stages"] == 1  # decided at its first look
     assert ab["stopped_by_memory"].startswith("peak +64.0 MiB")
     assert case["extra_info"]["memory"]["after_step_bytes"] - ab["memory_baseline"]["after_step_bytes"] == 64 << 20
+
+
+def test_the_stored_baseline_gate_judges_memory_and_accepts_a_change_made_on_purpose(tmp_path, capsys, baseline):
+    from benchjson import bench, run_doc, write
+    from ddpbench import cli
+
+    grown = dict(baseline, peak_bytes=baseline["peak_bytes"] + (8 << 20), at_peak=dict(
+        baseline["at_peak"], activations=baseline["at_peak"]["activations"] + (8 << 20)))
+    rounds = [0.010, 0.0101, 0.0099, 0.0100, 0.0102, 0.0098] * 3  # the same rounds: the timing reads same
+    base = write(tmp_path / "base.json", run_doc([bench("test_step", rounds, {"memory": baseline})]))
+    cur = write(tmp_path / "cur.json", run_doc([bench("test_step", rounds, {"memory": grown})]))
+    assert cli.main(["compare", str(base), str(cur)]) == 1
+    out = capsys.readouterr().out
+    assert "peak +8.0 MiB: activations +8.0 MiB, at blocks.3 backward" in out
+    assert "regression (memory; timing same)" in out and "--accept-memory-change accepts" in out
+    assert cli.main(["compare", str(base), str(cur), "--accept-memory-change"]) == 0
+    assert "1 memory change(s) accepted by --accept-memory-change" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:  # a usage error, exit status 2
+        cli.main(["compare", str(base), str(cur), "--memory-tolerance", "lots"])
+    assert exited.value.code == 2
+    assert "--memory-tolerance: 'lots': give a share of the baseline's figure" in capsys.readouterr().err

@@ -146,6 +146,17 @@ def test_measured_cuda_figures_are_shown_and_judged_only_with_a_tolerance(baseli
     assert judged.verdict == "regression" and "past the 5% tolerance" in judged.line
 
 
+def test_on_cuda_the_allocator_s_figures_sit_beside_the_census(baseline):
+    from ddpbench.engine.memory import measured_cuda
+
+    ranks = [measured_cuda(baseline, allocated, 2 * allocated) for allocated in (20 << 20, 25 << 20)]
+    assert ranks[0]["measured"]["census_over_allocated"] == round(baseline["peak_bytes"] / (20 << 20), 4)
+    combined = combine_memory(ranks)
+    assert "ranks_disagree" not in combined  # the measured figures differ by nature, the census does not
+    assert combined["measured"]["max_allocated_bytes"] == 25 << 20  # the largest rank's
+    assert combined["measured"]["census_over_allocated"] == round(baseline["peak_bytes"] / (25 << 20), 4)
+
+
 def test_what_cannot_be_compared_is_not_counted_and_a_damaged_record_is_named(baseline):
     assert compare_memory(None, baseline).verdict == "not counted"
     assert compare_memory(baseline, dict(baseline, version=99)).verdict == "not counted"

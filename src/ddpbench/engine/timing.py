@@ -360,6 +360,11 @@ class RankSession:
             raise RuntimeError(f"the memory census of {type(self.workload).__name__}'s step failed on rank "
                                f"{self.ctx.rank}: {type(exc).__name__}: {exc} (--dist-memory-census=off "
                                f"runs the case without it)") from exc
+        census_details = getattr(self.workload, "census_details", None)
+        if self.census is None and census_details is not None:  # steps on threads the tracker cannot see
+            incomplete = (census_details(self.state) or {}).get("incomplete")
+            if incomplete:
+                self.memory_census["incomplete"] = str(incomplete)
         self.phases["engine_memory_census_s"] = time.perf_counter() - phase_start
 
     def _build(self, warmup: int) -> list[float]:

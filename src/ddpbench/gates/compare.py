@@ -633,6 +633,8 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         result.warnings.append(
             f"{count} case(s) not compared: what decides their measurement differs between the runs "
             f"(see each case); --allow-different {','.join(sorted(unlike))} compares them anyway")
+    if not any(MEMORY_KEY in case.extra_info for run in (base, cur) for case in run.cases.values()):
+        result.columns.remove(MEMORY_COLUMN)  # runs saved before the memory census: their table as it was
     result.cases = result.sorted_cases()
     return result
 

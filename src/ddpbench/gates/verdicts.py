@@ -486,7 +486,9 @@ def ab_report(cases: list[CaseVerdict], sides: dict | None = None) -> GateReport
     threshold = next((c.details["threshold"] for c in cases if "threshold" in c.details), None)
     if sides is None:
         sides = next((c.details["sides"] for c in cases if isinstance(c.details.get("sides"), dict)), {})
-    return GateReport("ddpbench A/B verdicts", cases, threshold, current_label="candidate", columns=AB_COLUMNS,
+    columns = [column for column in AB_COLUMNS if column is not MEMORY_COLUMN or any(
+        c.memory is not None and not c.memory.line.startswith("neither side") for c in cases)]
+    return GateReport("ddpbench A/B verdicts", cases, threshold, current_label="candidate", columns=columns,
                       footer=[f"  {name}: {describe_side(desc)}" for name, desc in (sides or {}).items()])
 
 

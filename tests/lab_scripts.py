@@ -1,12 +1,12 @@
-"""Load a script of lab/ (lab/reference/ or lab/investigations/) as a module, for tests of its
-functions."""
+"""Load a script of lab/ (lab/reference/, lab/investigations/ or lab/gpu/) as a module, for tests
+of its functions."""
 
 import importlib.util
 import pathlib
 import sys
 
 LAB = pathlib.Path(__file__).resolve().parents[1] / "lab"
-FOLDERS = (LAB / "reference", LAB / "investigations")
+FOLDERS = (LAB / "reference", LAB / "investigations", LAB / "gpu")
 
 
 def lab_script_path(name: str) -> pathlib.Path:

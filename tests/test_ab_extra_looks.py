@@ -44,16 +44,19 @@ def test_an_extra_look_cannot_reject():
 
 
 def test_identical_sides_inconclusive_after_the_planned_looks_are_decided_by_extra_looks():
-    # Noisy blocks (seeded): the 96 planned pairs leave the interval across 1 + threshold, the
-    # first extra look's 48 pairs narrow it under it.
-    outcome = _case(seed=6, noise=0.2)
+    # Noisy blocks (seeded): the 96 planned pairs leave the case undecided, the second extra
+    # look's pairs (192 in all) rule out a slowdown of the threshold at its stop level.
+    outcome = _case(seed=5, noise=0.2)
     summary = outcome.summary({})
-    assert outcome.result.verdict == stats.NOT_SLOWER and len(outcome.pairs) == 144
-    assert summary["planned_looks"] == 8 and summary["extra_looks"] == 1
-    assert list(outcome.levels_applied[8:]) == [EXTRA_LOOK_LEVEL]
+    assert outcome.result.verdict == stats.NOT_SLOWER and len(outcome.pairs) == 192
+    assert summary["planned_looks"] == 8 and summary["extra_looks"] == 2
+    assert list(outcome.levels_applied[8:]) == [EXTRA_LOOK_LEVEL] * 2
     assert all(level > 0 for level in outcome.levels_applied[:8])
+    # Every look, extra ones too, had its stop level (one level for all: stats.stop_levels).
+    assert summary["stop_level_per_look"] == list(SETTINGS.stop_level_per_look(2)) and len(set(
+        summary["stop_level_per_look"])) == 1
     # negative control: the same case without room for extra looks ends inconclusive at 96 pairs
-    capped = _case(seed=6, noise=0.2, settings=ABSettings(block_time_s=3 * ROUND_S, max_time_s=600.0,
+    capped = _case(seed=5, noise=0.2, settings=ABSettings(block_time_s=3 * ROUND_S, max_time_s=600.0,
                                                           max_extended_pairs=96))
     assert len(capped.pairs) == 96 and capped.result.verdict == "inconclusive"
     assert capped.summary({})["extra_looks"] == 0

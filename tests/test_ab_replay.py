@@ -190,3 +190,16 @@ def test_replay_stratified_by_placement_narrows_two_placement_intervals(tmp_path
     replay_script.main([str(tmp_path), "--stratify-placement"])
     assert "1 case(s) recorded without each round's placement, replayed unstratified" in \
         _line(capsys.readouterr().out, "sequential")
+
+
+def test_the_replay_applies_each_looks_stop_level_unless_asked_for_the_rule_before(tmp_path, replay_script, capsys):
+    # 12 pairs 2.5% slower in steady blocks: the interval ends at 1.044, within the threshold, but
+    # 12 pairs do not rule out 5% at the first look's stop level (the bound ends at 1.054).
+    cases = [_recorded_case("test_near", 1.025, pairs=12, verdict="not-slower")]
+    (tmp_path / "run00.json").write_text(json.dumps({"benchmarks": cases}))
+    replay_script.main([str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("sequential 1 cases: 0 regression, 0 improvement, 0 same, 0 not-slower, 1 inconclusive")
+    replay_script.main([str(tmp_path), "--without-stop-levels"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("sequential 1 cases: 0 regression, 0 improvement, 1 same")

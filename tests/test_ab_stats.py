@@ -1,5 +1,6 @@
 """A/B verdict logic on synthetic paired samples, and the balanced block order."""
 
+import itertools
 import math
 import random
 import statistics
@@ -207,6 +208,80 @@ def test_the_looks_together_keep_the_false_alarm_rate_at_alpha():
         stats.sequential_levels(alpha, 0)
 
 
+STOPS = ("same", stats.NOT_SLOWER)
+
+
+def test_an_interval_just_under_the_threshold_is_not_enough_where_the_pairs_cannot_rule_it_out():
+    # One of the cases below (a true slowdown of 5%, 12 pairs): the bootstrap interval ends at
+    # 1.043, so the interval alone read not-slower; the exact signed-rank bound at a single look's
+    # 2.5% ends at 1.055, so a 5% slowdown is not ruled out: inconclusive.
+    rng = np.random.default_rng(1)
+    candidate = [list(1.05 * np.exp(0.1 * rng.standard_normal(12))) for _ in range(62)][61]
+    result = stats.analyse_pairs([1.0] * 12, candidate, 0.05, pool_pair_of=[0, 1] * 6)
+    assert result.ci_high < 1.045 and result.verdict == "inconclusive"
+    assert result.to_dict()["rules_out_slowdown"] > 0.05  # what it does rule out: more than 5%
+
+
+def test_a_slowdown_of_exactly_the_threshold_rarely_reads_same_or_not_slower_at_the_first_look():
+    # 100 seeded cases, 12 pairs each (the first look, two pool pairs), the candidate slower by
+    # exactly the threshold. The 95% interval's upper end alone (the rule before 2026-11-26) falls
+    # within 1.05 in 7 of them, where its nominal one-sided miss is 2.5%: the bootstrap of 6 pairs
+    # a pool pair is too narrow. With the look's stop bound it is 1, under the 2.5% spent over
+    # every look the case may take.
+    settings = ABSettings()
+    level, stop_level = settings.alpha_per_look(2)[0], settings.stop_level_per_look(2)[0]
+    rng = np.random.default_rng(1)
+    before = after = 0
+    for _ in range(100):
+        candidate = list(1.05 * np.exp(0.1 * rng.standard_normal(12)))
+        result = stats.analyse_pairs([1.0] * 12, candidate, 0.05, level, pool_pair_of=[0, 1] * 6,
+                                     stop_level=stop_level)
+        after += result.verdict in STOPS
+        before += stats.decide(result.ratio, result.ci_low, result.ci_high, result.p_value, 0.05, level,
+                               result.pool_pair_ratios) in STOPS
+    assert before == 7 and after <= 0.025 * 100
+
+
+def test_the_stop_levels_spend_the_error_over_every_look_extra_ones_included():
+    # A slowdown of exactly the threshold: the stop test's z-statistics at nested looks (a random
+    # walk seen at the engine's 12, 24, ... 96, 144, ... 288 pairs). One common level for every
+    # look, set so that some look stops with chance 2.5%, where testing each look at 2.5% stops
+    # far more often.
+    from scipy.stats import norm
+
+    settings = ABSettings()
+    pairs = np.array(list(itertools.accumulate(settings.stage_sizes(2) + settings.extra_stage_sizes(2))))
+    levels = settings.stop_level_per_look(2)
+    assert len(levels) == 12 and len(set(levels)) == 1 and 0.002 < levels[0] < 0.025
+    assert settings.stop_level_per_look(2) == pytest.approx(stats.stop_levels(0.025, tuple(int(n) for n in pairs)))
+    rng = np.random.default_rng(7)
+    steps = rng.standard_normal((100_000, pairs.size)) * np.sqrt(np.diff(pairs, prepend=0))
+    p_values = norm.cdf(steps.cumsum(axis=1) / np.sqrt(pairs))  # one-sided: small when it looks faster
+    spent = (p_values < np.array(levels)).any(axis=1).mean()
+    naive = (p_values < 0.025).any(axis=1).mean()
+    assert 0.022 < spent < 0.028 and naive > 0.08
+    assert stats.stop_levels(0.025, (12,)) == (0.025,)
+    with pytest.raises(ValueError, match="at least one look"):
+        stats.stop_levels(0.025, ())
+
+
+def test_the_stop_bound_inverts_the_exact_one_sided_signed_rank_test():
+    # Just above the bound, scipy's exact test rejects "centre >= bound" at the level; just below it
+    # does not. Too few values for any bound at the level: unbounded.
+    from scipy.stats import wilcoxon
+
+    rng = np.random.default_rng(4)
+    for n, level in ((12, 0.0041), (20, 0.025), (40, 0.001)):
+        x = rng.normal(0.0, 1.0, n)
+        bound = stats.signed_rank_upper_bound(x, level)
+        assert wilcoxon(x - (bound + 1e-9), alternative="less", method="exact").pvalue <= level
+        assert wilcoxon(x - (bound - 1e-9), alternative="less", method="exact").pvalue > level
+    assert stats.signed_rank_upper_bound([0.1] * 5, 0.025) == math.inf  # 2**-5 > 0.025
+    # Identical sides: every log ratio 0, the bound 0 (ratio 1.0), same at the first look.
+    same = stats.analyse_pairs([1.0] * 12, [1.0] * 12, 0.05, stop_level=ABSettings().stop_level_per_look(2)[0])
+    assert same.verdict == "same" and same.stop_bound == 1.0
+
+
 def test_a_case_the_time_cap_ends_early_spends_the_rest_of_alpha_at_its_last_look():
     # Planned: 8 looks. The cap ends the case at look m: looks before m keep their planned levels,
     # look m tests at what they left of alpha, so the case's false-alarm rate is still alpha
@@ -345,6 +420,8 @@ def test_an_inconclusive_result_states_the_slowdown_it_rules_out():
     rng = np.random.default_rng(3)
     noisy = stats.analyse_pairs(list(np.ones(12)), list(np.exp(rng.normal(0.0, 0.08, 12))), 0.05)
     assert noisy.verdict == "inconclusive"
-    assert noisy.to_dict()["rules_out_slowdown"] == pytest.approx(noisy.ci_high - 1)
+    # What it rules out is the higher of the interval's upper end and the stop bound (here that).
+    assert noisy.stop_bound > noisy.ci_high
+    assert noisy.to_dict()["rules_out_slowdown"] == pytest.approx(noisy.stop_bound - 1)
     steady = stats.analyse_pairs(list(np.ones(12)), list(np.exp(rng.normal(0.0, 0.002, 12))), 0.05)
     assert steady.verdict == "same" and "rules_out_slowdown" not in steady.to_dict()  # decided: nothing to add

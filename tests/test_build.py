@@ -27,7 +27,7 @@ def test_the_wheel_builds_without_a_warning(tmp_path):
     project = tmp_path / "project"
     shutil.copytree(ROOT / "src", project / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, project / name)
     # Offline and as the project's own: no index, this interpreter's setuptools, no pip config.
     # PYTHONDONTWRITEBYTECODE would add setuptools' "byte-compiling is disabled" warning: the
@@ -48,3 +48,7 @@ def test_the_wheel_builds_without_a_warning(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         assert "License-Expression: Apache-2.0" in archive.read(metadata).decode()
+        # the license's text travels with the wheel, as the metadata names it
+        assert "License-File: LICENSE" in archive.read(metadata).decode()
+        (license_text,) = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert "Apache License" in archive.read(license_text).decode()

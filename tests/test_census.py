@@ -98,9 +98,11 @@ def test_figures_are_per_op_when_a_round_runs_several(pool):
 ])
 def test_a_collective_case_issues_one_call_of_its_size_per_op(pool, workload, kind):
     census, _ = census_of(pool, workload)
-    assert census["collectives"] == [{"kind": kind, "dtype": "float32", "group_size": 2, "count": 1,
-                                      "bytes": MB, "call_bytes": [MB]}]
-    assert census["version"] == 1 and census["rounds_counted"] == 1 and census["ops_per_round"] == 1
+    assert census["collectives"] == [{"kind": kind, "dtype": "float32", "group_size": 2, "group": "world",
+                                      "peer": None, "count": 1, "bytes": MB, "call_bytes": [MB],
+                                      "data_dependent_bytes": None}]
+    assert census["version"] == 2 and census["rounds_counted"] == 1 and census["ops_per_round"] == 1
+    assert census["ops_counted"] == 2 and census["sequence_checked"] is True and "incomplete" not in census
 
 
 # ---- ranks that issue different collectives ---------------------------------------------------
@@ -136,11 +138,15 @@ def test_a_ddp_training_case_s_buckets_are_its_all_reduce_calls(pool, warmup):
     with one warm-up round the sizes come from the reducer's buckets themselves."""
     census, _ = census_of(pool, Training("mlp", "ddp", bucket_cap_mb=0.05),
                           RoundPlan(warmup=warmup, rounds=1))
-    calls = entries(census)[("all_reduce", "float32", 2)]["call_bytes"]
+    all_reduce = entries(census)[("all_reduce", "float32", 2)]
     assert census["ddp_buckets"] is not None and len(census["ddp_buckets"]) > 1
-    assert sorted(census["ddp_buckets"]) == calls
+    assert (all_reduce["count"], all_reduce["bytes"]) == (len(census["ddp_buckets"]), sum(census["ddp_buckets"]))
     if warmup == 2:  # after the rebuild (whose bucket order DDP broadcasts once) only all_reduces
         assert [c["kind"] for c in census["collectives"]] == ["all_reduce"]
+        assert sorted(census["ddp_buckets"]) == all_reduce["call_bytes"]
+    else:  # the census's first op is the rebuild step, its second a steady one: not judged
+        first_op = census["varies_between_steps"].split("; ")[0]
+        assert first_op.startswith("op 1 of 2: ") and "broadcast" in first_op
 
 
 @pytest.mark.parametrize("knobs", [dict(bucket_cap_mb=1), dict(bucket_cap_mb=1, comm_hook="fp16")],
@@ -251,7 +257,8 @@ def test_the_census_is_in_extra_info_and_off_turns_it_off(pytester):
     (on,) = json.loads((pytester.path / "on.json").read_text())["benchmarks"]
     (off,) = json.loads((pytester.path / "off.json").read_text())["benchmarks"]
     assert on["extra_info"]["census"]["collectives"] == [
-        {"kind": "all_reduce", "dtype": "float32", "group_size": 2, "count": 1, "bytes": 1024, "call_bytes": [1024]}]
+        {"kind": "all_reduce", "dtype": "float32", "group_size": 2, "group": "world", "peer": None, "count": 1,
+         "bytes": 1024, "call_bytes": [1024], "data_dependent_bytes": None}]
     assert "engine_census_s" in on["extra_info"]
     assert "census" not in off["extra_info"] and "engine_census_s" not in off["extra_info"]
     result = pytester.runpytest_subprocess("--dist-census=maybe", "-p", "no:cacheprovider", timeout=120)
@@ -267,3 +274,112 @@ def test_a_powersgd_case_s_census_is_marked_incomplete_so_no_gate_judges_it(pool
     assert "future callbacks" in census["incomplete"]
     fewer = dict(census, collectives=[])
     assert compare_census(fewer, census).verdict == "not counted"
+
+
+# ---- collectives on a workload's own threads, and what the census cannot see ----------------------
+
+def thread_setup(ctx, extra_elements=0, worker=False):
+    """1 MB to all_reduce (and a planted extra); with ``worker``, a thread started here, at set-up,
+    that all_reduces whatever the round hands it: it runs outside the census's sight."""
+    import queue
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    state = {"grad": torch.ones(MB // 4), "extra": torch.ones(extra_elements), "worker": None}
+    if worker:
+        jobs, done = queue.Queue(), queue.Queue()
+
+        def serve():
+            while (tensor := jobs.get()) is not None:
+                dist.all_reduce(tensor)
+                done.put(True)
+
+        state["worker"] = (threading.Thread(target=serve, daemon=True), jobs, done)
+        state["worker"][0].start()
+    return state
+
+
+def all_reduce_on_a_thread(state):
+    """The round's collectives run on another thread: one the round starts, or the set-up's worker."""
+    import threading
+
+    import torch.distributed as dist
+
+    tensors = [state["grad"]] + ([state["extra"]] if state["extra"].numel() else [])
+    if state["worker"] is not None:
+        _, jobs, done = state["worker"]
+        for tensor in tensors:
+            jobs.put(tensor)
+            done.get()
+        return
+    thread = threading.Thread(target=lambda: [dist.all_reduce(t) for t in tensors])
+    thread.start()
+    thread.join()
+
+
+def stop_worker(state):
+    if state["worker"] is not None:
+        state["worker"][1].put(None)
+        state["worker"][0].join()
+
+
+def direct_backend_all_reduce(state):
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(state["grad"])
+    dist.group.WORLD._get_backend(torch.device("cpu")).allreduce([state["extra"]]).wait()
+
+
+def test_a_thread_the_step_starts_is_counted_and_one_out_of_sight_makes_the_census_incomplete(pool):
+    def workload(**knobs):
+        return ddpbench.FunctionWorkload(functools.partial(thread_setup, **knobs), all_reduce_on_a_thread,
+                                         teardown=stop_worker)
+
+    # A baseline all_reducing 1 MB on a thread the step starts, a candidate adding 4 KB there
+    # (b862717 counted neither and read `same`): both counted, the 4 KB a regression.
+    base, _ = census_of(pool, workload())
+    cand, _ = census_of(pool, workload(extra_elements=1024))
+    assert compare_census(base, cand).verdict == "regression"
+    assert entries(base)[("all_reduce", "float32", 2)]["call_bytes"] == [MB]
+    assert entries(cand)[("all_reduce", "float32", 2)]["call_bytes"] == [4096, MB]
+    assert "incomplete" not in base and base["sequence_checked"] is True
+    # A worker thread started at set-up, before the census: not counted, but the process group's
+    # sequence number moved, so the census is incomplete (the two ops counted: 2 and 4 calls).
+    base, _ = census_of(pool, workload(worker=True))
+    cand, _ = census_of(pool, workload(worker=True, extra_elements=1024))
+    assert compare_census(base, cand).verdict == "not counted"
+    assert base["collectives"] == []
+    assert "process group world's sequence number moved 2 in the counted ops where the census counted 0" \
+        in base["incomplete"]
+    assert "moved 4 in the counted ops where the census counted 0" in cand["incomplete"]
+    # A call straight to the backend (no dispatch) is unseen too; the dispatched one is counted.
+    direct, _ = census_of(pool, ddpbench.FunctionWorkload(functools.partial(thread_setup, extra_elements=16),
+                                                          direct_backend_all_reduce))
+    assert entries(direct)[("all_reduce", "float32", 2)]["count"] == 1
+    assert "moved 4 in the counted ops where the census counted 2" in direct["incomplete"]
+
+
+def every_other_step_setup(ctx):
+    import torch
+
+    return {"step": 0, "t": torch.ones(256)}
+
+
+def all_reduce_every_other_step(state):
+    import torch.distributed as dist
+
+    state["step"] += 1
+    if state["step"] % 2:
+        dist.all_reduce(state["t"])
+
+
+@pytest.mark.parametrize("ops_per_round", [1, 3])
+def test_a_step_with_a_collective_every_other_step_is_marked_as_varying_not_a_crash(pool, ops_per_round):
+    census, _ = census_of(pool, ddpbench.FunctionWorkload(every_other_step_setup, all_reduce_every_other_step),
+                          RoundPlan(warmup=1, rounds=2, ops_per_round=ops_per_round))
+    assert compare_census(census, census).verdict == "not counted"  # b862717: `same`, or a ValueError
+    assert census["ops_counted"] == max(ops_per_round, 2)
+    assert "op 1 of" in census["varies_between_steps"] and "none" in census["varies_between_steps"]

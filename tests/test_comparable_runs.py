@@ -42,12 +42,27 @@ def _pair(tmp_path, base_facts=None, cur_facts=None, base_machine=None, cur_mach
 
 
 # ---------------------------------------------------------------------------------------------
-# recorded with every saved run
+# recorded with every saved run of a session that uses ddpbench
 # ---------------------------------------------------------------------------------------------
+
+# a ddpbench case that starts no ranks: it asks for a ddpbench fixture
+WITH_DDPBENCH = """
+def test_a(benchmark, dist_round_plan):
+    benchmark(sum, range(100))
+"""
 
 PLAIN = """
 def test_a(benchmark):
     benchmark(sum, range(100))
+"""
+
+# after the run is saved (pytest_sessionfinish): whether anything imported torch
+TORCH_AT_END = """
+import sys
+
+def pytest_unconfigure(config):
+    with open("torch_imported.txt", "w") as fh:
+        fh.write(str("torch" in sys.modules))
 """
 
 
@@ -59,7 +74,7 @@ def test_every_saved_run_records_its_fingerprint_and_completeness(pytester):
     from ddpbench.devices import cpu_count
     from ddpbench.gates.ab.sides import source_digest
 
-    pytester.makepyfile(test_plain=PLAIN)
+    pytester.makepyfile(test_ddpbench=WITH_DDPBENCH)
     result = pytester.runpytest_subprocess("--benchmark-autosave", "--benchmark-json=run.json",
                                            "-p", "no:cacheprovider")
     assert result.ret == 0
@@ -74,6 +89,21 @@ def test_every_saved_run_records_its_fingerprint_and_completeness(pytester):
         assert isinstance(facts["gpus"], list) and "node" not in facts
         assert doc["ddpbench_run"] == {"complete": True, "exitstatus": 0, "failed": 0, "failed_cases": [],
                                        "stopped": None}
+        # the calibration probe is a measurement: beside machine_info, whose facts pytest-benchmark
+        # compares to warn of another machine
+        assert doc["ddpbench_calibration"]["min_s"] > 0 and "ddpbench_calibration" not in doc["machine_info"]
+
+
+def test_a_plain_pytest_benchmark_run_gets_no_ddpbench_facts_and_no_torch(pytester):
+    """Without a ddpbench case the run is pytest-benchmark's own (plus whether it is complete)."""
+    pytester.makepyfile(test_plain=PLAIN)
+    pytester.makeconftest(TORCH_AT_END)
+    result = pytester.runpytest_subprocess("--benchmark-json=run.json", "-p", "no:cacheprovider")
+    assert result.ret == 0
+    doc = json.loads((pytester.path / "run.json").read_text())
+    assert not {"ddpbench_fingerprint", "ddpbench_gpus", "ddpbench_calibration"} & set(doc["machine_info"])
+    assert "ddpbench_calibration" not in doc and doc["ddpbench_run"]["complete"] is True
+    assert (pytester.path / "torch_imported.txt").read_text() == "False"
 
 
 # ---------------------------------------------------------------------------------------------

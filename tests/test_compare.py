@@ -136,6 +136,18 @@ def test_probe_measures_something_and_is_stored_in_the_expected_shape():
     assert calibration.probe_of({calibration.MACHINE_INFO_KEY: {"error": "x"}}) is None
 
 
+def test_the_probe_is_read_beside_machine_info_and_inside_it_in_older_runs(tmp_path):
+    rng = np.random.default_rng(11)
+    older = run_doc([bench("a", sample(rng, 0.01))], probe_s=0.001)  # machine_info, as ddpbench kept it
+    newer = run_doc([bench("a", sample(rng, 0.012))], include_probe=False)
+    newer[calibration.CALIBRATION_KEY] = dict(older["machine_info"]["ddpbench_calibration"], min_s=0.0012,
+                                              median_s=0.0012 * 1.1)
+    base, cur = (cmp.load_run(write(tmp_path / name, doc)) for name, doc in (("old.json", older), ("new.json", newer)))
+    assert base.calibration["min_s"] == 0.001 and cur.calibration["min_s"] == 0.0012
+    result = cmp.compare_runs(base, cur)
+    assert result.normalised and result.drift == pytest.approx(1.2)
+
+
 def _slower_machine_runs(tmp_path, factor, real_slowdown=1.0, cur_probe=None):
     rng = np.random.default_rng(5)
     names = [f"case{i}" for i in range(4)]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from datetime import datetime, timedelta, timezone
+from html import escape as html_escape
 
 import numpy as np
 import pytest
@@ -161,6 +163,41 @@ def test_a_planted_step_is_found_at_its_commit_and_a_flat_case_has_none(tmp_path
     out = step.to_dict()
     assert out["last_before"]["time"].startswith("2026-02-08") and out["first_after"]["time"].startswith("2026-02-09")
     assert out["chart"] == step.series.chart_id
+
+
+def _step_with_commit_ids(tmp_path, first_after_id):
+    """A 1.5x step between runs 3 and 4 (of 8) where run 4's file records ``first_after_id`` as
+    its commit."""
+    rng, storage = np.random.default_rng(1), tmp_path / ".benchmarks"
+    for i in range(8):
+        commit = {"id": first_after_id} if i == 4 else {}
+        save(storage, i, [bench("test_all_reduce[gloo-2p-1MB]", rounds(0.010 * (1.5 if i >= 4 else 1.0), rng),
+                                ALL_REDUCE)], **commit)
+    return build_history(storage)
+
+
+@pytest.mark.parametrize("commit_id", ["abc1234 HEAD;touch /tmp/ddpbench-pwned", "$(touch x)", "abc12",
+                                       "<b>abc1234</b>", "abc1234\x1b[2J"])
+def test_a_commit_id_that_is_not_a_git_hash_gets_no_bisect_command_and_says_why(tmp_path, commit_id):
+    history = _step_with_commit_ids(tmp_path, commit_id)
+    (step,) = history.steps
+    assert step.bisect_command() is None
+    reason = step.bisect_unavailable()
+    assert f"records the commit id {step.first_after.record.commit!r}"[:60] in reason
+    assert reason.endswith("not a git hash (7 to 40 hex digits)") and "\x1b" not in reason
+    assert step.to_dict()["bisect"] is None and step.to_dict()["bisect_unavailable"] == reason
+    assert "\x1b" not in step.describe()  # the terminal line shows the id quoted, escapes visible
+    page = render_page(history)
+    assert "ddpbench bisect" not in page and "<b>abc1234" not in page
+    assert html_escape(reason) in page  # the reason, escaped, in the step's row
+
+
+def test_git_hashes_of_7_to_40_hex_digits_make_a_quoted_bisect_command(tmp_path):
+    full = "ABCDEF0123456789ABCDEF0123456789ABCDEF01"  # 40 hex digits (upper case: not shortened)
+    step = _step_with_commit_ids(tmp_path, full).steps[0]
+    assert step.bisect_unavailable() is None
+    assert step.bisect_command().startswith(f"ddpbench bisect {commit_of(3)[:7]} {full} -k ")
+    assert shlex.split(step.bisect_command())[2:4] == [commit_of(3)[:7], full]
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -253,7 +253,7 @@ def test_an_ab_run_whose_candidate_keeps_64_mb_alive_fails_naming_it(pytester):
                                  "*1 memory regression(s)*"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]
     ab = case["extra_info"]["ab"]
-    assert ab["memory_verdict"]["verdict"] == "regression" and ab["stages"] == 1  # decided at its first look
+    assert ab["memory_verdict"] == "regression" and ab["stages"] == 1  # decided at its first look
     assert ab["stopped_by_memory"].startswith("peak +64.0 MiB")
     assert case["extra_info"]["memory"]["after_step_bytes"] - ab["memory_baseline"]["after_step_bytes"] == 64 << 20
 

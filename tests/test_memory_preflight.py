@@ -84,3 +84,54 @@ def test_all_reduce(dist_benchmark, dist_message_size):
                                            "-q", timeout=120)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines(["*test_all_reduce*4096GB*"])
+
+
+# ``ddpbench census``'s pre-flight: what the simulation itself will allocate, FSDP2's padding included.
+
+def test_the_census_preflight_counts_fsdp2s_padding_which_grows_with_n():
+    """FSDP2 pads each parameter's first dimension to a multiple of N rows: at N = 2**20 one block of
+    cpu-small gathers 1352 columns x 2**20 rows of fp32 (5.67 GB), whatever its 1.84 M parameters."""
+    from ddpbench.scale import fsdp2_padded_bytes, memory_needed_bytes
+    from ddpbench.workloads.training.transformer import TransformerTraining
+
+    workload = TransformerTraining(impl="fsdp2")
+    _, gathered = fsdp2_padded_bytes(workload, 2**20)
+    assert gathered == 1352 * 2**20 * 4
+    assert memory_needed_bytes(workload, 2**20) > 2 * gathered
+    assert memory_needed_bytes(workload, 2**20) > memory_needed_bytes(workload, 1024) > 0
+
+
+def test_the_census_preflight_covers_what_fsdp2s_gathers_hold_at_large_n():
+    """Held against the memory census of the same step at N = 2**16 (fake tensors, every buffer's
+    bytes counted): the estimate is at least its gathered parameters and buffers."""
+    from ddpbench.scale import memory_needed_bytes
+    from ddpbench.scale.memory import simulate_memory
+    from ddpbench.workloads.training.transformer import TransformerTraining
+
+    workload = TransformerTraining(impl="fsdp2", batch_size=1, data_batches=1)
+    peak = simulate_memory(workload, 2**16, warmup_steps=1)
+    gathered = sum(peak["peak_breakdown"].get(key, 0) for key in
+                   ("unsharded_parameters", "all_gather_buffers", "reduce_scatter_buffers", "unsharded_gradients"))
+    assert gathered > 300 * 2**20  # a block's padded gather: 1352 x 65536 rows x 4 B = 354 MB
+    assert memory_needed_bytes(workload, 2**16) >= peak["peak_bytes"]
+
+
+def test_the_census_is_refused_naming_the_padding_when_it_cannot_fit(monkeypatch, capsys):
+    import psutil
+
+    import ddpbench.scale
+    from ddpbench import cli
+
+    class Memory:
+        available = 4 * GIB
+
+    def simulate(*args, **kwargs):
+        raise AssertionError("the pre-flight let through a simulation this machine cannot hold")
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory)
+    monkeypatch.setattr(ddpbench.scale, "census_at_scale", simulate)
+    assert cli.main(["census", "--impl", "fsdp2", "--world-sizes", "8,1048576", "--no-chart"]) == 2
+    err = capsys.readouterr().err
+    assert "ddpbench census: error: simulating cpu-small with fsdp2 at 1048576 ranks needs about" in err
+    assert "each parameter padded to a multiple of 1048576 rows" in err
+    assert "this machine has 4.0 GiB available; use a smaller --size or smaller --world-sizes" in err

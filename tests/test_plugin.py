@@ -289,3 +289,40 @@ def test_collective_options_refuse_what_cannot_run_here(pytester, monkeypatch, a
     result = _run(pytester, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str() and "Traceback" not in result.stderr.str()
+
+
+# ---------------------------------------------------------------------------------------------
+# A session without a ddpbench case pays nothing for the installed plugin
+# ---------------------------------------------------------------------------------------------
+
+MODULES_AT_END = '''
+import sys
+
+def pytest_sessionfinish(session):
+    with open("modules_at_end.txt", "w") as fh:
+        fh.write("\\n".join(sorted(sys.modules)))
+'''
+
+
+def _modules_at_end(pytester) -> set[str]:
+    return set((pytester.path / "modules_at_end.txt").read_text().split())
+
+
+def test_a_session_without_a_ddpbench_case_imports_no_torch_and_starts_nothing(pytester):
+    pytester.makeconftest(MODULES_AT_END)
+    pytester.makepyfile(test_plain="def test_plain():\n    assert 1 + 1 == 2\n")
+    result = _run(pytester)
+    result.assert_outcomes(passed=1)
+    modules = _modules_at_end(pytester)
+    assert "ddpbench.plugin" in modules  # loaded, through the pytest11 entry point
+    assert not {"torch", "ddpbench.pool", "ddpbench.engine", "ddpbench.fixture"} & modules
+    assert "ddpbench:" not in result.stdout.str()  # no header line either
+
+
+def test_a_ddpbench_case_brings_the_header_after_collection(pytester):
+    pytester.makeconftest(MODULES_AT_END)
+    pytester.makepyfile(test_plan="def test_plan(dist_round_plan):\n    assert dist_round_plan.warmup == 2\n")
+    result = _run(pytester)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["collected 1 item", "ddpbench: backend gloo, world sizes 2, * CPU cores, * CUDA devices*"])
+    assert "torch" in _modules_at_end(pytester)  # the header's CUDA count

@@ -138,14 +138,22 @@ def test_transformer_chart_has_tokens_and_mfu_per_model(tmp_path, plt):
     assert _legends_outside_the_data(fig)
 
 
-def test_one_world_size_and_no_mfu(tmp_path, plt):
-    # A run at one world size, saved without MFU: a tick at 2 only, and no MFU column.
+def test_one_world_size_and_no_mfu_draws_a_sorted_bar_per_configuration(tmp_path, plt):
+    # A run at one world size, saved without MFU: no MFU column, and instead of a column of dots
+    # over one tick, a bar per configuration, the fastest on top, labelled on the axis.
     run = _run(tmp_path, world_sizes=(2,), transformer_mfu=False, families=("transformer",))
     fig = report.transformer_figure(plt, report.by_family(run)["transformer"])
     assert [ax.get_title() for ax in fig.axes] == ["gpt-cpu-large", "gpt-cpu-small"]
+    assert fig.get_suptitle() == "transformer scaling at 2 processes"
     for ax in fig.axes:
-        assert list(ax.get_xticks()) == [2] and _integer_ticks_only(ax)
-        assert all(xs == [2] for xs, _ in _lines(ax).values()) and len(_lines(ax)) == len(TRANSFORMER_CONFIGS)
+        size = ax.get_title().removeprefix("gpt-")
+        bars = sorted(ax.patches, key=lambda bar: bar.get_y())  # bottom to top
+        names = [label.get_text() for label in ax.get_yticklabels()]
+        expected = sorted(TRANSFORMER_CONFIGS, key=lambda config: _tokens_per_second(size, TRANSFORMER_CONFIGS.index(config), 2))
+        assert names == expected and len(bars) == len(expected)
+        assert [bar.get_width() for bar in bars] == pytest.approx(
+            [_tokens_per_second(size, TRANSFORMER_CONFIGS.index(config), 2) for config in expected])
+        assert "tokens/s" in ax.get_xlabel() and ax.get_legend() is None
 
 
 def test_configuration_is_the_case_id_without_its_world_size():

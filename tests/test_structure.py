@@ -101,7 +101,7 @@ def test_planted_changes_give_the_exact_verdict_and_line(before, after, verdict,
     (None, BASE, "the baseline recorded no census"),
     (BASE, None, "the current recorded no census"),
     (None, None, "neither side recorded a census"),
-    (BASE, dict(BASE, version=2), "current: census version 2 (this ddpbench reads version 1)"),
+    (BASE, dict(BASE, version=3), "current: census version 3 (this ddpbench reads versions 1, 2)"),
     (BASE, dict(GREW, method="profiler"), "counted differently (baseline dispatch:c10d, current profiler)"),
     # A workload that knows part of its step escapes the count (PowerSGD's callbacks, Lightning's
     # thread): not judged, even though the counts differ.
@@ -130,6 +130,76 @@ def test_a_malformed_census_is_an_error_naming_its_side_and_field(change, messag
     with pytest.raises(CensusError) as caught:
         compare_census(dict(BASE, **change), BASE)
     assert caught.value.side == "baseline"
+
+
+# ---- what depends on the data, which group, which peer, and the format's versions --------------
+
+OBJECT = {"data_dependent_bytes": "object"}
+SPLITS = {"data_dependent_bytes": "splits"}
+
+
+@pytest.mark.parametrize("before, after, verdict, line", [
+    # all_gather_object of a longer string: 9 more pickled bytes are data, not structure
+    (census(("all_gather", "uint8", 2, [64], OBJECT)), census(("all_gather", "uint8", 2, [73], OBJECT)),
+     "same", "all_gather uint8 ×2: +9 B (object: bytes depend on the data, not judged)"),
+    # an all_to_all whose splits the data sets (a mixture of experts' routing)
+    (census(("all_to_all", "float32", 4, [4096], SPLITS)), census(("all_to_all", "float32", 4, [1024], SPLITS)),
+     "same", "all_to_all float32 ×4: -3.0 KiB (splits: bytes depend on the data, not judged)"),
+    # ... their calls are still counted and judged
+    (census(("all_gather", "uint8", 2, [64], OBJECT)), census(("all_gather", "uint8", 2, [64, 80], OBJECT)),
+     "regression", "all_gather uint8 ×2: 1 → 2 per step (object: bytes not judged)"),
+    # a baseline whose split happened to be even (no mark) against one that was not: not judged either
+    (census(("all_to_all", "float32", 4, [4096])), census(("all_to_all", "float32", 4, [5000], SPLITS)),
+     "same", "all_to_all float32 ×4: +904 B (splits: bytes depend on the data, not judged)"),
+    # two mesh dimensions of one size swapping their traffic
+    (census(("all_reduce", "float32", 2, [MiB], {"group": "mesh_dp"}),
+            ("all_reduce", "float32", 2, [4 * MiB], {"group": "mesh_tp"})),
+     census(("all_reduce", "float32", 2, [4 * MiB], {"group": "mesh_dp"}),
+            ("all_reduce", "float32", 2, [MiB], {"group": "mesh_tp"})),
+     "regression", "all_reduce float32 ×2 on mesh_dp: 1 per step, +3.0 MiB; all_reduce float32 ×2 on mesh_tp: "
+                   "1 per step, -3.0 MiB; mixed: some figures up, some down (a regression)"),
+    # a send that goes to the previous rank instead of the next
+    (census(("send", "float32", 4, [MiB], {"peer": 1})), census(("send", "float32", 4, [MiB], {"peer": -1})),
+     "regression", "send float32 ×4 to -1: 0 → 1 per step, +1.0 MiB; send float32 ×4 to +1: 1 → 0 per step, "
+                   "-1.0 MiB; mixed: some figures up, some down (a regression)"),
+    # two version-1 records (saved by an older ddpbench) are still compared as they were
+    (census(("all_reduce", "float32", 2, [MiB]), version=1),
+     census(("all_reduce", "float32", 2, [MiB, MiB]), version=1),
+     "regression", "all_reduce float32 ×2: 1 → 2 per step, +1.0 MiB"),
+])
+def test_data_dependent_bytes_groups_peers_and_old_records(before, after, verdict, line):
+    assert compare_census(before, after) == StructureVerdict(verdict, line)
+
+
+@pytest.mark.parametrize("before, after, line", [
+    # a version-1 record against a version-2 one: refused, with why
+    (census(("all_reduce", "float32", 2, [MiB]), version=1), census(("all_reduce", "float32", 2, [MiB])),
+     "census versions differ (baseline 1, current 2): version 1 tells neither process groups nor peers apart "
+     "and never checked for unseen collectives; record both sides with one ddpbench to compare them"),
+    (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 2, [MiB]), version=1),
+     "census versions differ (baseline 2, current 1): version 1 tells neither process groups nor peers apart "
+     "and never checked for unseen collectives; record both sides with one ddpbench to compare them"),
+    # a step that issues a collective every other step: which phase was counted is chance
+    (BASE, dict(GREW, varies_between_steps="op 1 of 2: 1 all_reduce; op 2 of 2: none"),
+     "current: its collectives vary between steps (op 1 of 2: 1 all_reduce; op 2 of 2: none)"),
+])
+def test_censuses_of_two_versions_or_varying_steps_are_not_counted(before, after, line):
+    assert compare_census(before, after) == StructureVerdict("not counted", line)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"group": None}, "census.collectives[0].group is None, expected text (which process group)"),
+    ({"peer": "next"}, "census.collectives[0].peer is 'next', expected an offset within the group (a whole "
+                       "number), \"any\" or null"),
+    ({"data_dependent_bytes": 3}, "census.collectives[0].data_dependent_bytes is 3, expected text (why its bytes "
+                                  "depend on the data) or null"),
+])
+def test_a_malformed_version_2_entry_is_an_error_naming_its_field(change, message):
+    bad = copy.deepcopy(BASE)
+    bad["collectives"][0].update(change)
+    with pytest.raises(CensusError) as caught:
+        compare_census(BASE, bad)
+    assert str(caught.value) == message
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,7 +259,7 @@ def test_fewer_collectives_are_a_structural_improvement_and_pass(tmp_path, capsy
     b, c = _runs(tmp_path, GREW, BASE)
     rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     (case,) = json.loads(out)["cases"]
-    assert rc == 0 and case["verdict"] == "same" and case["timing_verdict"] is None
+    assert rc == 0 and case["verdict"] == case["timing_verdict"] == "same" and case["failed_by"] == []
     assert case["structure"]["verdict"] == "improvement"
 
 
@@ -208,7 +278,7 @@ def test_an_unchanged_structure_leaves_the_timing_verdict_alone(tmp_path, capsys
     b, c = _runs(tmp_path, BASE, copy.deepcopy(BASE), cur_rounds=[t * 1.5 for t in STEADY])
     rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
     (case,) = json.loads(out)["cases"]
-    assert rc == 1 and case["verdict"] == "regression" and case["timing_verdict"] is None
+    assert rc == 1 and case["verdict"] == case["timing_verdict"] == "regression" and case["failed_by"] == []
     assert case["structure"]["verdict"] == "same"
 
 
@@ -273,6 +343,25 @@ def test_an_ab_run_without_a_census_on_a_side_keeps_its_timing_verdict(tmp_path,
     rc, out, _ = run_cli(capsys, "compare", _ab_run(tmp_path, GREW, BASE), "--json")
     (case,) = json.loads(out)["cases"]
     assert rc == 0 and case["structure"]["verdict"] == "improvement"
+
+
+def test_a_saved_run_is_read_alike_in_the_old_and_the_new_record_format(tmp_path, capsys):
+    # Before the decided verdict was saved, ab.verdict held the timing's word and nothing beside it;
+    # now ab.verdict is what the run decided, timing_verdict and structure_verdict its components.
+    old = _ab_run(tmp_path / "old", BASE, GREW, verdict="inconclusive", ratio_ci=[0.97, 1.09])
+    new = _ab_run(tmp_path / "new", BASE, GREW, verdict="regression", timing_verdict="inconclusive",
+                  structure_verdict="regression", ratio_ci=[0.97, 1.09])
+    for run in (old, new):
+        rc, out, _ = run_cli(capsys, "compare", run, "--json")
+        (case,) = json.loads(out)["cases"]
+        assert rc == 1 and (case["verdict"], case["timing_verdict"], case["failed_by"]) == (
+            "regression", "inconclusive", ["structure"]), run
+        # Accepted when read, either format falls back to the timing's own verdict, never the saved decision.
+        rc, out, _ = run_cli(capsys, "compare", run, "--accept-structure-change", "--json")
+        (case,) = json.loads(out)["cases"]
+        assert rc == 0 and case["verdict"] == "inconclusive" and case["structure"]["accepted"] is True, run
+    rc, _, err = run_cli(capsys, "compare", _ab_run(tmp_path / "bad", BASE, GREW, timing_verdict="slow"))
+    assert rc == 2 and "ab.timing_verdict is 'slow', not one of" in err
 
 
 def test_a_malformed_baseline_census_in_an_ab_run_is_a_named_error(tmp_path, capsys):
@@ -343,7 +432,10 @@ def test_the_ab_run_exits_1_on_a_structural_regression_and_compare_accepts_it_wh
                                  "*ddpbench A/B: 1 structural regression(s) (*test_step*)*"
                                  "--dist-ab-accept-structure-change accepts a change made on purpose)"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]
-    assert case["extra_info"]["ab"]["verdict"] != "regression"  # the timing verdict is stored as measured
+    # The saved verdict is the run's (it exited 1 on it); the timing's and the census's beside it.
+    ab = case["extra_info"]["ab"]
+    assert ab["verdict"] == "regression" and ab["timing_verdict"] != "regression"
+    assert ab["structure_verdict"] == "regression" and "structure_accepted" not in ab
     run = str(pytester.path / "ab.json")
     assert cli.main(["compare", run]) == 1
     assert cli.main(["compare", run, "--accept-structure-change"]) == 0
@@ -361,6 +453,13 @@ def test_the_pytest_option_reaches_the_ab_session(pytester, monkeypatch, accept)
     ab = session.ABSession.from_options(pytester.parseconfig(*args))
     ab.results.append((NAME, dict(AB, census_baseline=BASE), 0.001, {"census": GREW}))
     assert ab.accept_structure_change is accept and ab.exit_status() == (0 if accept else 1)
+    # What the run file will say (extra_info["ab"], written before pytest-benchmark saves): the
+    # verdict it exits on, with the timing's and the structure's beside it.
+    ab.record_verdicts()
+    saved = ab.results[0][1]
+    assert (saved["verdict"], saved["timing_verdict"], saved["structure_verdict"]) == (
+        "same" if accept else "regression", "same", "regression")
+    assert saved.get("structure_accepted", False) is accept
     # An accepted change is timed in full; otherwise a structural regression ends its case early.
     assert ab.settings.stop_on_structural_regression is not accept
     lines = [line for line, _ in ab.summary_lines()]

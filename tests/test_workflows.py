@@ -53,3 +53,22 @@ def test_ab_workflow_reads_each_revisions_rank_protocol_with_a_command_that_work
     assert out.returncode == 0 and out.stdout.strip() == str(RANK_PROTOCOL), out.stderr
     assert "steps.protocol.outputs.comparable == 'true'" in ab  # the gate runs only across one protocol
     assert "comm -23 base-cases.txt head-cases.txt" in ab  # cases the head removed fail the job
+
+
+def test_ci_tests_what_pyproject_declares_and_the_readme_says_so():
+    """The oldest Python and torch that pyproject declares, and the newest torch, are ci.yml rows
+    beside the pinned build; README states the same floor."""
+    import re
+
+    import yaml
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    oldest_python = re.search(r'requires-python = ">=([\d.]+)"', pyproject).group(1)
+    oldest_torch = re.search(r'"torch>=([\d.]+)"', pyproject).group(1)
+    rows = yaml.safe_load((WORKFLOWS / "ci.yml").read_text())["jobs"]["test"]["strategy"]["matrix"]["include"]
+    assert {"python": oldest_python, "torch": f"torch=={oldest_torch}.*"}.items() <= next(
+        (r for r in rows if r["python"] == oldest_python), {}).items(), rows
+    assert any(r["torch"] == "torch" for r in rows), "no row with the newest torch release"
+    assert any(r["torch"] == "" for r in rows), "no row with the pinned build (.ci/run's)"
+    readme = (ROOT / "README.md").read_text()
+    assert f"Python ≥ {oldest_python}" in readme and f"torch ≥ {oldest_torch}" in readme

@@ -18,6 +18,7 @@ looks, ABSettings.extra_stage_sizes) is replayed through them too, each at EXTRA
     .venv/bin/python lab/reference/ab_replay.py DIR --without-minima-rule   # block minima need not move
     .venv/bin/python lab/reference/ab_replay.py DIR --before-not-slower     # the verdicts before not-slower
     .venv/bin/python lab/reference/ab_replay.py DIR --stratify-placement    # like placements with like
+    .venv/bin/python lab/reference/ab_replay.py DIR --without-stop-levels   # same / not-slower by the interval alone
 
 --scale multiplies the candidate's block summaries (a slowdown with the recorded noise, not a real
 one; ab_reliability.py --inject measures the real thing). Each rule's line ends with the share of
@@ -30,6 +31,8 @@ case that stopped at not-slower cannot be continued (as above). A run budget
 --stratify-placement (as --dist-ab-stratify-placement) needs runs that kept each round's placement
 (extra_info ab.baseline / ab.candidate ``shared_cpu_rounds``); a case recorded without it is
 replayed unstratified, and the line says how many were.
+Each look may end a case as same or not-slower only at its stop level (ABSettings.stop_level_per_look);
+--without-stop-levels replays the rule before 2026-11-26, where the interval alone decided that.
 """
 
 from __future__ import annotations
@@ -121,18 +124,18 @@ def recorded_cases(folder: str, block_summary: str = BLOCK_SUMMARY):
 
 def replay(baseline, candidate, pools, threshold, levels, stage_size,
            pool_pair_share: float = stats.POOL_PAIR_SHARE, minima=None, blocks=None, scale: float = 1.0,
-           before_not_slower: bool = False) -> tuple[str, int]:
+           before_not_slower: bool = False, stop_levels=None) -> tuple[str, int]:
     """The verdict and the pairs it took, looking after every stage as the engine does (``levels``:
     one per look the recorded pairs reach; ``minima``: both sides' block minima, for the rule that
     a change must show in them too, or None to replay without it)."""
     verdict, seen, _ = replay_result(baseline, candidate, pools, threshold, levels, stage_size, pool_pair_share,
-                                     minima, blocks, scale, before_not_slower)
+                                     minima, blocks, scale, before_not_slower, stop_levels)
     return verdict, seen
 
 
 def replay_result(baseline, candidate, pools, threshold, levels, stage_size,
                   pool_pair_share: float = stats.POOL_PAIR_SHARE, minima=None, blocks=None, scale: float = 1.0,
-                  before_not_slower: bool = False):
+                  before_not_slower: bool = False, stop_levels=None):
     """(verdict, pairs taken, the last look's stats.PairedResult or None). ``stage_size``: the
     pairs every look adds, or a list of them look by look (the planned stages, then the extra
     looks'). ``blocks``: both sides'
@@ -140,10 +143,11 @@ def replay_result(baseline, candidate, pools, threshold, levels, stage_size,
     candidate placements), to summarise each look's pairs by placement as
     --dist-ab-stratify-placement does, instead of ``baseline`` / ``candidate``; ``scale``
     multiplies the candidate's summaries; ``before_not_slower``: a not-slower interval reads
-    inconclusive and the looks go on, as before that verdict existed."""
+    inconclusive and the looks go on, as before that verdict existed; ``stop_levels``: each look's
+    stop level (ABSettings.stop_level_per_look), or None for the rule before 2026-11-26."""
     verdict, seen, result = "inconclusive", 0, None
     sizes = [stage_size] * len(levels) if isinstance(stage_size, int) else list(stage_size)
-    for level, size in zip(levels, sizes):
+    for look, (level, size) in enumerate(zip(levels, sizes)):
         seen += size
         if blocks is None:
             base, cand = baseline[:seen], [c * scale for c in candidate[:seen]]
@@ -153,7 +157,8 @@ def replay_result(baseline, candidate, pools, threshold, levels, stage_size,
                                                      blocks[2][:seen], blocks[3][:seen])
         both = {} if minima is None else {"baseline_minima": minima[0][:seen], "candidate_minima": minima[1][:seen]}
         result = stats.analyse_pairs(base, cand, threshold, level, pool_pair_of=pools[:seen],
-                                     pool_pair_share=pool_pair_share, **both)
+                                     pool_pair_share=pool_pair_share,
+                                     stop_level=None if stop_levels is None else stop_levels[look], **both)
         verdict = result.verdict
         if before_not_slower and verdict == stats.NOT_SLOWER:
             verdict = "inconclusive"
@@ -181,6 +186,9 @@ def main(argv=None):
                         help="summarise each pair's blocks at the pair's own mix of placements (rounds where "
                              "the ranks shared a CPU, rounds where they did not; --dist-ab-stratify-placement) "
                              "instead of by the block summary")
+    parser.add_argument("--without-stop-levels", action="store_true",
+                        help="replay the rule before 2026-11-26: same / not-slower whenever the interval allows, "
+                             "not only when the pairs rule out a slowdown of the threshold at the look's stop level")
     args = parser.parse_args(argv)
     cases = list(recorded_cases(args.folder, block_summary=args.block_summary))
     if not cases:
@@ -212,9 +220,10 @@ def main(argv=None):
                 blocks = (case.baseline_blocks, case.candidate_blocks, case.baseline_placements,
                           case.candidate_placements)
             unstratified += args.stratify_placement and blocks is None
+            stop_levels = None if args.without_stop_levels else settings.stop_level_per_look(len(set(case.pools)))
             verdict, seen, result = replay_result(case.baseline, case.candidate, case.pools, case.threshold, levels,
                                                   sizes + extra[:taken], args.pool_pair_share, minima, blocks, args.scale,
-                                                  args.before_not_slower)
+                                                  args.before_not_slower, stop_levels)
             counts[verdict] += 1
             if result is not None and math.isfinite(result.ci_high) and result.ci_low > 0:
                 widths.append(result.ci_high / result.ci_low)

@@ -5,8 +5,9 @@ folder of a built nccl-tests (``all_reduce_perf`` ... in it; build it yourself, 
 of this repository), each repeat runs, for each graph mode, the four ``*_perf`` binaries with
 ``-g 1 -b 1M -e 1G -f 10 -n ITERS -w WARMUP`` (``-G GRAPH_LAUNCHES`` in graph mode) and one pytest
 run of ``benchmarks/test_collectives.py`` on NCCL at world size 1 at the same byte sizes, in and
-out of place (``--dist-cuda-graphs`` in graph mode; ops per round ``auto``, the CUDA default), the
-order of the two tools swapped every repeat. It prints per op, placement, graph mode and size the
+out of place (``--placements``; ``--dist-cuda-graphs`` in graph mode; ops per round ``auto``, the
+CUDA default). The order of the two tools is swapped every repeat, and graph mode starts with the
+tool eager mode did not, so even one repeat runs each tool first once. It prints per op, placement, graph mode and size the
 median (min-max) of each tool's per-run time per op in microseconds and of the per-repeat ratio
 ddpbench / nccl-tests.
 
@@ -93,6 +94,12 @@ def run_nccl_tests(build: Path, op: str, graphs: bool, iters: int, warmup: int,
     return parse_nccl_tests(done.stdout)
 
 
+def first_side_swapped(repeat: int, mode_index: int) -> bool:
+    """Whether ddpbench runs before nccl-tests in this repeat and graph mode: every other repeat,
+    and the second mode starts with the tool the first did not."""
+    return bool((repeat + mode_index) % 2)
+
+
 def ddpbench_sizes(size_bytes: list[int]) -> str:
     """nccl-tests' sizes (powers of 1024 times 10**k) as a --dist-sizes list in whole MB."""
     out = []
@@ -115,13 +122,13 @@ def read_ddpbench_json(data: dict) -> dict:
     return out
 
 
-def run_ddpbench(sizes: str, graphs: bool, log: Path | None) -> dict:
+def run_ddpbench(sizes: str, graphs: bool, log: Path | None, placements: str = ",".join(PLACEMENTS)) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "ddpbench.json"
         command = [sys.executable, "-m", "pytest", "benchmarks/test_collectives.py", "-q",
                    "-p", "no:cacheprovider", "-m", "gpu", "--dist-backend=nccl",
                    "--dist-world-sizes=1", f"--dist-sizes={sizes}",
-                   "--dist-placements=out-of-place,in-place", f"--benchmark-json={path}"]
+                   f"--dist-placements={placements}", f"--benchmark-json={path}"]
         if graphs:
             command.append("--dist-cuda-graphs")
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
@@ -181,6 +188,8 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--graph-launches", type=int, default=10, help="nccl-tests -G in graph mode")
+    parser.add_argument("--placements", default=",".join(PLACEMENTS),
+                        help="ddpbench's placements (out-of-place, in-place or both; nccl-tests runs both)")
     parser.add_argument("--out", type=Path, help="folder for records.json, summary.md and the raw logs")
     args = parser.parse_args(argv)
     ops = [op for op in args.ops.split(",") if op]
@@ -191,6 +200,9 @@ def main(argv=None) -> int:
     if missing:
         parser.error(f"--nccl-tests {args.nccl_tests}: no {', '.join(f'{op}_perf' for op in missing)} there; "
                      f"build nccl-tests first (make MPI=0 NCCL_HOME=... in its folder)")
+    placements = [p for p in args.placements.split(",") if p]
+    if not placements or set(placements) - set(PLACEMENTS):
+        parser.error(f"--placements: {', '.join(PLACEMENTS)} or both")
     modes = [m for m in args.graphs.split(",") if m]
     if not modes or set(modes) - {"off", "on"}:
         parser.error("--graphs: off, on or off,on")
@@ -201,7 +213,7 @@ def main(argv=None) -> int:
     records = []
     versions = set()
     for repeat in range(args.repeats):
-        for mode in modes:
+        for mode_index, mode in enumerate(modes):
             graphs = mode == "on"
             reference: dict[str, dict] = {}
             ours: dict = {}
@@ -217,10 +229,10 @@ def main(argv=None) -> int:
 
             def ddpbench_side():
                 sizes = sorted({s for rows in reference.values() for s in rows}) or [1 << 20, 10 << 20, 100 << 20, 1000 << 20]
-                ours.update(run_ddpbench(ddpbench_sizes(sizes), graphs, log))
+                ours.update(run_ddpbench(ddpbench_sizes(sizes), graphs, log, ",".join(placements)))
 
             sides = [reference_side, ddpbench_side]
-            if repeat % 2:
+            if first_side_swapped(repeat, mode_index):
                 # nccl-tests' sizes are known before its first run: 1M x 10**k up to 1G
                 sides.reverse()
             for side in sides:

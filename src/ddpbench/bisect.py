@@ -4,10 +4,15 @@ A/B gate finds slower than GOOD's.
 Each probe is one A/B run (a pytest subprocess): the probe commit's git worktree is the candidate
 (pytest runs in it), GOOD's worktree is the baseline (``--dist-baseline-path``: its root, its
 ``src/`` and the folders of the selected test files), the same interpreter for both unless
-``--setup`` / ``--python`` build one per commit. How a probe is read:
+``--setup`` / ``--python`` build one per commit. A probe's verdicts are read as the gate it ran
+read them (``--dist-ab-accept-structure-change`` among the pytest args accepts structural changes
+here too), and judged by :func:`read_probe`:
 
-* ``bad``: any selected case is ``regression`` or ``missing`` (the gate's exit-1 verdicts);
-* ``good``: every case is ``same``, ``not-slower`` or ``improvement`` (not on the slow side);
+* ``bad``: any case is ``regression`` (a ``missing`` one too with ``--missing-is-bad``);
+* ``skip``: a case that BAD judged is not judged here (absent from the run, ``missing``: crashed,
+  hung or failed a check; ``baseline-failed``; ``new``): a slowdown search cannot place a commit
+  it could not time, so a missing case is a skip with the reason unless ``--missing-is-bad``;
+* ``good``: every case BAD judged is ``same``, ``not-slower`` or ``improvement`` (not on the slow side);
 * ``inconclusive``: run once more with twice ``--max-time``; still so, it is skipped;
 
 After BAD is confirmed, the probes ask which side of *that* step a commit lies on, not whether it
@@ -15,9 +20,10 @@ is 5% slower: unless the pytest args set ``--dist-ab-threshold``, each later A/B
 step's geometric midpoint, sqrt(the lower end of BAD's ratio interval), as its threshold (never
 below the gate's default). A step of x2 then splits at x1.41, so an unchanged commit reads
 ``same`` after a few pairs instead of ``inconclusive`` at +-5%, which would leave it unclassified.
-* ``skip``: the run did not produce verdicts (setup failed, collection failed, crashed, the
-  baseline failed), as ``git bisect skip``: the search tests the untested commit nearest the
-  middle instead, and names every candidate when skips leave more than one.
+* ``skip`` too: the run did not produce verdicts (``git worktree add`` or setup failed, the folder
+  bisect runs in does not exist at that commit, collection failed, crashed, the run passed
+  ``--probe-timeout``), as ``git bisect skip``: the search (:func:`narrow`) tests the untested
+  commit nearest the middle instead, and names every candidate when skips leave more than one.
 
 BAD is probed first: without a regression there, nothing is searched. Exit 0: the first bad
 commit was found, or there is no regression to search; 1: the search could not decide (BAD
@@ -38,14 +44,21 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
-from .gates.verdicts import VerdictError, ab_verdicts_of_run
+from .gates.verdicts import TIMED, VerdictError, ab_verdicts_of_run
 
-BAD_VERDICTS = ("regression", "missing")
+BAD_VERDICTS = ("regression",)  # and "missing" with --missing-is-bad
 GOOD_VERDICTS = ("same", "not-slower", "improvement")  # not on the slow side of the step
 DEFAULT_MAX_TIME = 60.0
+DEFAULT_COLLECT_TIMEOUT = 300.0  # --collect-timeout: GOOD's and BAD's pytest --collect-only
+# --probe-timeout's default: --collect-timeout, then per selected case its --max-time and this
+# much for the rest (pools started, set-up and warm-up, a hung rank's --dist-timeout, the finish).
+PROBE_SLACK_PER_CASE_S = 300.0
+ACCEPT_STRUCTURE_OPTION = "--dist-ab-accept-structure-change"
 GATE_DEFAULT_THRESHOLD = 0.05  # the A/B gate's --dist-ab-threshold default
 # Options bisect sets itself on every A/B run; given among the pytest args they are refused.
 OWN_OPTIONS = ("--dist-baseline-path", "--dist-baseline-python", "--benchmark-json", "--dist-ab-max-time",
@@ -57,6 +70,17 @@ class BisectError(Exception):
     """Bad input: the message names the problem and the fix (exit 2)."""
 
 
+class Unavailable(Exception):
+    """A commit bisect cannot run: its worktree or folder is missing (a probe: skipped)."""
+
+
+def printable(text: str) -> str:
+    """``text`` with its control and format characters (an escape sequence in a commit subject,
+    a bidirectional override) shown escaped, so nothing printed can drive the terminal."""
+    return "".join(ch if ch == " " or unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp")
+                   else ascii(ch)[1:-1] for ch in text)
+
+
 @dataclass
 class CaseVerdict:
     name: str
@@ -64,11 +88,12 @@ class CaseVerdict:
     ratio: float | None = None
     ci: tuple[float, float] | None = None
     structure: str = ""  # what the collective census says changed, when it did
+    reason: str = ""  # why a case is missing, new or baseline-failed
 
     def cell(self) -> str:
         structure = f" (structure: {self.structure})" if self.structure else ""
         if self.ratio is None:
-            return f"{self.verdict}{structure}"
+            return f"{self.verdict}{structure}" + (f" ({self.reason})" if self.reason else "")
         ci = f" [{self.ci[0]:.3f}, {self.ci[1]:.3f}]" if self.ci else ""
         return f"x{self.ratio:.3f}{ci} {self.verdict}{structure}"
 
@@ -86,9 +111,69 @@ class Probe:
     command: str = ""  # the A/B command of the last run, reproducible (see Bisect.reproduce)
 
     def summary(self) -> str:
-        if self.cases:
-            return "; ".join(f"{c.name}: {c.cell()}" for c in self.cases)
-        return self.note
+        cases = "; ".join(f"{printable(c.name)}: {printable(c.cell())}" for c in self.cases)
+        return " -- ".join(part for part in (cases, printable(self.note)) if part)
+
+
+def read_probe(cases: Sequence[CaseVerdict], reference: Sequence[str] | None = None,
+               missing_is_bad: bool = False) -> tuple[str, str]:
+    """How bisect reads one A/B run's verdicts: (outcome, note). ``reference``: the cases BAD
+    judged (None while BAD itself is read: every case of the run is then one).
+
+    * ``bad``: any case is ``regression``, or ``missing`` with ``missing_is_bad``;
+    * ``skip``: a reference case is not judged here (absent, missing, baseline-failed, new): the
+      note names each with why; a search for a slowdown cannot place a commit it did not time;
+    * ``good``: every reference case is on the fast side (``same``, ``not-slower``, ``improvement``);
+    * ``inconclusive``: the rest (an inconclusive reference case, none bad, none unjudged).
+    """
+    if not cases:
+        return "skip", "no A/B verdict in the run"
+    if any(c.verdict in BAD_VERDICTS for c in cases):
+        return "bad", ""
+    missing = [c.name for c in cases if c.verdict == "missing"]
+    if missing and missing_is_bad:
+        return "bad", f"missing counts as bad (--missing-is-bad): {', '.join(missing)}"
+    by_name = {c.name: c for c in cases}
+    names = list(by_name) if reference is None else list(reference)
+    unjudged = []
+    for name in names:
+        case = by_name.get(name)
+        if case is None:
+            unjudged.append(f"{name} (not in the run)")
+        elif case.verdict not in TIMED:
+            unjudged.append(f"{name} ({case.verdict})")
+    if unjudged:
+        hint = (" (a case lost is not a slowdown; --missing-is-bad searches for the commit that lost it)"
+                if missing else "")
+        return "skip", "not judged here: " + ", ".join(unjudged) + hint
+    verdicts = {by_name[name].verdict for name in names}
+    return ("good" if verdicts <= set(GOOD_VERDICTS) else "inconclusive"), ""
+
+
+def judged_cases(cases: Sequence[CaseVerdict], missing_is_bad: bool = False) -> list[str]:
+    """The cases a confirmed BAD judged: each later probe must judge them too (:func:`read_probe`)."""
+    return [c.name for c in cases if c.verdict in TIMED or (missing_is_bad and c.verdict == "missing")]
+
+
+def narrow(n: int, outcome_of: Callable[[int], str]) -> tuple[int, int]:
+    """The search over commits 0..n-1 after GOOD, n-1 (BAD) known bad: probe the untested commit
+    nearest the middle of (last good, first bad), the earlier on a tie (``outcome_of(index)``:
+    good, bad, or anything else: skipped), until none is left between them. Returns (last good,
+    first bad), -1 standing for GOOD; adjacent when the first bad commit was found."""
+    lo, hi = -1, n - 1
+    tested: set[int] = set()
+    while True:
+        untested = [i for i in range(lo + 1, hi) if i not in tested]
+        if not untested:
+            return lo, hi
+        middle = (lo + hi) / 2
+        index = min(untested, key=lambda i: (abs(i - middle), i))
+        tested.add(index)
+        outcome = outcome_of(index)
+        if outcome == "bad":
+            hi = index
+        elif outcome == "good":
+            lo = index
 
 
 def _git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -115,6 +200,15 @@ class Bisect:
         self.test_dirs: list[str] = []
         self.children: list[subprocess.Popen] = []
         self.threshold: float | None = None  # the probes' --dist-ab-threshold once BAD is confirmed
+        self.reference: list[str] | None = None  # the cases BAD judged, once it is confirmed
+        self.unavailable: dict[str, str] = {}  # commit -> why its worktree could not be made
+        # Read each probe's run as its gate did: a structural change it accepted is accepted here.
+        self.accept_structure_change = ACCEPT_STRUCTURE_OPTION in self.pytest_args
+        self.missing_is_bad = getattr(args, "missing_is_bad", False)
+        self.collect_timeout = getattr(args, "collect_timeout", None) or DEFAULT_COLLECT_TIMEOUT
+        self.probe_timeout: float | None = getattr(args, "probe_timeout", None)
+        self.cases_selected = 1  # the cases the selection collects at BAD (run_limit)
+        self.untracked: list[str] = []  # files in no commit (check_input): named, not refused
 
     def say(self, line: str = "") -> None:
         print(line, file=self.out, flush=True)
@@ -145,13 +239,14 @@ class Bisect:
                               f"commit BAD descends from (git merge-base {self.args.good} {self.args.bad})")
         self.commits = _git(self.top, "rev-list", "--first-parent", "--reverse",
                             f"{self.good}..{self.bad}").stdout.split()  # ends with BAD
-        dirty = [line for line in _git(self.top, "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
-                 if line.strip()]
+        status = [line for line in _git(self.top, "status", "--porcelain").stdout.splitlines() if line.strip()]
+        dirty = [line for line in status if not line.startswith("??")]
         if dirty:
-            files = ", ".join(line[3:] for line in dirty[:5]) + (", ..." if len(dirty) > 5 else "")
+            files = ", ".join(printable(line[3:]) for line in dirty[:5]) + (", ..." if len(dirty) > 5 else "")
             raise BisectError(f"the work tree has uncommitted changes ({files}); bisect measures committed "
                               f"code in worktrees of its own, which would not see them. Commit or stash them "
                               f"(git stash) and run again")
+        self.untracked = [printable(line[3:]) for line in status if line.startswith("??")]
         for option in OWN_OPTIONS:
             if any(a == option or a.startswith(option + "=") for a in self.pytest_args):
                 hint = " (give it as ddpbench bisect --max-time)" if option == "--dist-ab-max-time" else ""
@@ -160,15 +255,30 @@ class Bisect:
     # -- worktrees and environments ---------------------------------------------------------------
 
     def worktree(self, sha: str) -> Path:
+        """The commit's worktree, made once; :class:`Unavailable` when git cannot check it out
+        (an LFS or other filter failing, a missing object)."""
+        if sha in self.unavailable:
+            raise Unavailable(self.unavailable[sha])
         if sha not in self.worktrees:
             path = self.tmp / ("good" if sha == self.good else sha[:12])
             self.worktrees[sha] = path  # registered first: removed even if the add is interrupted
-            _git(self.top, "worktree", "add", "--detach", "--quiet", str(path), sha)
+            added = _git(self.top, "worktree", "add", "--detach", "--quiet", str(path), sha, check=False)
+            if added.returncode != 0:
+                why = " | ".join(line.strip() for line in added.stderr.splitlines() if line.strip())
+                self.unavailable[sha] = f"git worktree add failed (exit {added.returncode}): {printable(why)[-300:]}"
+                raise Unavailable(self.unavailable[sha])
         return self.worktrees[sha]
 
     def build(self, sha: str) -> str:
-        """Runs --setup once per commit in its worktree; '' when it worked, else why not."""
-        root = self.worktree(sha)
+        """Makes the commit's worktree and runs --setup once in it; '' when it worked, else why not
+        (its worktree, the folder bisect runs in, --setup, the interpreter)."""
+        try:
+            root = self.worktree(sha)
+        except Unavailable as exc:
+            return str(exc)
+        if not self.cwd(sha).is_dir():
+            return (f"the folder bisect runs in ({printable(self.prefix.rstrip('/'))}) does not exist at this "
+                    f"commit")
         if self.args.setup and sha not in self.built:
             done = self._run(["bash", "-c", self.args.setup], root, self.tmp / f"setup-{sha[:12]}.log")
             self.built[sha] = done == 0
@@ -180,7 +290,7 @@ class Bisect:
         return ""
 
     def python(self, sha: str) -> str:
-        return str(self.worktree(sha) / self.args.python) if self.args.python else sys.executable
+        return str(self.worktree(sha) / self.args.python) if getattr(self.args, "python", None) else sys.executable
 
     def cwd(self, sha: str) -> Path:
         return self.worktree(sha) / self.prefix
@@ -194,15 +304,19 @@ class Bisect:
 
     # -- subprocesses -----------------------------------------------------------------------------
 
-    def _run(self, command: list[str], cwd: Path, log: Path, env: dict | None = None) -> int:
+    def _run(self, command: list[str], cwd: Path, log: Path, env: dict | None = None,
+             timeout: float | None = None) -> int | None:
         """Runs ``command`` in its own session (a Ctrl-C reaches bisect, which then stops it with
-        SIGINT, so pytest stops its ranks), output to ``log``; its exit status."""
+        SIGINT, so pytest stops its ranks), output to ``log``; its exit status, or None when it
+        ran past ``timeout`` seconds (then stopped as an interrupt would)."""
         with open(log, "w") as handle:
             child = subprocess.Popen(command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
                                      env=env or _child_env(), start_new_session=True)
             self.children.append(child)
             try:
-                return child.wait()
+                return child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return None
             finally:
                 self.children.remove(child)
                 if child.poll() is None:
@@ -226,7 +340,7 @@ class Bisect:
         except OSError:
             return ""
         text = [line.strip() for line in text if line.strip(" =!_-")]  # pytest's rules carry nothing
-        return " | ".join(text[-lines:])
+        return printable(" | ".join(text[-lines:]))
 
     def _env(self, sha: str) -> dict:
         env = _child_env()
@@ -245,7 +359,12 @@ class Bisect:
             raise BisectError(f"{name} {sha[:12]} cannot be set up: {problem}")
         log = self.tmp / f"collect-{sha[:12]}.log"
         status = self._run([self.python(sha), "-m", "pytest", "--collect-only", "-q", *self._selection()],
-                           self.cwd(sha), log, self._env(sha))
+                           self.cwd(sha), log, self._env(sha), timeout=self.collect_timeout)
+        if status is None:
+            raise BisectError(f"collecting the selection at {name} {sha[:12]} did not finish within "
+                              f"{self.collect_timeout:g} s (--collect-timeout); it hangs or imports slowly: "
+                              f"{self._tail(log, 3) or 'no output'}. Check it with pytest --collect-only -q, "
+                              f"or raise --collect-timeout")
         ids = [line.strip() for line in log.read_text(errors="replace").splitlines() if "::" in line]
         if status != 0 or not ids:
             shown = " ".join(shlex.quote(a) for a in self._selection())
@@ -268,7 +387,7 @@ class Bisect:
         # OPTION=VALUE, never two words: pytest takes a bare path argument for a place to look for
         # its rootdir and ini file, and would then read GOOD's pytest.ini in the probe's run.
         command += [f"--dist-baseline-path={path}" for path in self.baseline_paths(good_root)]
-        if self.args.python:
+        if getattr(self.args, "python", None):
             command.append(f"--dist-baseline-python={good_root}/{self.args.python}")
         if not any(a.startswith("--dist-ab-profile") for a in self.pytest_args):
             command.append("--dist-ab-profile=off")  # profiles cost time at every bad probe
@@ -283,7 +402,7 @@ class Bisect:
 
     def probe(self, index: int) -> Probe:
         sha = self.commits[index]
-        subject = _git(self.top, "log", "-1", "--format=%s", sha).stdout.strip()
+        subject = printable(_git(self.top, "log", "-1", "--format=%s", sha, check=False).stdout.strip())
         probe = Probe(index, sha, subject)
         started = time.monotonic()
         problem = self.build(sha)
@@ -311,7 +430,13 @@ class Bisect:
         log = self.tmp / f"ab-{sha[:12]}-{probe.runs}.log"
         good_root = os.path.relpath(self.worktree(self.good), self.cwd(sha))
         command = self.ab_command(sha, good_root, self.python(sha), max_time, str(result))
-        status = self._run(command, self.cwd(sha), log, self._env(sha))
+        limit = self.run_limit(max_time)
+        status = self._run(command, self.cwd(sha), log, self._env(sha), timeout=limit)
+        if status is None:
+            probe.outcome, probe.cases = "skip", []
+            probe.note = (f"the A/B run did not finish within {limit:g} s (--probe-timeout; hung in collection "
+                          f"or a case?): {self._tail(log, 3) or 'no output'}")
+            return
         try:
             doc = json.loads(result.read_text())
         except (OSError, ValueError):
@@ -320,37 +445,37 @@ class Bisect:
             probe.outcome, probe.cases = "skip", []
             probe.note = f"the A/B run did not give verdicts (pytest exit {status}): {self._tail(log, 3)}"
             return
-        try:  # the gates' own reading: a structural regression (the census) makes a case bad too
-            verdicts_of_run = ab_verdicts_of_run(doc)
+        try:  # the gate's own reading, its acceptance of structural changes included
+            verdicts_of_run = ab_verdicts_of_run(doc, self.accept_structure_change)
         except VerdictError as exc:
             probe.outcome, probe.cases, probe.note = "skip", [], f"the A/B run's verdicts cannot be read: {exc}"
             return
         cases = [CaseVerdict(v.name, v.verdict, v.ratio,
                              (v.ci_low, v.ci_high) if v.ci_low is not None and v.ci_high is not None else None,
-                             v.structure.line if v.structure is not None and v.structure.verdict != "same" else "")
+                             v.structure.cell() if v.structure is not None and v.structure.verdict != "same" else "",
+                             v.reason or "")
                  for v in verdicts_of_run]
         seeds = [b["extra_info"]["ab"].get("seed") for b in doc.get("benchmarks", [])
                  if isinstance((b.get("extra_info") or {}).get("ab"), dict)]
         probe.cases = cases
         probe.command = self.reproduce(sha, max_time, seeds[0] if seeds else None)
-        verdicts = {c.verdict for c in cases}
+        probe.outcome, probe.note = read_probe(cases, self.reference, self.missing_is_bad)
         if not cases:
-            probe.outcome, probe.note = "skip", f"no A/B verdict in the run (pytest exit {status})"
-        elif verdicts & set(BAD_VERDICTS):
-            probe.outcome = "bad"
-        elif verdicts <= set(GOOD_VERDICTS):
-            probe.outcome = "good"
-        elif verdicts <= set(GOOD_VERDICTS) | {"inconclusive"}:
-            probe.outcome = "inconclusive"
-        else:  # baseline-failed, new: GOOD's side gave no figure to compare with
-            probe.outcome, probe.note = "skip", "verdicts " + ", ".join(sorted(verdicts))
+            probe.note += f" (pytest exit {status})"
+
+    def run_limit(self, max_time: float) -> float:
+        """How long one A/B run may take: --probe-timeout, else --collect-timeout and, per case the
+        selection collected at BAD, its --max-time and PROBE_SLACK_PER_CASE_S."""
+        if self.probe_timeout:
+            return self.probe_timeout
+        return self.collect_timeout + self.cases_selected * (max_time + PROBE_SLACK_PER_CASE_S)
 
     def reproduce(self, sha: str, max_time: float, seed: int | None) -> str:
         """The shell lines that repeat a probe's A/B run in worktrees of the user's own."""
         good_dir, probe_dir = "../ddpbench-good", "../ddpbench-probe"
         cwd = f"{probe_dir}/{self.prefix}".rstrip("/")
         good_root = os.path.relpath(good_dir, cwd) if self.prefix else good_dir
-        python = f"{probe_dir}/{self.args.python}" if self.args.python else sys.executable
+        python = f"{probe_dir}/{self.args.python}" if getattr(self.args, "python", None) else sys.executable
         command = self.ab_command(sha, good_root, python, max_time, "ab.json", seed)
         if (self.worktree(sha) / "src").is_dir():
             command = ["PYTHONPATH=src"] + command
@@ -358,8 +483,8 @@ class Bisect:
                  f"git worktree add {good_dir} {self.good[:12]} && git worktree add {probe_dir} {sha[:12]}"]
         if self.args.setup:
             lines.append(f"(cd {good_dir} && {self.args.setup}) && (cd {probe_dir} && {self.args.setup})")
-        lines.append(f"cd {cwd} && " + " ".join(shlex.quote(a) if not a.startswith("PYTHONPATH=") else a
-                                                 for a in command))
+        lines.append(f"cd {shlex.quote(cwd)} && " + " ".join(shlex.quote(a) if not a.startswith("PYTHONPATH=") else a
+                                                              for a in command))
         return "\n".join(lines)
 
     # -- the search -------------------------------------------------------------------------------
@@ -370,10 +495,15 @@ class Bisect:
         n = len(self.commits)
         self.say(f"ddpbench bisect: {n} first-parent commit(s) after GOOD {self.good[:12]} up to BAD "
                  f"{self.bad[:12]}; worktrees in {self.tmp}")
+        if self.untracked:
+            shown = ", ".join(self.untracked[:5]) + (", ..." if len(self.untracked) > 5 else "")
+            self.say(f"note: {len(self.untracked)} untracked file(s) ({shown}) are in no commit: the probes' "
+                     f"worktrees do not have them (commit them if the benchmarks need them)")
         ids = self.collect(self.bad, "BAD")
         self.collect(self.good, "GOOD")
+        self.cases_selected = len(ids)
         self.test_dirs = _import_dirs(self.worktree(self.bad), ids, self.prefix)
-        self.say(f"selection: {len(ids)} case(s) at BAD, e.g. {ids[0]}")
+        self.say(f"selection: {len(ids)} case(s) at BAD, e.g. {printable(ids[0])}")
         return self.search()
 
     def search(self) -> int:
@@ -393,19 +523,10 @@ class Bisect:
             self.say(f"probes are classified against the step's midpoint: --dist-ab-threshold="
                      f"{100 * self.threshold:.1f}% (sqrt of BAD's lowest interval end; set "
                      f"--dist-ab-threshold among the pytest args to choose it)")
-        lo, hi = -1, n - 1  # lo: last known good (-1 = GOOD), hi: first known bad
-        self.say(f"searching {hi - lo - 1} commit(s) between them:")
-        while True:
-            untested = [i for i in range(lo + 1, hi) if i not in self.probes]
-            if not untested:
-                break
-            middle = (lo + hi) / 2
-            index = min(untested, key=lambda i: (abs(i - middle), i))
-            outcome = self.probe(index).outcome
-            if outcome == "bad":
-                hi = index
-            elif outcome == "good":
-                lo = index
+        self.reference = judged_cases(confirm.cases, self.missing_is_bad)
+        self.say(f"searching {n - 1} commit(s) between them (each must judge the {len(self.reference)} case(s) "
+                 f"BAD judged, or it is skipped):")
+        lo, hi = narrow(n, lambda index: self.probe(index).outcome)
         self.report(lo, hi)
         return 0 if hi - lo == 1 else 1
 
@@ -426,13 +547,13 @@ class Bisect:
         self.say(f"  {'commit':12}  {'outcome':12}  {'seconds':>7}  subject / cases")
         for index in sorted(self.probes):
             p = self.probes[index]
-            self.say(f"  {p.sha[:12]}  {p.outcome:12}  {p.seconds:7.0f}  {p.subject[:60]}")
+            self.say(f"  {p.sha[:12]}  {p.outcome:12}  {p.seconds:7.0f}  {printable(p.subject)[:60]}")
             self.say(f"  {'':12}  {'':12}  {'':7}  {p.summary()}")
         total = sum(p.seconds for p in self.probes.values())
         self.say(f"{len(self.probes)} probe(s), {total:.0f} s of A/B runs, for {len(self.commits)} commit(s)")
         first = self.probes[hi]
         if hi - lo == 1:
-            self.say(f"first bad commit: {first.sha} {first.subject}")
+            self.say(f"first bad commit: {first.sha} {printable(first.subject)}")
         else:
             left = [self.commits[i][:12] for i in range(lo + 1, hi + 1)]
             self.say(f"the first bad commit is one of {', '.join(left)} (the others could not be measured: skip)")

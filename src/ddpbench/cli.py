@@ -158,16 +158,17 @@ def _parser() -> argparse.ArgumentParser:
                        description="The collective census of one optimizer step of the transformer family "
                                    "(DDP or FSDP2) at each world size, simulated in this process as rank 0 of N "
                                    "on torch's fake process group: per collective kind and dtype the calls and "
-                                   "payload bytes per step and rank, and the parameter, gradient and optimizer "
-                                   "bytes each rank holds; a table (or --json) and a chart. Counts and bytes, "
-                                   "no timing. Exit 0, or 2 on bad input.")
+                                   "payload bytes per step and rank, the parameter, gradient and optimizer "
+                                   "bytes each rank holds, and each rank's peak memory over the step with its "
+                                   "breakdown (--device-memory: where it fits); a table (or --json) and a chart. "
+                                   "Counts and bytes, no timing. Exit 0, or 2 on bad input.")
     from .scale.command import add_arguments as add_census_arguments
 
     add_census_arguments(s)
 
     b = sub.add_parser("bisect", help="find the commit that made a case slower (A/B gate at each probe)",
                        usage="ddpbench bisect GOOD BAD [-k EXPR] [--max-time S] [--setup CMD [--python PATH]] "
-                             "[-- PYTEST_ARGS...]",
+                             "[--missing-is-bad] [--collect-timeout S] [--probe-timeout S] [-- PYTEST_ARGS...]",
                        description="Run in a git checkout of your project: bisects the first-parent commits "
                                    "from GOOD to BAD, running the A/B gate at each probe (GOOD's worktree the "
                                    "baseline, the probe's the candidate). Exit 0: found, or no regression to "
@@ -183,6 +184,15 @@ def _parser() -> argparse.ArgumentParser:
                    "a commit where it fails is skipped")
     b.add_argument("--python", metavar="PATH", help="with --setup: the interpreter it made, relative to the "
                    "worktree (e.g. .venv/bin/python); default: this one")
+    b.add_argument("--missing-is-bad", action="store_true",
+                   help="a case the probe's candidate lost (crashed, hung, failed a check) makes the probe bad: "
+                        "search for the commit that broke a case. Default: such a probe is skipped, as a slowdown "
+                        "search cannot place a commit it could not time")
+    b.add_argument("--collect-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long GOOD's and BAD's pytest --collect-only may take (default 300)")
+    b.add_argument("--probe-timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long one probe's A/B run may take before it is stopped and the commit skipped "
+                        "(default: --collect-timeout plus, per selected case, its --max-time and 300 s)")
     return parser
 
 
@@ -433,8 +443,10 @@ def _main(argv: list[str] | None) -> int:
         if args.python and not args.setup:
             return _error("bisect", "--python names the interpreter --setup builds in each worktree; give --setup "
                                     "too, or leave --python out to use this interpreter")
-        if args.max_time <= 0:
-            return _error("bisect", f"--max-time must be above 0, got {args.max_time:g}")
+        for option, value in (("--max-time", args.max_time), ("--collect-timeout", args.collect_timeout),
+                              ("--probe-timeout", args.probe_timeout)):
+            if value is not None and not value > 0:
+                return _error("bisect", f"{option} must be above 0 seconds, got {value:g}")
         return run_bisect(args)
     if args.command == "compare":
         return run_compare(args)

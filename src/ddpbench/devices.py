@@ -10,8 +10,6 @@ import os
 import re
 import warnings
 
-from .pool import cores_available
-
 
 def _nvidia_gpus_present() -> list[str]:
     """The NVIDIA device files of this machine (no CUDA call): /dev/nvidia0, ..."""
@@ -87,4 +85,6 @@ def gpu_description() -> dict | None:
 
 
 def cpu_count() -> int:
+    from .pool.ranks import cores_available  # not at import: the plugin loads this module in every session
+
     return len(cores_available()) or os.cpu_count() or 1

@@ -7,6 +7,8 @@ import math
 import re
 
 BACKENDS = ("gloo", "nccl", "auto")
+# The options that turn A/B mode on (each names a side's code or environment).
+AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
 MAX_WORLD_SIZE = 64
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}

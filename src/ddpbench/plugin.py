@@ -4,7 +4,9 @@ and decides nothing itself: the engine times (:mod:`ddpbench.engine`), the pools
 need (e.g. :mod:`ddpbench.workloads.collective_cases`).
 
 Loaded through the ``pytest11`` entry point, so any pytest run in an environment with ddpbench
-installed has it. ``dist_benchmark(workload)`` (:class:`ddpbench.fixture.DistBenchmark`) runs a
+installed has it; a session none of whose tests asks for a ddpbench fixture (and that gives no A/B
+or controller option) imports no torch, probes no CUDA, starts nothing and prints no header line
+(:func:`uses_ddpbench`). ``dist_benchmark(workload)`` (:class:`ddpbench.fixture.DistBenchmark`) runs a
 workload on all ranks of the case's pool and hands the per-round times (max over ranks) to
 pytest-benchmark as the case's rounds, so every pytest-benchmark feature (--benchmark-json,
 --benchmark-autosave, --benchmark-compare[-fail], --benchmark-histogram, --benchmark-save-data)
@@ -16,19 +18,51 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from typing import TYPE_CHECKING
 
 import pytest
 
 from . import options as opts
 from .devices import GPU_INFO_KEY, cpu_count, cuda_device_count, cuda_probe, gpu_cases_requested, gpu_description
-from .engine.timing import RoundPlan
-from .fixture import DistBenchmark
 from .gates.ab.forensics import DEFAULT_PROFILE, PROFILE_MODES
 from .gates.ab.heap import DEFAULT_HEAP, HEAP_MODES
-from .pool import PoolRegistry, PoolSpec
 from .workloads.collective_cases import DEFAULT_SIZES
 
+if TYPE_CHECKING:  # imported where used: a session without a ddpbench case never loads the engine
+    from .engine.timing import RoundPlan
+    from .fixture import DistBenchmark
+    from .pool import PoolSpec
+
 _INTERRUPTED = int(pytest.ExitCode.INTERRUPTED)
+
+#: The fixtures that make a test a ddpbench case (``dist_spec`` and ``dist_message_size`` are
+#: parameters that pytest_generate_tests gives).
+CASE_FIXTURES = frozenset({"dist_benchmark", "dist_pool", "dist_pools", "dist_spec", "dist_message_size",
+                           "dist_dtype", "dist_reduce_op", "dist_placement", "dist_round_plan"})
+#: Whether this session uses ddpbench: set once its tests are collected (unset before).
+USES_DDPBENCH = pytest.StashKey[bool]()
+
+
+def is_case(item) -> bool:
+    """Whether a collected test asks for a ddpbench fixture."""
+    return not CASE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+def _explicitly_asked(config) -> bool:
+    """An A/B or multi-node option: the user asked for ddpbench whatever the tests are."""
+    return (getattr(config, "_ddpbench_ab", None) is not None
+            or getattr(config, "_ddpbench_controller", None) is not None)
+
+
+def uses_ddpbench(config, items=None) -> bool:
+    """Whether ddpbench has anything to do in this session: a test among ``items`` (the session's,
+    once collected) is a ddpbench case, or an A/B / multi-node option was given. A session where
+    it has not imports no torch, probes no CUDA and starts nothing (README, *Installing*)."""
+    if _explicitly_asked(config):
+        return True
+    if items is not None:
+        return any(is_case(item) for item in items)
+    return bool(config.stash.get(USES_DDPBENCH, False))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,10 +234,14 @@ def pytest_configure(config):
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("--dist-controller serves one external pool: run without -n (xdist)")
     _check_path_options_written_with_equals(config)
-    from .gates.ab.session import ABSession
+    config._ddpbench_ab = None
+    if any(config.getoption(name, None) for name in opts.AB_OPTIONS):
+        from .gates.ab.session import ABSession
 
-    config._ddpbench_ab = ABSession.from_options(config)
+        config._ddpbench_ab = ABSession.from_options(config)
     _check_compare_target(config)
+    if config.getoption("benchmark_compare", None):
+        config.pluginmanager.register(SessionCompare(), "ddpbench-session-compare")
     if config.getoption("dist_cuda_graphs", False) and not cuda_device_count():
         broken = cuda_probe()[1]
         raise pytest.UsageError(
@@ -258,6 +296,21 @@ def pin_cores(config) -> bool:
 
 
 def pytest_report_header(config):
+    """In A/B and multi-node sessions (asked for by option): the header at once. Otherwise it waits
+    for the collected tests (:func:`pytest_report_collectionfinish`): a session without a ddpbench
+    case prints none and probes no CUDA."""
+    return header_lines(config) if _explicitly_asked(config) else []
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    if _explicitly_asked(config) or not uses_ddpbench(config, items):
+        return []  # said in the header already, or nothing to say
+    if config.get_verbosity() < 0 or config.getoption("no_header", False):
+        return []  # where pytest shows no header (-q, --no-header)
+    return header_lines(config)
+
+
+def header_lines(config) -> list[str]:
     world_sizes = config.getoption("dist_world_sizes")
     cores, gpus = cpu_count(), cuda_device_count()
     described = gpu_description()
@@ -294,6 +347,8 @@ def dist_specs(backend_option: str, world_sizes: list[int], gpus: int) -> list[t
     world sizes under ``gpu`` + ``multi_gpu``. ``gloo`` collects both sets (GPU cases skip without
     CUDA), ``nccl`` only the GPU set, ``auto`` resolves to nccl when CUDA is present.
     """
+    from .pool import PoolSpec
+
     backend = backend_option
     if backend == "auto":
         backend = "nccl" if gpus else "gloo"
@@ -350,19 +405,27 @@ def pytest_generate_tests(metafunc):
             metafunc.parametrize(name, values, ids=values)
 
 
+def _cuda_needed(item) -> tuple[int, bool]:
+    """(CUDA devices the test needs, whether it is an NCCL case) from its marks and pool spec."""
+    needed = 2 if item.get_closest_marker("multi_gpu") else 1 if item.get_closest_marker("gpu") else 0
+    spec = getattr(item, "callspec", None) and item.callspec.params.get("dist_spec")
+    if spec is None:  # not a ddpbench case: its marks say it all
+        return needed, False
+    from .pool import PoolSpec
+
+    nccl = isinstance(spec, PoolSpec) and spec.backend == "nccl"
+    if isinstance(spec, PoolSpec) and spec.device == "cuda":
+        # NCCL runs one rank per GPU; gloo ranks with CUDA tensors may share one.
+        needed = max(needed, spec.world_size if nccl else 1)
+    return needed, nccl
+
+
 def pytest_collection_modifyitems(config, items):
+    needs = [(item, *_cuda_needed(item)) for item in items]
+    if not any(needed for _, needed, _ in needs):
+        return  # no test needs a GPU: CUDA is not probed (nor torch imported)
     gpus, broken = cuda_probe()
-    for item in items:
-        spec = getattr(item, "callspec", None) and item.callspec.params.get("dist_spec")
-        needed = 0
-        if item.get_closest_marker("gpu"):
-            needed = 1
-        if item.get_closest_marker("multi_gpu"):
-            needed = 2
-        nccl = isinstance(spec, PoolSpec) and spec.backend == "nccl"
-        if isinstance(spec, PoolSpec) and spec.device == "cuda":
-            # NCCL runs one rank per GPU; gloo ranks with CUDA tensors may share one.
-            needed = max(needed, spec.world_size if nccl else 1)
+    for item, needed, nccl in needs:
         if needed and gpus < needed:
             if broken and gpu_cases_requested(config):
                 raise pytest.UsageError(
@@ -382,8 +445,11 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """Before any rank starts: every selected collective size must fit in memory (unless the run
     only lists the cases: --collect-only), and in A/B mode each side must import its own code."""
+    session.config.stash[USES_DDPBENCH] = uses_ddpbench(session.config, session.items)
     if getattr(session.config, "_ddpbench_controller", None):
         return  # multi-node: the nodes' memory is not this machine's
+    if not session.config.stash[USES_DDPBENCH]:
+        return  # no ddpbench case: nothing to check (and psutil stays unimported)
     import psutil
 
     from .workloads.collective_cases import check_memory, smallest_gpu_free_bytes
@@ -417,6 +483,8 @@ def dist_pools(request):
                                         announce=functools.partial(_announce, request.config),
                                         case_specs=_runnable_specs(request.session.items))
     else:
+        from .pool import PoolRegistry
+
         registry = PoolRegistry(pin_cores=pin_cores(request.config))
     yield registry
     registry.close()
@@ -424,6 +492,8 @@ def dist_pools(request):
 
 def _runnable_specs(items) -> list[PoolSpec]:
     """The pool specs of the selected cases that are not marked skipped."""
+    from .pool import PoolSpec
+
     specs = []
     for item in items:
         spec = getattr(item, "callspec", None) and item.callspec.params.get("dist_spec")
@@ -490,6 +560,8 @@ def dist_placement() -> str | None:
 @pytest.fixture
 def dist_round_plan(request) -> RoundPlan:
     """The options' round plan; ops_per_round None until a case resolves it for its device."""
+    from .engine.timing import RoundPlan
+
     config = request.config
     return RoundPlan(
         warmup=config.getoption("dist_warmup"),
@@ -506,6 +578,8 @@ def dist_round_plan(request) -> RoundPlan:
 @pytest.fixture
 def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools, request) -> DistBenchmark:
     """Benchmark a workload on all ranks of this case's pool; see :class:`DistBenchmark`."""
+    from .fixture import DistBenchmark
+
     hook = request.config.hook.pytest_ddpbench_prepare_workload
     return DistBenchmark(benchmark, dist_pool, dist_spec, dist_round_plan,
                          request.config.getoption("dist_timeout"),
@@ -547,6 +621,8 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     ab = getattr(session.config, "_ddpbench_ab", None)
+    if ab is not None:
+        ab.record_verdicts()  # each case's saved verdict is the one the run decides and exits on
     if ab is not None and exitstatus == pytest.ExitCode.OK and ab.exit_status():
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # 1, as --benchmark-compare-fail does
     bench_session = getattr(session.config, "_benchmarksession", None)
@@ -595,7 +671,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def pytest_benchmark_update_json(config, benchmarks, output_json):
     """Every run says whether it is complete (:mod:`ddpbench.gates.completeness`); A/B runs list
     the cases the candidate lost: they have no benchmark entry of their own, and ``ddpbench compare
-    RUN.json`` must still see them."""
+    RUN.json`` must still see them; a session that uses ddpbench stores its calibration probe."""
     ab = getattr(config, "_ddpbench_ab", None)
     if ab is not None:
         from .gates.verdicts import LOST_CASES_KEY
@@ -609,32 +685,110 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
         stopped = session.shouldfail or session.shouldstop
         output_json[RUN_KEY] = record(exitstatus, session.testsfailed, str(stopped) if stopped else None,
                                       _failed_cases(config))
+    if uses_ddpbench(config):
+        from .gates.calibration import CALIBRATION_KEY
+
+        output_json[CALIBRATION_KEY] = calibration_probe(config)
 
 
 # ----------------------------------------------------------------------------------------------
-# Machine-drift calibration: recorded with every saved / --benchmark-json run
+# What a saved run records about the machine: facts in machine_info (what pytest-benchmark compares
+# to warn of another machine), the calibration probe's measurement beside it
 # ----------------------------------------------------------------------------------------------
+
+_MACHINE_FACTS = pytest.StashKey[dict]()
+_CALIBRATION = pytest.StashKey[dict]()
+_COMPARED_MACHINE_INFO = pytest.StashKey[dict]()  # this machine's, as --benchmark-compare compared it
+
+
+def machine_facts(config, machine_info: dict) -> dict:
+    """ddpbench's additions to a run's machine_info, worked out once per session: the GPUs and the
+    facts that decide what the cases measure (:mod:`ddpbench.gates.fingerprint`). Facts only: two
+    sessions on one machine with one install add the same, so pytest-benchmark's "machine_info is
+    different" warning means what it says."""
+    facts = config.stash.get(_MACHINE_FACTS, None)
+    if facts is None:
+        from .gates.fingerprint import FINGERPRINT_KEY, run_facts
+
+        facts = {}
+        try:
+            gpus = gpu_description()
+        except Exception as exc:  # never lose a run's results over the description
+            gpus = {"error": f"{type(exc).__name__}: {exc}"}
+        if gpus is not None:
+            facts[GPU_INFO_KEY] = gpus
+        try:
+            facts[FINGERPRINT_KEY] = run_facts(machine_info)
+        except Exception as exc:  # never lose a run's results over it: compare then says it is unknown
+            facts[FINGERPRINT_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
+        config.stash[_MACHINE_FACTS] = facts
+    return facts
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config, machine_info):
-    """Store a short local probe (:mod:`ddpbench.gates.calibration`) that ``ddpbench compare`` uses
-    to normalise a uniformly slower or faster machine (a few hundred ms), and the facts that decide
-    what the cases measure (:mod:`ddpbench.gates.fingerprint`), once per saved run."""
-    from .gates.calibration import MACHINE_INFO_KEY, run_probe
-    from .gates.fingerprint import FINGERPRINT_KEY, run_facts
+    """A session that uses ddpbench saves its facts (:func:`machine_facts`) in machine_info; the
+    calibration probe, a measurement, goes beside it (:func:`pytest_benchmark_update_json`)."""
+    if uses_ddpbench(config):
+        machine_info.update(machine_facts(config, machine_info))
 
-    try:
-        machine_info[MACHINE_INFO_KEY] = run_probe()
-    except Exception as exc:  # never lose a run's results over the probe
-        machine_info[MACHINE_INFO_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
-    try:
-        gpus = gpu_description()
-    except Exception as exc:  # never lose a run's results over the description either
-        gpus = {"error": f"{type(exc).__name__}: {exc}"}
-    if gpus is not None:
-        machine_info[GPU_INFO_KEY] = gpus
-    try:
-        machine_info[FINGERPRINT_KEY] = run_facts(machine_info)
-    except Exception as exc:  # never lose a run's results over it: compare then says it is unknown
-        machine_info[FINGERPRINT_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
+
+@pytest.hookimpl(optionalhook=True, hookwrapper=True)
+def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):
+    """--benchmark-compare: pytest-benchmark compares machine_info when the session is configured,
+    before its tests are collected. Against a run that recorded ddpbench's facts, this session's
+    machine_info gets them too (else the warning would fire on the same machine); a run saved when
+    ddpbench kept its probe in machine_info is compared without that measurement."""
+    from .gates.calibration import MACHINE_INFO_KEY
+    from .gates.fingerprint import FINGERPRINT_KEY
+
+    saved = compared_benchmark.get("machine_info") if isinstance(compared_benchmark, dict) else None
+    if isinstance(saved, dict):
+        saved.pop(MACHINE_INFO_KEY, None)  # the loaded copy only; the saved file is as it was
+        if FINGERPRINT_KEY in saved or GPU_INFO_KEY in saved:
+            machine_info.update(machine_facts(config, machine_info))
+    config.stash[_COMPARED_MACHINE_INFO] = machine_info
+    yield
+
+
+class SessionCompare:
+    """Registered in sessions given --benchmark-compare: under pytest-benchmark's comparison table,
+    ddpbench's noise-aware verdicts for the same pair (:mod:`ddpbench.gates.session_compare`),
+    when the session has ddpbench cases. Informational: the exit status stays pytest-benchmark's."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_terminal_summary(self, terminalreporter, config):
+        try:
+            return (yield)
+        finally:  # also when --benchmark-compare-fail raised after printing its table
+            bench_session = getattr(config, "_benchmarksession", None)
+            if (bench_session is not None and not bench_session.disabled and bench_session.compared_mapping
+                    and uses_ddpbench(config)):
+                _print_session_verdicts(terminalreporter, config, bench_session)
+
+
+def _print_session_verdicts(terminalreporter, config, bench_session) -> None:
+    from .gates.session_compare import print_verdicts
+
+    machine_info = dict(config.stash.get(_COMPARED_MACHINE_INFO, {}))
+    machine_info.update(machine_facts(config, machine_info))
+    doc = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bench_session.benchmarks,
+                                                     include_data=True, machine_info=machine_info,
+                                                     commit_info={})
+    print_verdicts(terminalreporter, bench_session, doc, probe=lambda: calibration_probe(config))
+
+
+def calibration_probe(config) -> dict:
+    """The machine-drift calibration probe (:mod:`ddpbench.gates.calibration`), run once per
+    session (a few hundred ms), for ``ddpbench compare`` to normalise a uniformly slower or faster
+    machine."""
+    probe = config.stash.get(_CALIBRATION, None)
+    if probe is None:
+        from .gates.calibration import run_probe
+
+        try:
+            probe = run_probe()
+        except Exception as exc:  # never lose a run's results over the probe
+            probe = {"error": f"{type(exc).__name__}: {exc}"}
+        config.stash[_CALIBRATION] = probe
+    return probe

@@ -22,7 +22,8 @@ Every table is followed by the line saying which run (file, saved datetime) and 
 Charts (matplotlib, the ``plot`` extra): collectives time and bus bandwidth vs size, one line per
 backend and process count, one panel per op, sizes labelled as in the tables; training samples/s
 and transformer tokens/s and MFU vs world size, a row of panels per model, whole-number world-size
-ticks, one line per configuration (a case's id without its world size), legends beside the data;
+ticks, one line per configuration (a case's id without its world size), legends beside the data
+(at one world size, a sorted bar per configuration instead);
 every point is the median with its interquartile range as error bars; and :func:`compare_chart`
 for the ratios of a comparison with their intervals.
 """
@@ -635,18 +636,41 @@ def _world_size_axis(plt, ax, world_sizes) -> None:
     ax.set_xlabel("world size (processes)")
 
 
+def _sorted_bars(ax, lines: dict[tuple, list[tuple]], labels: dict[tuple, str], style: dict, xlabel: str) -> None:
+    """One world size: a horizontal bar per configuration with IQR bars, sorted by value, the
+    largest on top, each labelled on the axis (a line through one world size is a column of dots)."""
+    rows = sorted(((points[0], labels[config]) for config, points in lines.items()), key=lambda row: (row[0][1], row[1]))
+    positions = list(range(len(rows)))
+    xerr = [[max(0.0, p[1] - p[2]) for p, _ in rows], [max(0.0, p[3] - p[1]) for p, _ in rows]]
+    ax.barh(positions, [p[1] for p, _ in rows], xerr=xerr, capsize=3,
+            color=[style[name]["color"] for _, name in rows])
+    ax.set_yticks(positions, [name for _, name in rows])
+    ax.set_xlim(left=0)
+    ax.set_xlabel(f"{xlabel}, IQR bars")
+    ax.grid(True, axis="x", alpha=0.3)
+
+
 def scaling_figure(plt, cases: list[Case], metrics, title: str):
     """One row of panels per model and one column per metric (throughput, MFU...), world size on
     the x axis, one line per configuration with IQR bars; each row's legend to the right of its
-    last panel, outside the data. Metrics no case recorded get no column."""
+    last panel, outside the data. A run of one world size gets a sorted bar per configuration
+    instead (:func:`_sorted_bars`). Metrics no case recorded get no column."""
     per_metric = [(key, label, scaling_series(cases, key)) for key, label in metrics]
     per_metric = [m for m in per_metric if m[2]]
     models = sorted({model for _, _, series in per_metric for model in series})
     rows, cols = max(1, len(models)), max(1, len(per_metric))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 3.2, 3.2 * rows), squeeze=False,
-                             layout="constrained")
     labels_of = {model: line_labels({c for _, _, series in per_metric for c in series.get(model, {})})
                  for model in models}
+    world_sizes = {point[0] for _, _, series in per_metric for lines in series.values()
+                   for points in lines.values() for point in points}
+    one_world_size = len(world_sizes) == 1
+    if one_world_size:
+        most = max((len(labels) for labels in labels_of.values()), default=1)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 1.5, (0.3 * most + 1.2) * rows), squeeze=False,
+                                 layout="constrained")
+    else:
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 3.2, 3.2 * rows), squeeze=False,
+                                 layout="constrained")
     # A label keeps its colour and marker in every panel (ddp-accum4 looks the same for each model).
     cmap = plt.get_cmap("tab20")
     style = {label: dict(color=cmap(i % 20), marker="osD^vPX"[i // 20 % 7])
@@ -656,6 +680,10 @@ def scaling_figure(plt, cases: list[Case], metrics, title: str):
         for col, (key, ylabel, series) in enumerate(per_metric):
             ax = axes[row][col]
             lines = series.get(model, {})
+            if one_world_size:
+                _sorted_bars(ax, lines, labels, style, ylabel)
+                ax.set_title(f"{model or title}: {ylabel}" if cols > 1 else (model or title))
+                continue
             for config in sorted(lines, key=lambda c: labels[c]):
                 _errorbar(ax, lines[config], label=labels[config], **style[labels[config]])
             _world_size_axis(plt, ax, [p[0] for points in lines.values() for p in points])
@@ -673,7 +701,7 @@ def scaling_figure(plt, cases: list[Case], metrics, title: str):
             order = sorted(range(len(names)), key=lambda i: names[i])
             axes[row][-1].legend([handles[i] for i in order], [names[i] for i in order], fontsize=8,
                                  loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-    fig.suptitle(title)
+    fig.suptitle(f"{title} at {next(iter(world_sizes))} processes" if one_world_size else title)
     return fig
 
 

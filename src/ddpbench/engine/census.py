@@ -1,5 +1,6 @@
 """The collective census: every collective one rank issues while a callable runs, counted by kind,
-dtype and process-group size, with each call's payload bytes (the record is ``extra_info["census"]``).
+dtype, process group (its size and which group) and peer, with each call's payload bytes (the record
+is ``extra_info["census"]``).
 
 Mechanism (docs/design.md, "Collective census"): a TorchDispatchMode that sees the ``c10d`` ops
 (what ``torch.distributed``'s calls, DDP's C++ reducer and FSDP2 dispatch to) and the
@@ -10,9 +11,18 @@ of every backend alike, the fake process group included. The mode declares itsel
 that torch.compile keeps running the compiled code under it (a user mode makes dynamo run the
 frames eagerly, which would census another program).
 
+A Python thread started while the census runs counts too (:meth:`CollectiveCensus.__enter__`
+wraps its ``run`` in a mode of its own). What the mode cannot see is detected instead
+(docs/design.md, "Collective census"): every process group's own sequence number (gloo moves it
+once per operation it runs, a send and a recv included; torch 2.13) is read before and after the
+counted round; a group whose number moved more than the census counted on it had collectives
+issued out of the mode's sight (a thread started before the census, a direct backend call, an op
+the census does not know), and the record is then ``incomplete``, never judged. Ops the mode sees
+but cannot count (``symm_mem::*``, the legacy ``c10d_functional::*``) mark it incomplete too.
+
 Public names (stable: ``ddpbench census`` builds on them): :func:`take_census`,
-:class:`CollectiveCensus`, :func:`combine_census`, :func:`dynamo_snapshot`, :func:`ddp_bucket_sizes`, :data:`CENSUS_VERSION`,
-:data:`CENSUS_METHOD`, :data:`KINDS`.
+:class:`CollectiveCensus`, :func:`combine_census`, :func:`dynamo_snapshot`, :func:`ddp_bucket_sizes`,
+:data:`CENSUS_VERSION`, :data:`CENSUS_METHOD`, :data:`KINDS`.
 """
 
 from __future__ import annotations
@@ -20,9 +30,12 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-CENSUS_VERSION = 1
+# Version 2: each entry also names its group (``group``) and, for send/recv, its ``peer``, and says
+# when its bytes depend on the data (``data_dependent_bytes``); a record may say its collectives
+# vary between steps (``varies_between_steps``) and how many ops it counted (``ops_counted``).
+CENSUS_VERSION = 2
 CENSUS_METHOD = "dispatch:c10d"
 
 #: torch.distributed's names for the kinds a record may hold.
@@ -31,6 +44,12 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"
 
 # The fields of a record whose equality means "the same collectives" (ranks agree, sides compare).
 STRUCTURE_KEYS = ("collectives", "ddp_buckets", "ops_per_round")
+
+# The fields of an entry that tell one family of calls from another (its key).
+ENTRY_KEY = ("kind", "dtype", "group_size", "group", "peer")
+
+# A record's fields that keep the gates from judging it, each with why.
+UNJUDGED_KEYS = ("incomplete", "varies_between_steps")
 
 
 def _nbytes(value) -> int:
@@ -56,19 +75,103 @@ def _dtype_name(value) -> str:
     return "none" if tensor is None else str(tensor.dtype).removeprefix("torch.")
 
 
-def _pg_size(pg) -> int:
-    """The size of a process group as the dispatcher hands it over (a boxed ScriptObject)."""
+def _process_group(pg):
+    """The ProcessGroup the dispatcher hands over (a boxed ScriptObject), a group name, or a group."""
     from torch.distributed import ProcessGroup
 
-    if not isinstance(pg, ProcessGroup):
-        pg = ProcessGroup.unbox(pg)
-    return int(pg.size())
+    if isinstance(pg, ProcessGroup):
+        return pg
+    if isinstance(pg, str):
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return _resolve_process_group(pg)
+    return ProcessGroup.unbox(pg)
 
 
-def _group_size_of_name(group_name) -> int:
-    from torch.distributed.distributed_c10d import _resolve_process_group
+def _ranks_text(ranks: list[int]) -> str:
+    """Ranks as runs: [0, 1, 2, 3] -> "0-3", [0, 2] -> "0,2"."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
-    return _pg_size(_resolve_process_group(group_name))
+
+def group_identity(pg) -> str:
+    """Which group a collective ran on, as the record names it: ``world`` for the default group, the
+    description torch gives a group (a DeviceMesh dimension's group is ``mesh_<its name>``, so two
+    dimensions of one size stay apart), else ``ranks`` and the group's global ranks. The size is a
+    field of its own."""
+    import torch.distributed as dist
+
+    desc = getattr(pg, "group_desc", "") or ""
+    if desc == "default_pg" or pg is getattr(dist.group, "WORLD", None):
+        return "world"
+    if desc and desc != "undefined":
+        return desc
+    try:
+        return "ranks " + _ranks_text(dist.get_process_group_ranks(pg))
+    except Exception:  # a group torch.distributed does not list (made by hand): its name
+        return f"group {pg.group_name}"
+
+
+def _peer_offset(pg, peer: int | None, is_global: bool) -> int | str:
+    """A send's or recv's peer as an offset from this rank within the group (+1: the next rank,
+    -1: the previous one), so that ranks exchanging in a ring record the same; "any" for a receive
+    from any source."""
+    if peer is None:
+        return "any"
+    if is_global:
+        import torch.distributed as dist
+
+        try:
+            peer = dist.get_group_rank(pg, int(peer))
+        except Exception:  # not a rank of a listed group: the peer as given
+            pass
+    size = int(pg.size())
+    offset = (int(peer) - int(pg.rank())) % size
+    return offset - size if offset > size // 2 else offset
+
+
+@functools.cache
+def _object_collective_code() -> frozenset:
+    """The code of torch.distributed's object collectives: their payload is a pickle, whose length
+    depends on the objects (a longer string is more bytes), so the census does not judge it."""
+    import inspect
+
+    import torch.distributed.distributed_c10d as c10d
+
+    names = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+             "send_object_list", "recv_object_list")
+    return frozenset(inspect.unwrap(getattr(c10d, name)).__code__ for name in names if hasattr(c10d, name))
+
+
+def _inside_object_collective() -> bool:
+    codes = _object_collective_code()
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Call(NamedTuple):
+    """One counted collective: its entry's key (kind, dtype, group size, group, peer), its payload
+    bytes, why those bytes depend on the data (None: they do not), the group's name in this process
+    and how far it moves that group's sequence number (the unseen check)."""
+
+    kind: str
+    dtype: str
+    group_size: int
+    group: str
+    peer: int | str | None
+    nbytes: int
+    data_dependent: str | None
+    group_name: str
+    sequence_steps: int = 1
 
 
 # c10d op name -> (kind, argument holding the payload, argument holding the process group). The
@@ -118,6 +221,12 @@ _FUNCTIONAL = {
     "irecv": ("recv", "tensor", False),
 }
 
+# Namespaces whose ops communicate but which the census does not count: a case issuing one is
+# incomplete (symmetric-memory collectives move no process group's sequence number, and the legacy
+# functional ops run their collective inside the op, where the mode is off).
+_UNCOUNTED_NAMESPACES = {"symm_mem": "symmetric-memory ops are not counted",
+                         "c10d_functional": "the legacy functional collectives are not counted"}
+
 
 def _bound_arguments(func, args, kwargs) -> dict[str, Any]:
     named = {argument.name: value for argument, value in zip(func._schema.arguments, args)}
@@ -125,30 +234,78 @@ def _bound_arguments(func, args, kwargs) -> dict[str, Any]:
     return named
 
 
-def describe_call(func, args, kwargs) -> tuple[str, str, int, int] | None:
-    """(kind, dtype, group size, payload bytes) of one dispatched op, or None when it is no
-    collective (``_c10d_functional.wait_tensor``, ``c10d.check_for_nan``, every aten op)."""
+def _call(kind, tensors, pg, nbytes=None, peer=None, data_dependent=None, steps=1) -> Call:
+    size = int(pg.size())
+    if data_dependent is None and _inside_object_collective():
+        data_dependent = "object"
+    return Call(kind, "none" if tensors is None else _dtype_name(tensors), size, group_identity(pg), peer,
+                _nbytes(tensors) if nbytes is None else int(nbytes), data_dependent, pg.group_name, steps)
+
+
+def _uneven(sizes) -> bool:
+    return bool(sizes) and len({int(s) for s in sizes}) > 1
+
+
+def _c10d_call(name: str, named: dict) -> list[Call]:
+    kind, payload, group = _C10D[name]
+    pg = _process_group(named.get(group))
+    if payload is None:  # a barrier: no payload (its placeholder tensor is not data)
+        steps = 1
+        if name == "monitored_barrier_":  # gloo's: rank 0 receives from and answers each other rank
+            steps = 2 * (int(pg.size()) - 1) if int(pg.rank()) == 0 else 2
+        return [_call(kind, None, pg, 0, steps=steps)]
+    tensors = named.get(payload)
+    peer = None
+    if kind in ("send", "recv"):
+        peer = _peer_offset(pg, named.get("dst", named.get("src")), is_global=False)
+    splits = None
+    if name == "alltoall_base_" and (named.get("input_split_sizes") or named.get("output_split_sizes")):
+        splits = "splits"  # the caller's split sizes: in a mixture of experts, set by the data
+    elif name == "alltoall_" and _uneven([t.numel() for t in (tensors or [])]):
+        splits = "splits"
+    return [_call(kind, tensors, pg, peer=peer, data_dependent=splits)]
+
+
+def _functional_call(name: str, named: dict) -> list[Call]:
+    if name == "batch_p2p_ops":
+        pg = _process_group(named["group_name"])
+        return [_call("send" if op == "isend" else "recv", tensor, pg,
+                      peer=_peer_offset(pg, peer, is_global=True))
+                for op, peer, tensor in zip(named["op_list"], named["peer_list"], named["tensors"])]
+    kind, payload, gathered = _FUNCTIONAL[name]
+    pg = _process_group(named["group_name"])
+    tensors = named.get(payload)
+    size = int(pg.size())
+    peer = None
+    if kind in ("send", "recv"):
+        peer = _peer_offset(pg, named.get("dst", named.get("src")), is_global=True)
+    splits = None
+    if name == "all_to_all_single" and (_uneven(named.get("input_split_sizes"))
+                                        or _uneven(named.get("output_split_sizes"))):
+        splits = "splits"
+    return [_call(kind, tensors, pg, _nbytes(tensors) * (size if gathered else 1), peer, splits)]
+
+
+def describe_call(func, args, kwargs) -> list[Call] | str | None:
+    """The collectives one dispatched op issues (a list of :class:`Call`; ``batch_p2p_ops`` is
+    several), a str naming an op that communicates but is not counted (``symm_mem::*``), or None
+    when it is no collective (``_c10d_functional.wait_tensor``, ``c10d.check_for_nan``, aten ops)."""
     namespace = getattr(func, "namespace", None)
+    if namespace not in ("c10d", "_c10d_functional", "_dtensor") and namespace not in _UNCOUNTED_NAMESPACES:
+        return None
+    name = func._schema.name.split("::", 1)[1]
+    if namespace in _UNCOUNTED_NAMESPACES:
+        return f"{namespace}::{name} ({_UNCOUNTED_NAMESPACES[namespace]})"
+    named = _bound_arguments(func, args, kwargs)
     if namespace == "c10d":
-        entry = _C10D.get(func._schema.name.split("::", 1)[1])
-        if entry is None:
+        return _c10d_call(name, named) if name in _C10D else None
+    if namespace == "_dtensor":
+        if name != "shard_dim_alltoall":
             return None
-        kind, payload, group = entry
-        named = _bound_arguments(func, args, kwargs)
-        tensors = named.get(payload) if payload else None
-        size = _pg_size(named.get(group))
-        if payload is None:  # a barrier: no payload (its placeholder tensor is not data)
-            return kind, "none", size, 0
-        return kind, _dtype_name(tensors), size, _nbytes(tensors)
-    if namespace == "_c10d_functional":
-        entry = _FUNCTIONAL.get(func._schema.name.split("::", 1)[1])
-        if entry is None:
-            return None
-        kind, payload, gathered = entry
-        named = _bound_arguments(func, args, kwargs)
-        tensors = named.get(payload)
-        size = int(named["group_size"]) if "group_size" in named else _group_size_of_name(named["group_name"])
-        return kind, _dtype_name(tensors), size, _nbytes(tensors) * (size if gathered else 1)
+        pg = _process_group(named["group_name"])  # DTensor's all_to_all along a mesh dimension
+        return [_call("all_to_all", named["input"], pg)]
+    if name in _FUNCTIONAL or name == "batch_p2p_ops":
+        return _functional_call(name, named)
     return None
 
 
@@ -165,9 +322,9 @@ def _census_mode_class(skip_dynamo: bool):
     class _CollectiveCounter(TorchDispatchMode):
         """Notes every c10d / functional collective that passes, then runs it unchanged."""
 
-        def __init__(self, calls: list, lock: threading.Lock):
+        def __init__(self, calls: list, uncounted: list, lock: threading.Lock, active: list[bool]):
             super().__init__()
-            self.calls, self.lock = calls, lock
+            self.calls, self.uncounted, self.lock, self.active = calls, uncounted, lock, active
 
         @classmethod
         def is_infra_mode(cls) -> bool:
@@ -180,10 +337,16 @@ def _census_mode_class(skip_dynamo: bool):
             return skip_dynamo
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            call = describe_call(func, args, kwargs)
-            if call is not None:
+            try:
+                calls = describe_call(func, args, kwargs) if self.active[0] else None
+            except Exception as exc:  # the census never breaks a step: what it cannot read, it says
+                calls = f"{func} could not be counted ({type(exc).__name__}: {exc})"
+            if calls is not None:
                 with self.lock:
-                    self.calls.append(call)
+                    if isinstance(calls, str):
+                        self.uncounted.append(calls)
+                    else:
+                        self.calls.extend(calls)
             return func(*args, **(kwargs or {}))
 
     return _CollectiveCounter
@@ -204,10 +367,32 @@ _KERNEL_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaun
                               "cudaLaunchCooperativeKernel", "cudaGraphLaunch"})
 
 
+def _sequence_numbers() -> tuple[dict[str, tuple[Any, int]], bool]:
+    """Every process group's name -> (the group, its sequence number now), for the groups whose
+    backend keeps one; and whether every group does (torch's fake group keeps none)."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return {}, True
+        groups = list(dist.distributed_c10d._world.pg_map)
+    except Exception:
+        return {}, False
+    numbers, every = {}, True
+    for pg in groups:
+        try:
+            numbers[pg.group_name] = (pg, int(pg._get_sequence_number_for_group()))
+        except Exception:  # "does not yet support sequence numbers"
+            every = False
+    return numbers, every
+
+
 class CollectiveCensus:
     """Context manager: counts the collectives this rank issues inside it (any thread the
-    autograd engine runs for it included); with ``count_kernel_launches`` (CUDA only) the CUDA
-    kernel launches too, through torch.profiler.
+    autograd engine runs for it included), and checks through each process group's sequence number
+    that none was issued out of its sight; with ``count_kernel_launches`` (CUDA only) the CUDA
+    kernel launches too, through torch.profiler. :meth:`next_op` between two ops keeps each op's
+    calls apart, so that the record can say when they differ.
 
         with CollectiveCensus() as census:
             run_round(state)
@@ -216,27 +401,69 @@ class CollectiveCensus:
 
     def __init__(self, count_kernel_launches: bool = False):
         self.count_kernel_launches = count_kernel_launches
-        self.calls: list[tuple[str, str, int, int]] = []
+        self.calls: list[Call] = []
+        self.uncounted: list[str] = []  # ops seen that communicate but are not counted
+        self.op_starts: list[int] = [0]  # where each op's calls begin in ``calls``
+        self.unseen: dict[str, tuple[int, int]] = {}  # group -> (sequence steps, counted steps)
+        self.sequence_checked = False
         self.kernel_launches: int | None = None
         self._lock = threading.Lock()
         self._mode = None
         self._profiler = None
+        self._sequence_before: tuple[dict[str, tuple[Any, int]], bool] = ({}, False)
+        self._active = [False]
+        self._restore_thread_start = threading.Thread.start
 
     def __enter__(self) -> "CollectiveCensus":
         mode_class = _census_mode_class(skip_dynamo="torch._dynamo" in sys.modules)
         self.calls.clear()
+        self.uncounted.clear()
+        self.op_starts = [0]
+        self.unseen = {}
         if self.count_kernel_launches:
             from torch.profiler import ProfilerActivity, profile
 
             self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self._profiler.__enter__()
-        self._mode = mode_class(self.calls, self._lock)
+        self._sequence_before = _sequence_numbers()
+        self._active = [True]  # a thread's mode outliving the census counts no more once it is False
+        self._mode = mode_class(self.calls, self.uncounted, self._lock, self._active)
+        self._count_in_new_threads(mode_class)
         self._mode.__enter__()
         return self
 
+    def _count_in_new_threads(self, mode_class) -> None:
+        """While the census runs, a thread started in this process (a workload's worker for the
+        step) runs under a mode of its own that counts into the same record: ``Thread.start``
+        wraps the thread's ``run`` in it, so the mode leaves the thread's dispatch stack when
+        ``run`` returns. One that outlives the census counts no more (``active``)."""
+        original_start = threading.Thread.start
+        calls, uncounted, lock, active = self.calls, self.uncounted, self._lock, self._active
+
+        def start(thread, *args, **kwargs):
+            run = thread.run
+
+            def counted_run(*run_args, **run_kwargs):
+                with mode_class(calls, uncounted, lock, active):
+                    return run(*run_args, **run_kwargs)
+
+            thread.run = counted_run
+            return original_start(thread, *args, **kwargs)
+
+        threading.Thread.start = start
+        self._restore_thread_start = original_start
+
+    def next_op(self) -> None:
+        """The calls from here on belong to the next op."""
+        with self._lock:
+            self.op_starts.append(len(self.calls))
+
     def __exit__(self, *exc) -> None:
+        threading.Thread.start = self._restore_thread_start
+        self._active[0] = False
         self._mode.__exit__(*exc)
         self._mode = None
+        self._check_unseen(_sequence_numbers())
         if self._profiler is not None:
             import torch
 
@@ -246,24 +473,93 @@ class CollectiveCensus:
                 self.kernel_launches = sum(1 for event in self._profiler.events() if event.name in _KERNEL_LAUNCHES)
             self._profiler = None
 
-    def collectives(self, ops_per_round: int = 1) -> list[dict[str, Any]]:
-        """The record's ``collectives``: per (kind, dtype, group size), sorted by those keys, the
-        calls per op (the counted calls divided by ``ops_per_round``) with each call's bytes."""
-        if ops_per_round < 1:
-            raise ValueError(f"ops_per_round={ops_per_round!r}: a round runs at least one op")
-        groups: dict[tuple[str, str, int], list[int]] = {}
-        for kind, dtype, size, nbytes in self.calls:
-            groups.setdefault((kind, dtype, size), []).append(nbytes)
+    def _check_unseen(self, after: tuple[dict[str, tuple[Any, int]], bool]) -> None:
+        """Each group whose sequence number moved more than the counted calls on it move it."""
+        (before, every_before), (numbers, every_after) = self._sequence_before, after
+        self._sequence_before = ({}, False)
+        self.sequence_checked = every_before and every_after
+        counted: dict[str, int] = {}
+        for call in self.calls:
+            counted[call.group_name] = counted.get(call.group_name, 0) + call.sequence_steps
+        for name, (pg, number) in numbers.items():
+            moved = number - before.get(name, (pg, 0))[1]  # a group made during the round started at 0
+            if moved > counted.get(name, 0):
+                self.unseen[group_identity(pg)] = (moved, counted.get(name, 0))
+
+    def _ops(self) -> list[list[Call]]:
+        bounds = self.op_starts + [len(self.calls)]
+        return [self.calls[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    @staticmethod
+    def _entries(calls: list[Call], divide_by: int, per_call: bool) -> list[dict[str, Any]]:
+        groups: dict[tuple, list[Call]] = {}
+        for call in calls:
+            groups.setdefault((call.kind, call.dtype, call.group_size, call.group, call.peer), []).append(call)
         out = []
-        for (kind, dtype, size), sizes in sorted(groups.items()):
-            sizes.sort()
-            if len(sizes) % ops_per_round:
-                raise ValueError(f"the counted round ran {len(sizes)} {kind} calls ({dtype}, group of {size}) "
-                                 f"over {ops_per_round} ops: not the same collectives in every op")
-            per_op = sizes[::ops_per_round]  # each op's calls, sorted: every ops_per_round-th
-            out.append({"kind": kind, "dtype": dtype, "group_size": size, "count": len(per_op),
-                        "bytes": sum(per_op), "call_bytes": per_op})
+        for key in sorted(groups, key=entry_sort_key):
+            members = groups[key]
+            sizes = sorted(call.nbytes for call in members)
+            why = sorted({call.data_dependent for call in members if call.data_dependent})
+            count, total = len(sizes) / divide_by, sum(sizes) / divide_by
+            out.append({**dict(zip(ENTRY_KEY, key)),
+                        "count": int(count) if count.is_integer() else count,
+                        "bytes": int(total) if total.is_integer() else total,
+                        "call_bytes": sizes if per_call else None,
+                        "data_dependent_bytes": ", ".join(why) or None})
         return out
+
+    def collectives(self, ops_per_round: int = 1) -> list[dict[str, Any]]:
+        """The record's ``collectives``: per (kind, dtype, group size, group, peer), sorted by
+        those, the calls per op with each call's bytes. Counted with :meth:`next_op`, each op's
+        calls; without, the round's calls divided by ``ops_per_round``. When the ops did not all
+        issue the same calls, the average per op (``call_bytes`` null) and :meth:`variation` says
+        how they differ."""
+        if isinstance(ops_per_round, bool) or not isinstance(ops_per_round, int) or ops_per_round < 1:
+            raise ValueError(f"ops_per_round={ops_per_round!r}: a round runs at least one op")
+        if self.variation(ops_per_round) is not None:
+            return self._entries(self.calls, len(self.op_starts) if len(self.op_starts) > 1 else ops_per_round,
+                                 per_call=False)
+        if len(self.op_starts) > 1:
+            return self._entries(self._ops()[0], 1, per_call=True)
+        entries = self._entries(self.calls, 1, per_call=True)
+        for entry in entries:  # every op's calls, sorted: every ops_per_round-th is one op's
+            entry["call_bytes"] = entry["call_bytes"][::ops_per_round]
+            entry["count"], entry["bytes"] = len(entry["call_bytes"]), sum(entry["call_bytes"])
+        return entries
+
+    def variation(self, ops_per_round: int = 1) -> str | None:
+        """How the counted ops' collectives differ (None: every op issued the same). Each op's
+        calls, when :meth:`next_op` kept them apart; else only a count that ``ops_per_round`` does
+        not divide shows."""
+        def summary(calls: list[Call]) -> str:
+            entries = self._entries(calls, 1, per_call=True)
+            return ", ".join(f"{e['count']} {e['kind']}" for e in entries) or "none"
+
+        ops = self._ops()
+        if len(ops) > 1:
+            shapes = [sorted((c.kind, c.dtype, c.group_size, c.group, str(c.peer), c.nbytes if not c.data_dependent
+                              else -1) for c in op) for op in ops]
+            if all(shape == shapes[0] for shape in shapes[1:]):
+                return None
+            return "; ".join(f"op {i + 1} of {len(ops)}: {summary(op)}" for i, op in enumerate(ops))
+        if ops_per_round == 1:
+            return None
+        for entry in self._entries(self.calls, 1, per_call=True):
+            if entry["count"] % ops_per_round:
+                return (f"the round's {ops_per_round} ops issued {entry['count']} {entry['kind']} calls "
+                        f"({entry['dtype']}, group {entry['group']}): not the same in every op")
+        return None
+
+    def incompleteness(self) -> str | None:
+        """Why the count is partial (collectives issued out of the census's sight, or ops it does
+        not count), or None."""
+        reasons = []
+        for group, (moved, counted) in sorted(self.unseen.items()):
+            reasons.append(f"process group {group}'s sequence number moved {moved} in the counted ops where "
+                           f"the census counted {counted}: collectives were issued out of its sight (a thread "
+                           f"started before the census, a direct backend call, or an op it does not know)")
+        reasons.extend(sorted(set(self.uncounted)))
+        return "; ".join(reasons) or None
 
     def record(self, ops_per_round: int = 1, ddp_buckets: list[int] | None = None,
                dynamo_before: dict | None = None, dynamo_after: dict | None = None,
@@ -275,18 +571,34 @@ class CollectiveCensus:
                     and dynamo_after["frames"] > (dynamo_at_start or {"frames": 0})["frames"])
         before = dynamo_before or {"frames": 0, "graph_breaks": 0}
         start = dynamo_at_start or {"frames": 0, "graph_breaks": 0}
-        return {
+        ops_counted = len(self.op_starts) if len(self.op_starts) > 1 else ops_per_round
+        record = {
             "version": CENSUS_VERSION,
             "method": CENSUS_METHOD,  # how collectives were counted (kernel launches: a profiler)
             "rounds_counted": 1,
             "ops_per_round": ops_per_round,
+            "ops_counted": ops_counted,
             "collectives": self.collectives(ops_per_round),
             "ddp_buckets": None if ddp_buckets is None else [int(b) for b in ddp_buckets],
             "graph_breaks": dynamo_after["graph_breaks"] - start["graph_breaks"] if compiled else None,
             "recompiles": dynamo_after["frames"] - before["frames"] if compiled else None,
             "cuda_kernel_launches": (None if self.kernel_launches is None
-                                     else self.kernel_launches // ops_per_round),
+                                     else self.kernel_launches // ops_counted),
+            "sequence_checked": self.sequence_checked,
         }
+        variation = self.variation(ops_per_round)
+        if variation is not None:
+            record["varies_between_steps"] = variation
+        incomplete = self.incompleteness()
+        if incomplete is not None:
+            record["incomplete"] = incomplete
+        return record
+
+
+def entry_sort_key(key) -> tuple:
+    """The order of a record's entries: by kind, dtype, group size, group, then peer."""
+    kind, dtype, size, group, peer = key
+    return kind, dtype, size, group or "", (0, peer) if isinstance(peer, int) else (1, str(peer))
 
 
 def ddp_bucket_sizes(ddp) -> list[int]:
@@ -303,20 +615,31 @@ def ddp_bucket_sizes(ddp) -> list[int]:
 
 
 def take_census(run: Callable[[], Any], *, ops_per_round: int = 1, ddp_buckets: list[int] | None = None,
-                count_kernel_launches: bool = False, dynamo_at_start: dict | None = None) -> dict[str, Any]:
-    """Run ``run()`` once under a :class:`CollectiveCensus` and return its record. ``run`` runs
-    ``ops_per_round`` ops; the record's figures are per op. ``dynamo_at_start``: the
-    :func:`dynamo_snapshot` taken when the case began (before its model was compiled); None counts
-    from the process's start."""
+                count_kernel_launches: bool = False, dynamo_at_start: dict | None = None,
+                ops_counted: int | None = None) -> dict[str, Any]:
+    """Run ``run()`` under a :class:`CollectiveCensus` and return its record; the record's figures
+    are per op. Without ``ops_counted``, ``run`` is a whole round of ``ops_per_round`` ops, run
+    once; with it, ``run`` is one op, run ``ops_counted`` times, each op's calls kept apart, so that
+    a step whose collectives vary between steps is told (``varies_between_steps``).
+    ``dynamo_at_start``: the :func:`dynamo_snapshot` taken when the case began (before its model
+    was compiled); None counts from the process's start."""
     before = dynamo_snapshot()
     with CollectiveCensus(count_kernel_launches) as census:
-        run()
+        if ops_counted is None:
+            run()
+        else:
+            for i in range(ops_counted):
+                if i:
+                    census.next_op()
+                run()
     return census.record(ops_per_round, ddp_buckets, before, dynamo_snapshot(), dynamo_at_start)
 
 
 def combine_census(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """The case's census from every rank's record: rank 0's, with ``ranks_disagree: true`` when
-    some rank counted other collectives (or DDP buckets); None when no rank took one."""
+    some rank counted other collectives (or DDP buckets); None when no rank took one. A rank whose
+    census is incomplete or varies between steps makes the case's so (the first such rank's reason,
+    named), since rank 0's count is then not known to be the whole story."""
     present = [r for r in records if r is not None]
     if not present:
         return None
@@ -324,4 +647,10 @@ def combine_census(records: list[dict[str, Any] | None]) -> dict[str, Any] | Non
     if len(present) != len(records) or any(
             any(r.get(key) != first.get(key) for key in STRUCTURE_KEYS) for r in present[1:]):
         first["ranks_disagree"] = True
+    for key in UNJUDGED_KEYS:
+        if first.get(key) is None:
+            for rank, r in enumerate(records):
+                if r is not None and r.get(key):
+                    first[key] = f"rank {rank}: {r[key]}"
+                    break
     return first

@@ -50,6 +50,9 @@ AUTO_MIN_ROUND_S = 1e-3
 AUTO_MAX_OPS = 1024
 AUTO_MAX_ROUND_S = 1.0
 AUTO_PROBE_ROUNDS = 5
+# The census counts at least this many ops, each apart: a step whose collectives differ between
+# steps (one every other step) shows as such instead of as whichever phase one op happened to be.
+CENSUS_MIN_OPS = 2
 # z for the 95% distribution-free interval of the median (order statistics).
 _Z95 = 1.959964
 # The name of the workload's own rounds among the variant rounds (RankSession.time_variants).
@@ -324,21 +327,23 @@ class RankSession:
             set_process_affinity(previous)
 
     def _take_census(self) -> None:
-        """One untimed round of ``ops_per_round`` ops under the collective census, on every rank
-        (each rank counts what it issues); the workload's ``census_details`` adds what only it
-        knows (DDP's buckets)."""
+        """One untimed round of ``ops_per_round`` ops, and at least two, under the collective
+        census, on every rank (each rank counts what it issues), each op's collectives kept apart:
+        a step whose collectives differ from one step to the next (one every other step) is marked
+        ``varies_between_steps`` and left unjudged, whatever phase the round began in. The
+        workload's ``census_details`` adds what only it knows (DDP's buckets)."""
         from .census import take_census
 
         phase_start = time.perf_counter()
-        record = take_census(lambda: _repeated(self.workload.run_round, self.ops_per_round)(self.state),
-                             ops_per_round=self.ops_per_round, count_kernel_launches=self.on_cuda,
-                             dynamo_at_start=self._dynamo_at_start)
+        record = take_census(lambda: self.workload.run_round(self.state), ops_per_round=self.ops_per_round,
+                             ops_counted=max(self.ops_per_round, CENSUS_MIN_OPS),
+                             count_kernel_launches=self.on_cuda, dynamo_at_start=self._dynamo_at_start)
         census_details = getattr(self.workload, "census_details", None)  # optional: duck-typed workloads lack it
         details = (census_details(self.state) if census_details is not None else None) or {}
         if details.get("ddp_buckets") is not None:
             record["ddp_buckets"] = [int(b) for b in details["ddp_buckets"]]
         if details.get("incomplete"):  # why part of the step escapes the count: the gates do not judge it
-            record["incomplete"] = str(details["incomplete"])
+            record["incomplete"] = "; ".join(filter(None, [str(details["incomplete"]), record.get("incomplete")]))
         self.census = record
         self.phases["engine_census_s"] = time.perf_counter() - phase_start
 

@@ -13,8 +13,11 @@ slowdown into an improvement or a measured speed-up into a regression (:mod:`.co
 The probe is a fixed piece of local work shaped like what the CPU cases do: a memcpy of a 4 MiB
 float32 buffer and a small matmul, single-threaded. It is repeated for a bounded time (a few hundred
 ms) and the *minimum* repetition is the machine's speed (transient load only adds time; the minimum
-is the least disturbed estimate). The result is stored in the run's ``machine_info`` under
-:data:`MACHINE_INFO_KEY` by the plugin's ``pytest_benchmark_update_machine_info`` hook.
+is the least disturbed estimate). The plugin stores the result at the saved run's top level under
+:data:`CALIBRATION_KEY` (``pytest_benchmark_update_json``), beside ``machine_info`` rather than in
+it: machine_info holds the machine's facts, which pytest-benchmark compares to warn of another
+machine, and a measurement differs on every run. Runs saved before kept it in ``machine_info``
+(:data:`MACHINE_INFO_KEY`); :func:`probe_of` reads both.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import os
 import time
 from typing import Any
 
-MACHINE_INFO_KEY = "ddpbench_calibration"
+CALIBRATION_KEY = "ddpbench_calibration"  # the run's top level
+MACHINE_INFO_KEY = CALIBRATION_KEY  # where older runs kept it: machine_info["ddpbench_calibration"]
 PROBE_KIND = "memcpy-4MiB+matmul-128-float32-1thread"
 PROBE_VERSION = 1
 
@@ -69,11 +73,14 @@ def run_probe(max_seconds: float = 0.3, max_repeats: int = 200, min_repeats: int
     }
 
 
-def probe_of(machine_info: dict | None) -> dict | None:
-    """The probe stored in a run's machine_info, or None (older runs, other tools)."""
-    if not isinstance(machine_info, dict):
+def probe_of(doc: dict | None) -> dict | None:
+    """The probe a run document recorded, at its top level or (runs saved before the probe left
+    machine_info) in its ``machine_info``; None without a usable one (other tools, a failed probe)."""
+    if not isinstance(doc, dict):
         return None
-    probe = machine_info.get(MACHINE_INFO_KEY)
+    probe = doc.get(CALIBRATION_KEY)
+    if probe is None and isinstance(doc.get("machine_info"), dict):
+        probe = doc["machine_info"].get(MACHINE_INFO_KEY)
     if not isinstance(probe, dict):
         return None
     value = probe.get("min_s")

@@ -10,7 +10,7 @@ standard error) and says so; :attr:`Comparison.summary_only` is set (the CLI exi
 ``--allow-summary-stats``).
 
 Machine drift: every run saved by ddpbench carries a calibration probe (:mod:`ddpbench.gates.calibration`)
-in ``machine_info``. The probe times this machine's CPU, so it corrects only CPU cases measured on
+beside ``machine_info`` (in it, in older runs). The probe times this machine's CPU, so it corrects only CPU cases measured on
 the controller's own machine (extra_info ``device`` cpu, one node); CUDA and multi-node cases are
 compared raw. With ``calibration="auto"`` (default) those cases' ratios are divided by
 current_probe / baseline_probe when that factor is outside 1 +- :data:`DRIFT_TOLERANCE` (inside it,
@@ -120,6 +120,8 @@ class Run:
     # A/B runs: the cases the candidate lost, which have no benchmark entry (ddpbench.gates.verdicts).
     lost_ab_cases: list = field(default_factory=list)
     completeness: Completeness = field(default_factory=lambda: Completeness(True, False))
+    # the machine-drift calibration probe the run recorded (ddpbench.gates.calibration), None without
+    calibration: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -163,7 +165,12 @@ def read_doc(path: str | Path) -> dict:
 def load_run(path: str | Path) -> Run:
     """Read one pytest-benchmark JSON file; :class:`CompareError` with a clear message if unusable."""
     path = Path(path)
-    doc = read_doc(path)
+    return run_of_doc(path, read_doc(path))
+
+
+def run_of_doc(path: Path, doc: dict) -> Run:
+    """A run document (as read by :func:`read_doc`, or a session's own) as a :class:`Run`;
+    :class:`CompareError` naming ``path`` when it is unusable."""
     cases: dict[str, Case] = {}
     for index, bench in enumerate(doc["benchmarks"]):
         stats = bench.get("stats") if isinstance(bench, dict) else None
@@ -201,7 +208,7 @@ def load_run(path: str | Path) -> Run:
     from .verdicts import LOST_CASES_KEY
 
     lost = doc.get(LOST_CASES_KEY) if isinstance(doc.get(LOST_CASES_KEY), list) else []
-    return Run(path, machine_info, commit_info, doc.get("datetime"), cases, lost, completeness)
+    return Run(path, machine_info, commit_info, doc.get("datetime"), cases, lost, completeness, probe_of(doc))
 
 
 def saved_runs(storage_dir: str | Path) -> list[Path]:
@@ -446,7 +453,7 @@ class Correction:
 
 
 def _plan_correction(result: Comparison, base: Run, cur: Run, calibration: str) -> Correction:
-    probes = {r.label: probe_of(r.machine_info) for r in (base, cur)}
+    probes = {r.label: r.calibration for r in (base, cur)}
     busy = {label: overload(p) for label, p in probes.items() if overload(p)}
     if busy:
         result.warnings.append(
@@ -454,12 +461,12 @@ def _plan_correction(result: Comparison, base: Run, cur: Run, calibration: str) 
             + ": between-run load changes are not in the rounds' noise, so verdicts may be false alarms")
     noisy = {label: probe_spread(p) for label, p in probes.items()
              if probe_spread(p) is not None and probe_spread(p) > MAX_PROBE_SPREAD}
-    drift = drift_factor(probe_of(base.machine_info), probe_of(cur.machine_info))
+    drift = drift_factor(base.calibration, cur.calibration)
     result.drift = drift
     band = f"{1 / MAX_CORRECTION:.2f}-{MAX_CORRECTION:.2f}"
     if drift is None:
         if calibration != "never":
-            missing = [r.label for r in (base, cur) if probe_of(r.machine_info) is None]
+            missing = [r.label for r in (base, cur) if r.calibration is None]
             why = (f"no calibration probe in {', '.join(missing)}" if missing
                    else "the runs' calibration probes differ in kind")
             result.notes.append(f"not normalised for machine drift: {why}")

@@ -15,7 +15,10 @@ many looks it takes), the interval lies above 1, and the ratio, every pool pair'
 interval lies within [1 / (1 + t), 1 + t]; ``not-slower`` when only its upper end does (a slowdown of
 t or more is ruled out, which is the question a gate asks, while the lower end leaves open whether
 the candidate is faster); ``inconclusive`` otherwise, stating the slowdown it rules out
-(:func:`slowdown_ruled_out`). Why each condition is there: docs/design.md, *Gates*; the figures:
+(:func:`slowdown_ruled_out`). ``same`` and ``not-slower`` end a case's looks, so each look's chance
+of reading them at a true slowdown of t is spent too (:func:`stop_levels`): the ratio's exact
+signed-rank upper bound at the look's stop level (:func:`signed_rank_upper_bound`) must lie within
+1 + t as well as the interval's upper end. Why each condition is there: docs/design.md, *Gates*; the figures:
 docs/results.md.
 
 **Stored runs (independent samples).** The ratio of the medians of two runs' rounds, a
@@ -50,6 +53,10 @@ POOL_PAIR_SHARE = 1.0
 # The fewest values on a side (rounds; pairs per pool pair) that bound an interval (module docstring).
 MIN_VALUES = 2
 UNBOUNDED = (0.0, math.inf)  # the ratio interval when there are fewer
+# The chance, at a true slowdown of exactly the threshold, that a case reads same or not-slower:
+# the one-sided miss of the 95% interval, spent over all of a case's looks (stop_levels).
+DEFAULT_STOP_ERROR = (1.0 - DEFAULT_CONFIDENCE) / 2
+STOP_LEVEL_PATHS = 400_000  # simulated looks that set stop_levels' common level (seeded)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,10 @@ class PairedResult:
     verdict: str
     pool_pair_ratios: tuple[float, ...] = ()  # exp(Hodges-Lehmann) of each pool pair's log ratios
     ratio_of_block_minima: float | None = None  # exp(Hodges-Lehmann) of the block minima's log ratios
+    # The look's stop level and the ratio's exact signed-rank upper bound at it (stop_levels,
+    # signed_rank_upper_bound); None: analysed without the stop rule.
+    stop_level: float | None = None
+    stop_bound: float | None = None
 
     def to_dict(self) -> dict:
         interval = [self.ci_low, self.ci_high] if math.isfinite(self.ci_high) else None  # JSON has no inf
@@ -70,9 +81,18 @@ class PairedResult:
                "ratio_per_pool_pair": list(self.pool_pair_ratios)}
         if self.ratio_of_block_minima is not None:
             out["ratio_of_block_minima"] = self.ratio_of_block_minima
+        if self.stop_level is not None:
+            out["stop_level"] = self.stop_level
+            out["stop_bound"] = self.stop_bound if math.isfinite(self.stop_bound) else None
         if self.verdict == "inconclusive":
-            out["rules_out_slowdown"] = slowdown_ruled_out(self.ci_high)
+            out["rules_out_slowdown"] = slowdown_ruled_out(self.upper_end)
         return out
+
+    @property
+    def upper_end(self) -> float:
+        """The ratio's upper end as the verdict used it: the interval's, or the stop bound where
+        that is higher (what an inconclusive case rules out)."""
+        return self.ci_high if self.stop_bound is None else max(self.ci_high, self.stop_bound)
 
 
 def slowdown_ruled_out(ci_high: float | None) -> float | None:
@@ -118,6 +138,62 @@ def sequential_levels(alpha: float, looks: int) -> tuple[float, ...]:
 
     c = optimize.brentq(overall, stats.norm.isf(alpha / 2), stats.norm.isf(alpha / (2 * looks)) + 1.0, xtol=1e-5)
     return tuple(float(2 * stats.norm.sf(c * w)) for w in weights)
+
+
+@functools.lru_cache(maxsize=None)
+def stop_levels(error: float, look_pairs: tuple[int, ...]) -> tuple[float, ...]:
+    """One-sided levels for the looks at ``look_pairs`` pairs (cumulative, first to last) of the
+    test that lets a look end a case as ``same`` or ``not-slower``: at a true slowdown of exactly
+    the threshold, the chance that *any* look ends the case so is ``error``. Every look gets the
+    same level (Pocock's shape: a look that stops early is worth as much as a late one, since
+    decided cases leave their time to the rest); with nested looks the test statistics are
+    correlated as sqrt(n_k / n_l), so the level is set from the minimum over the looks of that
+    random walk, simulated (``STOP_LEVEL_PATHS`` paths, seeded: the same levels every time).
+    A case that takes fewer looks (it decided, or its time cap ended it) spends less."""
+    from scipy import stats
+
+    pairs = np.asarray(look_pairs, dtype=float)
+    if not 0 < error < 1 or pairs.size == 0 or np.any(np.diff(pairs) <= 0) or pairs[0] <= 0:
+        raise ValueError("stop_levels needs 0 < error < 1 and at least one look, at growing pair counts")
+    if pairs.size == 1:
+        return (error,)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    steps = np.sqrt(np.diff(pairs, prepend=0.0))
+    walk = np.cumsum(rng.standard_normal((STOP_LEVEL_PATHS, pairs.size)) * steps, axis=1) / np.sqrt(pairs)
+    bound = -float(np.quantile(walk.min(axis=1), error))
+    return (float(stats.norm.sf(bound)),) * pairs.size
+
+
+@functools.lru_cache(maxsize=None)
+def _signed_rank_cdf(n: int) -> np.ndarray:
+    """P(T+ <= k), k = 0 .. n(n+1)/2, for the signed-rank sum T+ of n values symmetric about 0
+    (exact: the distribution of a sum of a random subset of 1..n)."""
+    pmf = np.zeros(n * (n + 1) // 2 + 1)
+    pmf[0] = 1.0
+    for i in range(1, n + 1):
+        pmf[i:] = pmf[i:] + pmf[:-i]
+        pmf /= 2.0
+    return np.cumsum(pmf)
+
+
+def signed_rank_upper_bound(values, level: float) -> float:
+    """The exact one-sided (1 - ``level``) upper confidence bound of the values' centre (the
+    pseudo-median the Hodges-Lehmann estimate estimates): the Walsh average that inverts the
+    one-sided signed-rank test, so at any number of values, for values symmetric about their
+    centre, the bound falls below the centre with chance at most ``level`` (the bootstrap
+    interval, resampling a handful of values, falls below it more often). +inf when the values
+    are too few for any bound at that level (2^-n > level)."""
+    x = np.asarray(values, dtype=float)
+    n = x.size
+    if n == 0:
+        return math.inf
+    cdf = _signed_rank_cdf(n)
+    critical = int(np.searchsorted(cdf, level * (1 + 1e-12), side="right")) - 1  # largest k: P(T+ <= k) <= level
+    if critical < 0:
+        return math.inf
+    i, j = np.triu_indices(n)
+    walsh = np.sort((x[i] + x[j]) / 2.0)
+    return float(walsh[walsh.size - 1 - critical])
 
 
 def _nested_looks(looks: int):
@@ -211,11 +287,13 @@ def bootstrap_interval(groups, confidence: float = DEFAULT_CONFIDENCE) -> tuple[
 
 def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshold: float,
            alpha: float = DEFAULT_ALPHA, pool_pair_ratios=(), pool_pair_share: float = POOL_PAIR_SHARE,
-           ratio_of_block_minima: float | None = None) -> str:
+           ratio_of_block_minima: float | None = None, stop_bound: float | None = None) -> str:
     """The verdict (module docstring). With two or more pool pairs, each pool pair's estimate must
     clear ``pool_pair_share`` of the threshold; with one, nothing can tell its pools' own offset
     from a change, so the whole interval must clear the threshold instead. Given the ratio of the
-    block minima, it must clear the threshold in the same direction too."""
+    block minima, it must clear the threshold in the same direction too. Given ``stop_bound``
+    (the ratio's upper bound at the look's stop level), ``same`` and ``not-slower`` need it within
+    1 + threshold too."""
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
     each = list(pool_pair_ratios)
     if len(each) >= 2:
@@ -231,6 +309,8 @@ def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshol
         return "regression"
     if p_value < alpha and faster:
         return "improvement"
+    if stop_bound is not None and stop_bound > up:
+        return "inconclusive"  # the look's stop level does not yet rule out a slowdown of the threshold
     return interval_verdict(ci_low, ci_high, threshold)
 
 
@@ -239,11 +319,14 @@ def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], t
                   pool_pair_of: list[int] | None = None,
                   pool_pair_share: float = POOL_PAIR_SHARE,
                   baseline_minima: list[float] | None = None,
-                  candidate_minima: list[float] | None = None) -> PairedResult:
+                  candidate_minima: list[float] | None = None,
+                  stop_level: float | None = DEFAULT_STOP_ERROR) -> PairedResult:
     """The verdict over paired block summaries (baseline_blocks[i] and candidate_blocks[i] ran next
     to each other, on pool pair ``pool_pair_of[i]``; all on one pool pair when not given). With
     each block's fastest round (``*_minima``, pair by pair as the blocks), a change must show in
-    those too (module docstring)."""
+    those too (module docstring). ``stop_level``: the look's level for ending as ``same`` or
+    ``not-slower`` (:func:`stop_levels`; the default: a single look's whole share); None analyses
+    without that rule, as before 2026-11-26 (the replay and simulation scripts compare the two)."""
     if len(baseline_blocks) != len(candidate_blocks) or not baseline_blocks:
         raise ValueError("analyse_pairs needs the same, non-zero number of baseline and candidate blocks")
     if (baseline_minima is None) != (candidate_minima is None):
@@ -267,8 +350,15 @@ def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], t
     p_value = signed_rank_p(logs)
     each = tuple(math.exp(float(hodges_lehmann(g))) for g in groups)
     ratio, ci_low, ci_high = math.exp(estimate), math.exp(low), math.exp(high)
-    verdict = decide(ratio, ci_low, ci_high, p_value, threshold, alpha, each, pool_pair_share, minima_ratio)
-    return PairedResult(len(logs), ratio, ci_low, ci_high, p_value, verdict, each, minima_ratio)
+    stop_bound = None if stop_level is None else _exp(signed_rank_upper_bound(logs, stop_level))
+    verdict = decide(ratio, ci_low, ci_high, p_value, threshold, alpha, each, pool_pair_share, minima_ratio,
+                     stop_bound)
+    return PairedResult(len(logs), ratio, ci_low, ci_high, p_value, verdict, each, minima_ratio,
+                        stop_level, stop_bound)
+
+
+def _exp(x: float) -> float:
+    return math.inf if x == math.inf else math.exp(x)
 
 
 

@@ -2,9 +2,9 @@
 
 A case's census (``extra_info["census"]``; in A/B mode the candidate's, the baseline's in
 ``extra_info["ab"]["census_baseline"]``) counts, per step and rank, the collectives by (kind,
-dtype, group size) with their payload bytes, DDP's bucket sizes, torch.compile's graph breaks and
-recompiles, and on CUDA the kernel launches. It is counted on one untimed step, so comparing two
-of them needs no statistics: a structural change is exact, instant and noise-free.
+dtype, group size, group, peer) with their payload bytes, DDP's bucket sizes, torch.compile's graph
+breaks and recompiles, and on CUDA the kernel launches. It is counted on untimed steps, so comparing
+two of them needs no statistics: a structural change is exact, instant and noise-free.
 
 The rule (:func:`compare_census`): every judged figure is compared as a multiset (order never
 matters). More of anything (a collective's calls or bytes, buckets or their bytes, graph breaks,
@@ -16,9 +16,16 @@ it. CUDA kernel launches are reported but not judged: which kernels cuBLAS and c
 GEMMs add a reduction kernel, ``cudnn.benchmark`` picks by timing) depends on the library and the
 device as much as on the code, so their count is not exact enough to fail a gate on.
 
-A side without a census (an older run or engine), a census of another version, one its workload
-marks ``incomplete`` (collectives issued on threads the census does not see), or two counted by
-different methods is ``not counted``: the timing verdict then stands alone. A census whose fields
+Bytes that depend on the data (an entry's ``data_dependent_bytes``: an object collective's pickle,
+an all_to_all's caller-given splits) are not judged: the entry's calls are, and the line says its
+bytes were not.
+
+A side without a census (an older run or engine), a census of a version this ddpbench does not read,
+two of different versions (version 1 tells neither groups nor peers apart and never checked for
+unseen collectives, so a version-1 record is only compared with another), one marked ``incomplete``
+(collectives issued out of the census's sight: its workload says so, or a process group's sequence
+number moved more than it counted), one whose collectives ``varies_between_steps``, or two counted
+by different methods is ``not counted``: the timing verdict then stands alone. A census whose fields
 do not hold what the format says is a :class:`CensusError` naming the field.
 """
 
@@ -30,7 +37,8 @@ from typing import Any
 
 CENSUS_KEY = "census"  # extra_info key of a case's census (the candidate's in A/B mode)
 BASELINE_CENSUS_KEY = "census_baseline"  # extra_info["ab"] key of the A/B baseline's census
-CENSUS_VERSION = 1
+CENSUS_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
 NOT_COUNTED = "not counted"
 STRUCTURE_VERDICTS = ("regression", "improvement", "same", NOT_COUNTED)
 
@@ -76,8 +84,11 @@ class StructureVerdict:
 
 @dataclass(frozen=True)
 class _Census:
+    version: int
     method: str
-    collectives: dict[tuple[str, str, int], tuple[float, float, tuple[float, ...] | None]]
+    # (kind, dtype, group size, group, peer) -> (count, bytes, call sizes, why the bytes depend on
+    # the data or None); version 1's group and peer are None
+    collectives: dict[tuple, tuple[float, float, tuple[float, ...] | None, str | None]]
     buckets: tuple[float, ...] | None
     graph_breaks: float | None
     recompiles: float | None
@@ -110,19 +121,32 @@ def _sizes(value, where: str, optional: bool) -> tuple[float, ...] | None:
     return tuple(sorted(_count(v, f"{where}[{i}]") for i, v in enumerate(value)))
 
 
+def _peer(value, where: str):
+    if value is None or value == "any" or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    return _bad(where, value, 'an offset within the group (a whole number), "any" or null')
+
+
 def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
-    """The census checked, or (a str) why it is not counted (another version); :class:`CensusError`
-    for a field that does not hold what the format says. ``where`` names it in messages."""
+    """The census checked, or (a str) why it is not counted (a version this ddpbench does not read,
+    a census marked incomplete or varying between steps); :class:`CensusError` for a field that does
+    not hold what the format says. ``where`` names it in messages."""
     if not isinstance(census, dict):
         _bad(where, census, "the case's census (an object)")
     version = census.get("version")
-    if version != CENSUS_VERSION:
-        return f"census version {_show(version)} (this ddpbench reads version {CENSUS_VERSION})"
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        return (f"census version {_show(version)} (this ddpbench reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))})")
     incomplete = census.get("incomplete")
-    if incomplete is not None:  # the workload knows part of its step escapes the count
+    if incomplete is not None:  # part of the step escapes the count
         if not isinstance(incomplete, str) or not incomplete:
             _bad(f"{where}.incomplete", incomplete, "text (why the census misses collectives)")
         return f"its census is incomplete ({incomplete})"
+    varies = census.get("varies_between_steps")
+    if varies is not None:
+        if not isinstance(varies, str) or not varies:
+            _bad(f"{where}.varies_between_steps", varies, "text (how the steps' collectives differ)")
+        return f"its collectives vary between steps ({varies})"
     method = census.get("method")
     if not isinstance(method, str):
         _bad(f"{where}.method", method, "text (how it was counted)")
@@ -142,17 +166,27 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
             _bad(f"{at}.group_size", group, "a whole number >= 1")
         count, size = _count(entry.get("count"), f"{at}.count"), _count(entry.get("bytes"), f"{at}.bytes")
         calls = _sizes(entry.get("call_bytes"), f"{at}.call_bytes", optional=True)
-        key = (entry["kind"], entry["dtype"], group)
+        identity = peer = data = None
+        if version >= 2:
+            identity = entry.get("group")
+            if not isinstance(identity, str) or not identity:
+                _bad(f"{at}.group", identity, "text (which process group)")
+            peer = _peer(entry.get("peer"), f"{at}.peer")
+            data = entry.get("data_dependent_bytes")
+            if data is not None and (not isinstance(data, str) or not data):
+                _bad(f"{at}.data_dependent_bytes", data, "text (why its bytes depend on the data) or null")
+        key = (entry["kind"], entry["dtype"], group, identity, peer)
         if key in collectives:  # one entry per key by the format; two are added up, not lost
             before = collectives[key]
             merged = None if before[2] is None or calls is None else tuple(sorted(before[2] + calls))
-            collectives[key] = (before[0] + count, before[1] + size, merged)
+            collectives[key] = (before[0] + count, before[1] + size, merged, before[3] or data)
         else:
-            collectives[key] = (count, size, calls)
+            collectives[key] = (count, size, calls, data)
     disagree = census.get("ranks_disagree", False)
     if not isinstance(disagree, bool):
         _bad(f"{where}.ranks_disagree", disagree, "true or false")
-    return _Census(method, collectives, _sizes(census.get("ddp_buckets"), f"{where}.ddp_buckets", optional=True),
+    return _Census(version, method, collectives,
+                   _sizes(census.get("ddp_buckets"), f"{where}.ddp_buckets", optional=True),
                    *(_count(census.get(name), f"{where}.{name}", optional=True)
                      for name in ("graph_breaks", "recompiles", "cuda_kernel_launches")),
                    ranks_disagree=disagree)
@@ -199,12 +233,33 @@ class _Changes:
         self.unranked |= reshaped
 
 
-def _collective(changes: _Changes, key, before, after) -> None:
-    kind, dtype, group = key
-    (count0, bytes0, calls0), (count1, bytes1, calls1) = before, after
+def _label(key) -> str:
+    """An entry's name in the line: ``all_reduce float32 ×2``, then its group when it is not the
+    default one and its peer: ``send float32 ×4 on mesh_tp to +1``."""
+    kind, dtype, size, group, peer = key
+    text = f"{kind} {dtype} ×{size}"
+    if group is not None and group != "world":
+        text += f" on {group}"
+    if peer is not None:
+        direction = "from" if kind == "recv" else "to"
+        text += f" {direction} any rank" if peer == "any" else f" {direction} {peer:+d}"
+    return text
+
+
+def _collective(changes: _Changes, unjudged: list[str], key, before, after) -> None:
+    (count0, bytes0, calls0, data0), (count1, bytes1, calls1, data1) = before, after
+    data = data1 or data0
+    if data:  # the bytes follow the data: only the calls are judged
+        if count0 != count1:
+            changes.note(f"{_label(key)}: {_number(count0)} → {_number(count1)} per step "
+                         f"({data}: bytes not judged)", more=count1 - count0)
+        elif bytes0 != bytes1 or calls0 != calls1:
+            unjudged.append(f"{_label(key)}: {_delta(bytes1 - bytes0) if bytes0 != bytes1 else 'other sizes'} "
+                            f"({data}: bytes depend on the data, not judged)")
+        return
     if (count0, bytes0) == (count1, bytes1) and (calls0 is None or calls1 is None or calls0 == calls1):
         return
-    label = f"{kind} {dtype} ×{group}: "
+    label = f"{_label(key)}: "
     calls = (f"{_number(count0)} → {_number(count1)} per step" if count0 != count1
              else f"{_number(count1)} per step")
     if bytes0 != bytes1:
@@ -233,6 +288,11 @@ def _buckets(changes: _Changes, before: tuple[float, ...], after: tuple[float, .
     changes.down |= len(after) < len(before) or total < 0
 
 
+def _key_order(key) -> tuple:
+    kind, dtype, size, group, peer = key
+    return kind, dtype, size, group or "", (0, peer) if isinstance(peer, int) else (1, str(peer))
+
+
 def compare_census(baseline: Any, current: Any, current_label: str = "current",
                    fields: tuple[str, str] = (CENSUS_KEY, CENSUS_KEY)) -> StructureVerdict:
     """The structural verdict of ``current`` against ``baseline`` (each a census or None) with the
@@ -254,13 +314,19 @@ def compare_census(baseline: Any, current: Any, current_label: str = "current",
     if other:
         return StructureVerdict(NOT_COUNTED, "; ".join(other))
     base, cur = read["baseline"], read[current_label]
+    if base.version != cur.version:
+        return StructureVerdict(NOT_COUNTED, f"census versions differ (baseline {base.version}, {current_label} "
+                                             f"{cur.version}): version 1 tells neither process groups nor "
+                                             f"peers apart and never checked for unseen collectives; "
+                                             f"record both sides with one ddpbench to compare them")
     if base.method != cur.method:
         return StructureVerdict(NOT_COUNTED, f"counted differently (baseline {base.method}, "
                                              f"{current_label} {cur.method})")
     changes, unjudged = _Changes(), []
-    none = (0, 0, ())
-    for key in sorted(set(base.collectives) | set(cur.collectives)):
-        _collective(changes, key, base.collectives.get(key, none), cur.collectives.get(key, none))
+    for key in sorted(set(base.collectives) | set(cur.collectives), key=_key_order):
+        before, after = base.collectives.get(key), cur.collectives.get(key)
+        none = (0, 0, (), (before or after)[3])
+        _collective(changes, unjudged, key, before or none, after or none)
     if base.buckets is not None and cur.buckets is not None:
         _buckets(changes, base.buckets, cur.buckets)
     for name, before, after in (("graph breaks", base.graph_breaks, cur.graph_breaks),

@@ -22,10 +22,18 @@ run lost (unless allowed), and for an inconclusive case only when asked.
 
 Beside the timing verdict each compared case gets a structural one (:mod:`.structure`: the two
 sides' census records compared exactly, in the same words, or ``not counted``), shown in the
-"structure" column. A structural regression makes the case a ``regression`` whatever the timing
-says (the timing verdict is kept in ``timing_verdict``), unless the gate was told the change was
-made on purpose (``--accept-structure-change``): then the column says ``accepted`` and the case
-keeps its timing verdict.
+"structure" column. A case's ``verdict`` is the one the gate decides and exits on, made by
+:func:`decide` from its components: the timing's own verdict (``timing_verdict``) unless a
+component fails the case, which makes it a ``regression`` whatever the timing says. A structural
+regression fails it unless the gate was told the change was made on purpose
+(``--accept-structure-change``): then the column says ``accepted`` and the case keeps its timing
+verdict, but only if its timing was measured: a case that stopped at its first look because of
+the structural change (``stopped_by_structure``) with an inconclusive timing was never timed in
+full, so accepting the change after the run cannot pass it (``timing not measured``).
+
+A/B runs save the decided verdict in ``extra_info["ab"]["verdict"]``, the components beside it
+(``timing_verdict``, ``structure_verdict``): :func:`record_decision`. A run saved before that holds
+the timing's verdict in ``verdict`` and no ``timing_verdict``; :func:`ab_verdict` reads both.
 
 Beside it a memory verdict (:mod:`.memory`: the two sides' memory census records compared exactly,
 in the same words), shown in the "memory" column, with the same effect: a memory regression makes
@@ -92,8 +100,9 @@ class CaseVerdict:
     reason: str | None = None  # why a case is missing or new
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
-    timing_verdict: str | None = None  # what the timing said, when a structural or memory regression overrode it
+    timing_verdict: str | None = None  # the timing's own verdict, once the components decided ``verdict``
     memory: StructureVerdict | None = None  # the memory censuses compared (ddpbench.gates.memory)
+    failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide)
 
     @property
     def rules_out_slowdown(self) -> float | None:
@@ -102,7 +111,12 @@ class CaseVerdict:
         inconclusive for a ``reason`` (figures that cannot be compared: nothing is ruled out)."""
         if self.verdict != "inconclusive" or self.reason:
             return None
-        return slowdown_ruled_out(self.ci_high)
+        # An A/B look that did not reach its stop level rules out only what its stop bound does
+        # (stats.PairedResult.upper_end; null: too few pairs for any bound at that level).
+        stop_bound = self.details.get("stop_bound", self.ci_high)
+        if stop_bound is None or self.ci_high is None:
+            return None
+        return slowdown_ruled_out(max(self.ci_high, stop_bound))
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -111,18 +125,85 @@ class CaseVerdict:
             self.fullname = self.name
 
     def judge_structure(self, structure: StructureVerdict, accepted: bool = False) -> None:
-        """Add the structural verdict; an unaccepted structural regression makes the case a
-        regression whatever the timing says (``accepted``: the gate's option to accept it)."""
+        """Add the structural verdict and decide the case (:func:`decide`): an unaccepted
+        structural regression makes it a regression whatever the timing says (``accepted``: the
+        gate's option to accept it)."""
         self.structure = accept(structure) if accepted else structure
-        if self.structure.fails and self.verdict != "regression":
-            self.timing_verdict, self.verdict = self.verdict, "regression"
+        self.decide_from_components()
 
     def judge_memory(self, memory: StructureVerdict, accepted: bool = False) -> None:
-        """Add the memory verdict; an unaccepted memory regression makes the case a regression
-        whatever the timing says (``accepted``: the gate's option to accept it)."""
+        """Add the memory verdict and decide the case (:func:`decide`): an unaccepted memory
+        regression makes it a regression whatever the timing says (``accepted``: the gate's option
+        to accept it)."""
         self.memory = accept(memory) if accepted else memory
-        if self.memory.fails and self.verdict != "regression":
-            self.timing_verdict, self.verdict = self.verdict, "regression"
+        self.decide_from_components()
+
+    def decide_from_components(self) -> None:
+        """Set ``verdict`` to what the gate decides from the timing's own verdict (kept in
+        ``timing_verdict``) and the components judged so far (:func:`decide`); a component's
+        ``judge_...`` method calls it after adding its verdict."""
+        if self.timing_verdict is None:
+            self.timing_verdict = self.verdict
+        self.failed_by = component_failures(self)
+        self.verdict = decide(self.timing_verdict, self.failed_by)
+
+    @property
+    def timing_unmeasured(self) -> bool:
+        """Stopped at its first look by a structural regression (A/B), its timing inconclusive
+        there: the first look's level is below the smallest p its pairs can give, so the timing
+        could never have read ``regression``. Its slowdown was not measured."""
+        stopped = self.details.get("stopped_by_structure") or self.details.get("stopped_by_memory")
+        return bool(stopped) and self.timing_verdict == "inconclusive"
+
+
+# The components beside the timing that can fail a case, as the decided verdict's note names them.
+STRUCTURE_FAILS = "structure"
+MEMORY_FAILS = "memory"
+TIMING_UNMEASURED = "timing not measured"
+
+
+def component_failures(case: CaseVerdict) -> list[str]:
+    """Which of a case's components fail it: an unaccepted structural regression; a structural
+    change accepted after the run on a case whose timing it cut short (``timing_unmeasured``).
+    An unaccepted memory regression likewise. A new component adds its own test here and its saved
+    word in :func:`record_decision`."""
+    failures = []
+    if case.structure is not None and case.structure.fails:
+        failures.append(STRUCTURE_FAILS)
+    if case.memory is not None and case.memory.fails:
+        failures.append(MEMORY_FAILS)
+    accepted = [judged for judged in (case.structure, case.memory)
+                if judged is not None and judged.accepted and judged.verdict == "regression"]
+    if not failures and accepted and case.timing_unmeasured:
+        failures.append(TIMING_UNMEASURED)
+    return failures
+
+
+def decide(timing_verdict: str, failed_by: list[str]) -> str:
+    """The verdict a gate decides and exits on: ``regression`` when any component failed the case
+    (``failed_by``), else the timing's own verdict."""
+    return "regression" if failed_by else timing_verdict
+
+
+def record_decision(ab: dict[str, Any], case: CaseVerdict) -> None:
+    """Write the decided verdict into a case's ``extra_info["ab"]`` (what a saved run says), the
+    components beside it: ``timing_verdict`` (the timing's own), ``structure_verdict`` (the
+    census's: regression, improvement, same or not counted) and ``structure_accepted`` when the
+    gate accepted a structural regression; likewise ``memory_verdict``, ``memory_line`` and
+    ``memory_accepted`` for the memory census. Only for a case both sides timed."""
+    if case.timing_verdict is None:
+        return
+    ab["verdict"] = case.verdict
+    ab["timing_verdict"] = case.timing_verdict
+    if case.structure is not None:
+        ab["structure_verdict"] = case.structure.verdict
+        if case.structure.accepted:
+            ab["structure_accepted"] = True
+    if case.memory is not None:
+        ab["memory_verdict"] = case.memory.verdict
+        ab["memory_line"] = case.memory.line
+        if case.memory.accepted:
+            ab["memory_accepted"] = True
 
 
 @dataclass(frozen=True)
@@ -163,9 +244,16 @@ class GateReport:
         return [case for case in self.cases if case.verdict == "regression"]
 
     def structural(self, accepted: bool) -> list[str]:
-        """The cases whose structure regressed: accepted as made on purpose, or not."""
+        """The cases whose structure regressed: accepted as made on purpose (and passing on their
+        timing), or not."""
         return [c.fullname or c.name for c in self.cases
-                if c.structure is not None and c.structure.verdict == "regression" and c.structure.accepted == accepted]
+                if c.structure is not None and c.structure.verdict == "regression" and c.structure.accepted == accepted
+                and TIMING_UNMEASURED not in c.failed_by]
+
+    def unmeasured(self) -> list[str]:
+        """The cases whose structural change was accepted after the run but whose timing that
+        change had cut short (:attr:`CaseVerdict.timing_unmeasured`)."""
+        return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by]
 
     def memory_regressions(self, accepted: bool) -> list[str]:
         """The cases whose memory census regressed: accepted as made on purpose, or not."""
@@ -226,6 +314,12 @@ class GateReport:
                 lines.append(f"{len(names)} memory regression(s) ({shown}): the peak of live tensor bytes in one "
                              f"step (or what held it, or what stays after the step) grew, a regression whatever "
                              f"the timing says ({accept_memory} accepts a change made on purpose)")
+        unmeasured = self.unmeasured()
+        if unmeasured:
+            shown = ", ".join(unmeasured[:5]) + (" ..." if len(unmeasured) > 5 else "")
+            lines.append(f"{len(unmeasured)} case(s) stopped at their first look by a structural change that was "
+                         f"accepted after the run ({shown}): their timing was not measured, so they cannot pass. "
+                         f"Run the A/B gate again with --dist-ab-accept-structure-change to time them in full")
         for verdict, allowed, option, cause in (
                 ("missing", allow_missing, allow,
                  f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
@@ -296,12 +390,17 @@ def _headers(report: GateReport) -> list[str]:
 def _verdict_note(case: CaseVerdict) -> str:
     """What follows the verdict word: why (a reason), and what the timing said when the structure
     made the case a regression."""
-    first_look = (" at its first look" if case.details.get("stopped_by_structure") or case.details.get("stopped_by_memory")
-                  else "")
-    by = [name for name, judged in (("structure", case.structure), ("memory", case.memory))
-          if judged is not None and judged.fails] or ["structure"]
-    notes = ([case.reason] if case.reason else []) + (
-        [f"{' and '.join(by)}; timing {case.timing_verdict}{first_look}"] if case.timing_verdict else [])
+    stopped = case.details.get("stopped_by_structure") or case.details.get("stopped_by_memory")
+    first_look = " at its first look" if stopped else ""
+    notes = [case.reason] if case.reason else []
+    by = [name for name in (STRUCTURE_FAILS, MEMORY_FAILS) if name in case.failed_by]
+    if by and case.timing_verdict != case.verdict:
+        notes.append(f"{' and '.join(by)}; timing {case.timing_verdict}{first_look}")
+    if TIMING_UNMEASURED in case.failed_by:
+        what = "structural" if case.details.get("stopped_by_structure") else "memory"
+        stopper = "structure" if what == "structural" else "memory census"
+        notes.append(f"{what} change accepted after the run; timing not measured: {case.timing_verdict} at "
+                     f"its first look, where the {stopper} stopped it")
     return f" ({'; '.join(notes)})" if notes else ""
 
 
@@ -378,8 +477,12 @@ def _ab_problem(ab: dict[str, Any]) -> str | None:
     verdict = ab.get("verdict", "inconclusive")
     if verdict not in VERDICTS:
         return f"ab.verdict is {show(verdict)}, not one of {', '.join(VERDICTS)}"
+    timing = ab.get("timing_verdict")
+    if timing is not None and timing not in TIMED:
+        return f"ab.timing_verdict is {show(timing)}, not one of {', '.join(TIMED)}"
     for key, positive in (("ratio", True), ("p_value", False), ("threshold", False), ("wall_s", False),
-                          ("ratio_of_block_minima", True), ("pairs", False)):
+                          ("ratio_of_block_minima", True), ("pairs", False), ("stop_bound", True),
+                          ("stop_level", False)):
         value = ab.get(key)
         if value is not None and not (_is_number(value) and math.isfinite(value) and (value > 0 or not positive)
                                       and value >= 0):
@@ -423,7 +526,10 @@ def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, 
     low, high = ab.get("ratio_ci") or [None, None]
     if candidate_median_s is None:
         candidate_median_s = (ab.get("candidate") or {}).get("median_s")
-    case = CaseVerdict(name, ab.get("verdict", "inconclusive"), name,
+    # The timing's own verdict: ``timing_verdict`` beside the decided one (record_decision), or, in
+    # a run saved before the decided verdict was saved, ``verdict`` itself. The components are
+    # judged anew, so a reader's --accept-structure-change applies.
+    case = CaseVerdict(name, ab.get("timing_verdict") or ab.get("verdict", "inconclusive"), name,
                        baseline_median_s=(ab.get("baseline") or {}).get("median_s"),
                        current_median_s=candidate_median_s, ratio=ab.get("ratio"), ci_low=low, ci_high=high,
                        p_value=ab.get("p_value"), method="paired-blocks" if "pairs" in ab else None,

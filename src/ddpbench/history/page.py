@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..report import SECTIONS
 from .series import FAMILIES, Point, RunRecord, Series
+from .steps import shown_commit
 
 if TYPE_CHECKING:
     from . import History
@@ -111,13 +112,13 @@ def read_section(history: History) -> str:
 
 def _commit_cell(point: Point) -> str:
     record = point.record
-    return f"<code>{escape(record.commit)}</code> {_date(record)}"
+    return f"<code>{escape(shown_commit(record.commit))}</code> {_date(record)}"
 
 
 def _bisect_cell(step) -> str:
     command = step.bisect_command()
-    if command is None:
-        return '<span class="muted">&mdash;</span>'
+    if command is None:  # why not, escaped: the reason quotes what the run file holds
+        return f'<span class="muted">&mdash; {escape(step.bisect_unavailable())}</span>'
     return f"<code>{escape(command)}</code>"
 
 

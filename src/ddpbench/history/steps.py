@@ -19,6 +19,7 @@ before / after medians are those of the segments that remain.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -28,6 +29,17 @@ from .series import Point, Series
 
 DEFAULT_MIN_STEP = 0.05
 MIN_POINTS = 6  # fewer runs cannot tell a step from noise (min_size 2 each side, and sigma)
+# What a commit id read from a saved run must be before it goes into a suggested command: a git
+# hash, full or abbreviated. A run file is data anyone can write; anything else in it is no commit.
+GIT_HASH = re.compile(r"[0-9a-fA-F]{7,40}")
+
+
+def shown_commit(commit: str) -> str:
+    """A commit id as text to show: as it is when it is a git hash, else quoted with its escapes
+    visible (no control character from a run file reaches a terminal) and cut to 40 characters."""
+    if GIT_HASH.fullmatch(commit) or commit == "unknown":  # "unknown": the run recorded none
+        return commit
+    return repr(commit if len(commit) <= 40 else commit[:40] + "...")
 WBS_CONSTANT = 1.3
 
 
@@ -87,13 +99,29 @@ class Step:
 
     def bisect_command(self) -> str | None:
         """The ``ddpbench bisect`` command that searches this step's commits for the one that made
-        the case slower; None for a faster step (bisect searches slowdowns) or unknown commits."""
-        before, after = self.last_before.record.commit, self.first_after.record.commit
-        if self.ratio <= 1 or "unknown" in (before, after):
+        the case slower, every argument shell-quoted; None when there is none to suggest
+        (:meth:`bisect_unavailable` says why)."""
+        if self.bisect_unavailable() is not None:
             return None
+        before, after = self.last_before.record.commit, self.first_after.record.commit
         path = self.series.fullname.split("::", 1)[0]
         tail = f" -- {shlex.quote(path)}" if path.endswith(".py") else ""
-        return f"ddpbench bisect {before} {after} -k {shlex.quote(self.series.name)}{tail}"
+        return (f"ddpbench bisect {shlex.quote(before)} {shlex.quote(after)} "
+                f"-k {shlex.quote(self.series.name)}{tail}")
+
+    def bisect_unavailable(self) -> str | None:
+        """Why no bisect command is suggested, or None when one is: a faster step (bisect searches
+        slowdowns), or a run whose commit id is unknown or not a git hash (7 to 40 hex digits)."""
+        if self.ratio <= 1:
+            return "a faster step: bisect searches slowdowns"
+        for point in (self.last_before, self.first_after):
+            commit, record = point.record.commit, point.record
+            run = f"the run {record.file}" if record.run is not None else "a run"
+            if commit == "unknown":
+                return f"{run} records no commit"
+            if not GIT_HASH.fullmatch(commit):
+                return f"{run} records the commit id {shown_commit(commit)}, not a git hash (7 to 40 hex digits)"
+        return None
 
     def to_dict(self) -> dict:
         def side(point: Point) -> dict:
@@ -106,13 +134,14 @@ class Step:
                 "chart": self.series.chart_id, "before_median_s": self.before_s,
                 "after_median_s": self.after_s, "ratio": self.ratio,
                 "last_before": side(self.last_before), "first_after": side(self.first_after),
-                "bisect": self.bisect_command()}
+                "bisect": self.bisect_command(), "bisect_unavailable": self.bisect_unavailable()}
 
     def describe(self) -> str:
         """One line: 'x1.50 case on machine, backend: 10.0 -> 15.0 ms between abc1234 (date) and ...'."""
         def commit(point: Point) -> str:
             when = point.record.when
-            return f"{point.record.commit} ({when:%Y-%m-%d})" if when else point.record.commit
+            shown = shown_commit(point.record.commit)
+            return f"{shown} ({when:%Y-%m-%d})" if when else shown
 
         return (f"x{self.ratio:.2f}  {self.series.name} on {self.series.machine.label}, {self.series.backend}: "
                 f"{self.before_s * 1e3:.4g} -> {self.after_s * 1e3:.4g} ms, between {commit(self.last_before)} "

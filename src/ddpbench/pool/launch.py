@@ -1,10 +1,19 @@
 """How a pool's rank processes start when not by plain multiprocessing spawn (A/B sides): the
-interpreter, the import path and the environment of a rank (:class:`RankLaunch`)."""
+interpreter, the import path and the environment of a rank (:class:`RankLaunch`).
+
+Another interpreter means another environment: a venv is its ``sys.prefix``, not its binary (two
+venvs made from one Python link to one executable), so a launch is foreign when the interpreter it
+names runs with another ``sys.prefix`` or another binary than the controller's. A foreign launch's ranks keep their
+own import path and run an import guard (:data:`RANK_BOOTSTRAP`) that records every module they
+import from inside the controller's environment, which is never right."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import site
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -14,6 +23,14 @@ from dataclasses import dataclass
 # side's own code with whatever the directory pytest was started from holds (a flat-layout
 # checkout of the other side). The import path then becomes what the launch planned
 # (RankLaunch.sys_path_plan), passed in DDPBENCH_RANK_SYS_PATH.
+#
+# With DDPBENCH_IMPORT_GUARD set (foreign launches, :meth:`RankLaunch.environment`), it then
+# installs the import guard: a meta-path finder, first in line, that asks the other finders and,
+# when the module they found lives inside the controller's environment (``roots``) and not in one
+# of this interpreter's own folders (the longest matching folder decides), appends a JSON line
+# naming it to the ``log`` file. It only records: the controller reads the log (see
+# :func:`read_import_guard_log`) and refuses the run. The bootstrap is the controller's code, so
+# the guard runs whatever ddpbench the interpreter has.
 RANK_BOOTSTRAP = r"""
 import json, os, sys
 if sys.path and sys.path[0] == "":
@@ -24,10 +41,109 @@ if _plan is not None:
         sys.path[:] = _plan["exact"]
     else:
         sys.path[:] = _plan["prepend"] + [p for p in sys.path if p not in _plan["prepend"]]
+_guard = json.loads(os.environ.pop("DDPBENCH_IMPORT_GUARD", "null"))
+if _guard is not None:
+    def _ddpbench_import_guard(guard):
+        import site, sysconfig
+        def folder(p):
+            return os.path.realpath(p).rstrip(os.sep) + os.sep
+        own = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+               *site.getsitepackages(), *sysconfig.get_paths().values()]
+        roots = [(folder(p), False) for p in guard["roots"]] + [(folder(p), True) for p in own if p]
+        def foreign(file):
+            if not isinstance(file, str) or not os.path.isabs(file):
+                return False
+            real = os.path.realpath(file)
+            best = max((r for r in roots if real.startswith(r[0])), key=lambda r: (len(r[0]), r[1]), default=None)
+            return best is not None and not best[1]
+        def note(name, file):
+            with open(guard["log"], "a") as handle:
+                handle.write(json.dumps({"module": name, "file": file, "python": sys.executable,
+                                         "prefix": sys.prefix, "pid": os.getpid()}) + "\n")
+        class ImportGuard:
+            @classmethod
+            def find_spec(cls, name, path=None, target=None):
+                for finder in list(sys.meta_path):
+                    find = getattr(finder, "find_spec", None)
+                    if finder is cls or find is None:
+                        continue
+                    spec = find(name, path, target)
+                    if spec is not None:
+                        if foreign(spec.origin):
+                            note(name, spec.origin)
+                        return spec
+                return None
+        for name, module in list(sys.modules.items()):
+            if foreign(getattr(module, "__file__", None)):
+                note(name, module.__file__)
+        sys.meta_path.insert(0, ImportGuard)
+    _ddpbench_import_guard(_guard)
+    del _ddpbench_import_guard
 """
 
 RANK_MAIN = "from ddpbench.rank_process import main\nsys.exit(main(sys.argv[1:]))\n"
 SYS_PATH_ENV = "DDPBENCH_RANK_SYS_PATH"
+IMPORT_GUARD_ENV = "DDPBENCH_IMPORT_GUARD"
+# The controller's import-path variables: a foreign launch's ranks get their side's own import path
+# (--dist-baseline-path, --dist-baseline-env PYTHONPATH=... where the side wants one), never these.
+CONTROLLER_PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
+
+
+@functools.cache
+def interpreter_environment(python: str) -> tuple[str, str] | None:
+    """(``sys.prefix``, the binary) of the environment ``python`` runs in, both resolved, or None
+    when it cannot be run. Asked of the interpreter itself (``-I``: without PYTHONPATH or the
+    user's site), since only its start-up knows which pyvenv.cfg applies, and a wrapper script
+    reports the interpreter it starts."""
+    code = "import os, sys; print(os.path.realpath(sys.prefix)); print(os.path.realpath(sys.executable))"
+    try:
+        out = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return (lines[-2], lines[-1]) if out.returncode == 0 and len(lines) >= 2 else None
+
+
+def interpreter_prefix(python: str) -> str | None:
+    """``sys.prefix`` of the environment ``python`` runs in (resolved), or None."""
+    found = interpreter_environment(python)
+    return found[0] if found else None
+
+
+def this_environment() -> tuple[str, str]:
+    """The controller's own (``sys.prefix``, binary), resolved as :func:`interpreter_environment` does."""
+    return os.path.realpath(sys.prefix), os.path.realpath(sys.executable)
+
+
+def environment_roots() -> list[str]:
+    """The folders that are this interpreter's own environment: its installed packages and, for a
+    venv, the whole venv (``sys.prefix``). An installation's prefix itself is left out: the
+    interpreters made from it share its standard library."""
+    roots = list(site.getsitepackages())
+    user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user_site:
+        roots.append(user_site)
+    if os.path.realpath(sys.prefix) != os.path.realpath(sys.base_prefix):
+        roots.append(sys.prefix)
+    return list(dict.fromkeys(os.path.realpath(r) for r in roots))
+
+
+def read_import_guard_log(path: str) -> list[dict]:
+    """What a foreign launch's import guard recorded in ``path``: one dict per module imported
+    from inside the controller's environment ({module, file, python, prefix, pid}); [] when none."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            found.append({"module": "?", "file": line, "python": "?", "prefix": "?", "pid": None})
+    return found
 
 
 def project_folders(entries: list[str]) -> list[str]:
@@ -55,11 +171,21 @@ class RankLaunch:
     python: str | None = None
     paths: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    # Where a foreign launch's import guard records imports from the controller's environment
+    # (None: the guard is off). The A/B session reads it after each case.
+    import_guard_log: str | None = None
 
     def environment(self, controller_sys_path: list[str] | None = None) -> dict[str, str]:
         """The environment of a process this launch starts (``controller_sys_path``: the
-        controller's sys.path to plan the import path from; default: the current one)."""
+        controller's sys.path to plan the import path from; default: the current one). A foreign
+        launch drops the controller's import-path variables (CONTROLLER_PATH_VARIABLES) unless its
+        own ``env`` sets them, and turns its import guard on when it has a log."""
         env = dict(os.environ)
+        if self.foreign_interpreter:
+            for name in CONTROLLER_PATH_VARIABLES:
+                env.pop(name, None)
+            if self.import_guard_log is not None:
+                env[IMPORT_GUARD_ENV] = json.dumps({"roots": environment_roots(), "log": self.import_guard_log})
         env.update(dict(self.env))
         env[SYS_PATH_ENV] = json.dumps(self.sys_path_plan(controller_sys_path))
         return env
@@ -81,7 +207,12 @@ class RankLaunch:
 
     @property
     def foreign_interpreter(self) -> bool:
-        return self.python is not None and os.path.realpath(self.python) != os.path.realpath(sys.executable)
+        """Whether the launch names another interpreter or another environment than the
+        controller's: another binary, or the same binary with another ``sys.prefix`` (a venv). A
+        wrapper script that starts the controller's own interpreter in its environment is not."""
+        if self.python is None:
+            return False
+        return interpreter_environment(self.python) != this_environment()
 
 
 def _unique(entries: list[str]) -> list[str]:

@@ -53,6 +53,28 @@ def _megabytes(text: str) -> float:
     return value
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory_size(text: str) -> int:
+    """'80GiB' -> 85899345920, '80GB' -> 80000000000 (binary and decimal units, bytes bare)."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match and match.group(2).lower()
+    if not match or unit not in _UNITS or not float(match.group(1)) > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size: give a number and a unit, e.g. "
+                                         f"--device-memory 80GiB (or 80GB, 81920MiB)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _batch_size(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of sequences of 1 or more")
+    return int(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=list(GPT_SIZES), default="cpu-small",
                         help="the transformer family's model (default cpu-small). A simulated rank holds it on "
@@ -75,6 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DDP: gradients are views of the buckets")
     parser.add_argument("--no-reshard", action="store_true", default=None,
                         help="FSDP2: reshard_after_forward=False (parameters stay gathered until backward)")
+    parser.add_argument("--batch-size", type=_batch_size, default=0, metavar="B",
+                        help="sequences per rank and micro-batch for the memory census (default: the size's own; "
+                             "activations grow with it)")
+    parser.add_argument("--device-memory", type=parse_memory_size, default=None, metavar="SIZE",
+                        help="a GPU's memory, e.g. 80GiB: says at which world sizes a rank's peak fits and by how "
+                             "much it misses")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each block in backward (torch.utils.checkpoint): fewer activations kept")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="the collective census only (no per-rank peak memory)")
     parser.add_argument("--warmup-steps", type=_count, default=DEFAULT_WARMUP_STEPS, metavar="K",
                         help=f"steps before the counted one (default {DEFAULT_WARMUP_STEPS}, the engine's "
                              f"--dist-warmup: DDP has rebuilt its buckets, PowerSGD compresses)")
@@ -102,7 +134,10 @@ def build_workload(args):
     elif args.no_reshard:
         raise ValueError("--no-reshard is an FSDP2 option (reshard_after_forward), not DDP's; drop it or use "
                          "--impl fsdp2")
+    if args.no_memory and (args.device_memory is not None or args.batch_size):
+        raise ValueError("--device-memory and --batch-size are the memory census's; drop them or drop --no-memory")
     knobs = dict(size=args.size, impl=args.impl, precision=args.precision, grad_accum=args.grad_accum,
+                 batch_size=args.batch_size, activation_checkpointing=args.activation_checkpointing,
                  measure_peak=False)
     if args.impl == "ddp":
         knobs.update(bucket_cap_mb=args.bucket_cap_mb or DDP_DEFAULT_BUCKET_CAP_MB,
@@ -113,21 +148,35 @@ def build_workload(args):
     return TransformerTraining(**knobs)
 
 
-def memory_problem(workload, world_sizes: list[int]) -> str | None:
-    """Why this machine cannot hold one simulated rank, or None."""
+def memory_problem(workload, world_sizes: list[int], memory: bool = True) -> str | None:
+    """Why this machine cannot hold the simulation (what it will allocate, FSDP2's padding
+    included), or None."""
     import psutil
 
     from . import memory_needed_bytes
     from .output import human_bytes
 
-    needed = max(memory_needed_bytes(workload, n) for n in world_sizes)
+    sizes = {n: memory_needed_bytes(workload, n, memory) for n in world_sizes}
+    worst = max(sizes, key=sizes.get)
+    needed = sizes[worst]
     available = psutil.virtual_memory().available
     if needed <= available:
         return None
-    return (f"simulating {workload.size} with {workload.impl} needs about {human_bytes(needed)} of memory (one "
-            f"rank's whole model, gradients and AdamW state on the CPU), and this machine has "
-            f"{human_bytes(available)} available; use a smaller --size" +
-            (" or --impl fsdp2" if workload.impl == "ddp" else "") + ", or a machine with more memory")
+    what = ("one rank's whole model, gradients, AdamW state" + (" and the step's activations" if memory else "")
+            if workload.impl == "ddp" else
+            f"one rank's shards and, at {worst} ranks, one block's gathered parameters and gradients, each "
+            f"parameter padded to a multiple of {worst} rows")
+    fixes = ["a smaller --size"]
+    if workload.impl == "ddp":
+        fixes.append("--impl fsdp2")
+        if memory:
+            fixes.append("a smaller --batch-size")
+    else:
+        fixes.append("smaller --world-sizes")
+    where = f" at {worst} ranks" if workload.impl == "fsdp2" else ""  # a DDP rank's needs do not depend on N
+    return (f"simulating {workload.size} with {workload.impl}{where} needs about {human_bytes(needed)} of "
+            f"memory on this machine ({what}), and this machine has {human_bytes(available)} available; use "
+            f"{', '.join(fixes[:-1])} or {fixes[-1]}, or a machine with more memory")
 
 
 class CensusError(ValueError):
@@ -141,7 +190,7 @@ def run_census(args) -> int:
         workload = build_workload(args)
     except ValueError as exc:
         raise CensusError(str(exc)) from None
-    problem = memory_problem(workload, args.world_sizes)
+    problem = memory_problem(workload, args.world_sizes, not args.no_memory)
     if problem:
         raise CensusError(problem)
     from . import census_at_scale
@@ -154,7 +203,8 @@ def run_census(args) -> int:
 
     torch.set_num_threads(1)  # bookkeeping, not a measurement: one thread shares a busy machine best
     result = census_at_scale(workload, args.world_sizes, args.warmup_steps,
-                             progress=lambda n: print(f"simulating {n} ranks ...", file=sys.stderr, flush=True))
+                             progress=lambda n: print(f"simulating {n} ranks ...", file=sys.stderr, flush=True),
+                             memory=not args.no_memory, device_bytes=args.device_memory)
     print(to_json(result) if args.json else format_table(result))
     if args.no_chart:
         return 0

@@ -18,7 +18,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..workloads.training.metrics import rank_state_bytes
-from ..workloads.training.transformer import COMM_HOOKS, TransformerTraining
+from ..workloads.training.transformer import COMM_HOOKS, TransformerTraining, _TransformerLoop
 
 # Tokens per simulated micro-batch (one sequence).
 SIMULATED_TOKENS = 8
@@ -81,12 +81,42 @@ def _register_python_allreduce(ddp, ctx) -> None:
     ddp.register_comm_hook(None, default_hooks.allreduce_hook)
 
 
+class SimulatedLoop(_TransformerLoop):
+    """The family's loop, for FakeTensorMode too: FSDP2 shards over the DeviceMesh the simulation
+    built before the mode (``ctx.scratch``, :data:`ddpbench.scale.memory.MESH_KEY`), and a fake
+    loss has no value to read (nan)."""
+
+    def fsdp_mesh(self):
+        from .memory import MESH_KEY
+
+        return self.ctx.scratch.get(MESH_KEY)
+
+    def loss_value(self, loss) -> float:
+        from torch._subclasses.fake_tensor import is_fake
+
+        return float("nan") if is_fake(loss) else super().loss_value(loss)
+
+
 class SimulatedTransformer(TransformerTraining):
     """The same workload for the fake process group: DDP's built-in all-reduce (which reads the
     reduced bucket out of the collective's future, empty under the fake backend) becomes torch's
     Python twin of it, one all_reduce of each bucket's buffer; every other hook is the family's."""
 
     comm_hooks = dict(COMM_HOOKS, none=_register_python_allreduce)
+    loop_class = SimulatedLoop
+
+    def training_data(self, ctx):
+        """The family's data; under FakeTensorMode made on real tensors (token by token, which the
+        mode would make slow) and handed over as fake ones of the same shapes."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch._guards import active_fake_mode
+
+        mode = active_fake_mode()
+        if mode is None:
+            return super().training_data(ctx)
+        with unset_fake_temporarily():
+            real = super().training_data(ctx)
+        return tuple(mode.from_tensor(t) for t in real)
 
 
 def simulated(workload: TransformerTraining) -> SimulatedTransformer:

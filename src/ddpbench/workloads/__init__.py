@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from ..pool.picklecheck import unpicklable_message
 
 
 #: A variant whose round computes what the workload's round computes but sends nothing between
@@ -125,6 +124,8 @@ class FunctionWorkload(Workload):
                  check: Callable[[Any], Any] | None = None, *,
                  teardown: Callable[[Any], Any] | None = None, name: str | None = None,
                  group: str | None = None):
+        from ..pool.picklecheck import unpicklable_message  # not at import: the plugin loads this package
+
         self.name = name or _qualified_name(run_round)
         hooks = {"setup": setup, "run_round": run_round, "check": check, "teardown": teardown}
         for hook, fn in hooks.items():

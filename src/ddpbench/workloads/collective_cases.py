@@ -4,12 +4,16 @@ The plugin wires these to its options; it decides nothing about collectives itse
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from ..devices import cuda_device_count
 from ..options import format_size, parse_sizes
-from ..pool import PoolSpec
 from .collectives import rank_memory_bytes
+
+if TYPE_CHECKING:
+    from ..pool import PoolSpec
 
 DEFAULT_SIZES = "1MB,10MB,100MB"
 SLOW_SIZES = (1024**3,)  # 1 GB: collected with the `slow` marker when --dist-sizes is not given
@@ -38,6 +42,8 @@ def memory_needs(items, pools_at_once: int = 1) -> list[tuple[int, PoolSpec, int
     """(message size, spec, bytes needed) for the collected collective cases, largest need per
     (size, spec). CPU pools need world size x (base + buffers) of host memory (x pools_at_once:
     A/B mode keeps two pools alive); NCCL ranks need the buffers on their own GPU."""
+    from ..pool import PoolSpec  # not at import: the plugin loads this module in every session
+
     needs = {}
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})

@@ -9,6 +9,7 @@ The engine knows sides only as lists of pools; it never knows what the workload 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 import time
@@ -99,6 +100,15 @@ class ABSettings:
         """The significance level of each planned look (after each stage), first to last."""
         return stats.sequential_levels(self.alpha, len(self.stage_sizes(pool_pairs)))
 
+    def stop_level_per_look(self, pool_pairs: int) -> tuple[float, ...]:
+        """The level of each look, planned and extra, first to last, at which its pairs must rule
+        out a slowdown of the threshold for it to end the case as same or not-slower: together
+        the looks spend the interval's one-sided miss, (1 - confidence) / 2, so a case slower by
+        exactly the threshold reads same or not-slower at most that often however many looks it
+        takes (stats.stop_levels; docs/design.md, *The looks' levels*)."""
+        sizes = self.stage_sizes(pool_pairs) + self.extra_stage_sizes(pool_pairs)
+        return stats.stop_levels((1.0 - self.confidence) / 2, tuple(itertools.accumulate(sizes)))
+
 
 # An extra look's level: no alpha is left after the planned looks, so it cannot reject.
 EXTRA_LOOK_LEVEL = 0.0
@@ -177,6 +187,8 @@ class ABOutcome:
     stopped_by_structure: str | None = None
     # Likewise the memory regression that ended it (settings.stop_on_memory_regression).
     stopped_by_memory: str | None = None
+    # The stop level of each look taken (settings.stop_level_per_look), first to last.
+    stop_levels_applied: tuple[float, ...] = ()
 
     @property
     def order(self) -> str:
@@ -205,6 +217,7 @@ class ABOutcome:
             "alpha": settings.alpha,
             "alpha_per_look": list(self.levels_applied),
             "alpha_at_last_look": self.levels_applied[-1],
+            "stop_level_per_look": list(self.stop_levels_applied),
             "planned_looks": planned_looks,
             "extra_looks": max(0, len(self.levels_applied) - planned_looks),
             "baseline": _side_summary(self.baseline, raw=True),
@@ -323,7 +336,7 @@ class _Case:
                 side.pools.append(j)
         self.pairs += pairs
 
-    def analyse(self, level: float) -> stats.PairedResult:
+    def analyse(self, level: float, stop_level: float) -> stats.PairedResult:
         baseline, candidate = self.sides[schedule.BASELINE], self.sides[schedule.CANDIDATE]
         base_summaries, cand_summaries = baseline.block_means, candidate.block_means
         stratified = None
@@ -337,7 +350,7 @@ class _Case:
                                    level, self.settings.confidence, pool_pair_of=[j for _, _, j in self.pairs],
                                    pool_pair_share=self.settings.pool_pair_share,
                                    baseline_minima=baseline.block_minima,
-                                   candidate_minima=candidate.block_minima)
+                                   candidate_minima=candidate.block_minima, stop_level=stop_level)
 
     def finish(self) -> dict[str, list[dict[str, Any]]]:
         """End the case on every pool; returns each side's first pool's per-rank metrics."""
@@ -369,7 +382,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     ``settings.pools_per_side`` pools), interleaved, in the block order ``seed`` draws for this
     case. Stages of pairs run until the verdict is clear or the next stage would pass the time cap;
     look k is tested at the k-th of ``settings.alpha_per_look`` and a last look at what is left of
-    alpha. A case still inconclusive after its planned looks takes extra looks while the cap
+    alpha, and may end as same or not-slower only at the k-th of ``settings.stop_level_per_look``. A case still inconclusive after its planned looks takes extra looks while the cap
     allows (``settings.extra_stage_sizes``, each at EXTRA_LOOK_LEVEL). The candidate's first pool
     is the case's own: its metrics and check results are the case's. A task failing on either side
     raises :class:`SideFailed`."""
@@ -384,6 +397,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         stage_sizes = settings.stage_sizes(case.pool_pairs)
         every_stage = stage_sizes + settings.extra_stage_sizes(case.pool_pairs)
         levels = settings.alpha_per_look(case.pool_pairs)
+        stop_levels = settings.stop_level_per_look(case.pool_pairs)
         applied: list[float] = []
         while True:
             stage_started = time.monotonic()
@@ -401,7 +415,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             else:  # the last planned look: as planned, or the cap ends the planned looks here
                 cap_ends_planned = looks < len(stage_sizes)
                 applied.append(stats.level_for_last_look(settings.alpha, len(stage_sizes), looks))
-            result = case.analyse(applied[-1])
+            result = case.analyse(applied[-1], stop_levels[looks - 1])
             # Every decided verdict ends the case, not-slower too: stopping without a regression
             # can only take chances to reject away, never add one (docs/design.md, *The looks' levels*).
             # A cap that ends the planned looks early leaves no time for an extra look either.
@@ -419,7 +433,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                      rounds_per_block=rounds, pairs=case.pairs, pools_per_side=case.pool_pairs,
                      levels_applied=tuple(applied), settings=settings,
                      wall_s=time.monotonic() - started, seed=seed, stratified=case.stratified,
-                     stopped_by_structure=stopped_by_structure, stopped_by_memory=stopped_by_memory)
+                     stopped_by_structure=stopped_by_structure, stopped_by_memory=stopped_by_memory,
+                     stop_levels_applied=stop_levels[:len(applied)])
 
 
 def _structural_regression(censuses: dict[str, Any]) -> str | None:

@@ -15,22 +15,19 @@ from typing import Any, Callable
 
 import pytest
 
-from ...engine.memory import combine_memory
 from ...engine.timing import CaseRounds, measure_workload
-from ..memory import BASELINE_MEMORY_KEY, MEMORY_VERDICT_KEY, compare_memory, verdict_dict
-from ..structure import CensusError, accept
-from ..verdicts import LOST_CASES_KEY, ab_report, ab_verdicts, format_text
+from ...options import AB_OPTIONS  # any of these turns A/B mode on
+from ..verdicts import LOST_CASES_KEY, VerdictError, ab_report, ab_verdicts, format_text, record_decision
 from .budget import RunBudget
 from .engine import ABSettings, SideFailed, run_case
 from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
                         should_profile)
 from .heap import DEFAULT_HEAP, heap_env
 from .schedule import new_seed
-from .sides import (Side, SideError, check_modules_differ, engine_lines, local_facts, make_side, module_lines,
-                    modules_under_test, parse_env_assignments, probe, resolve_modules)
+from .sides import (ImportIsolationError, Side, SideError, check_import_isolation, check_modules_differ, engine_lines,
+                    local_facts, make_side, module_lines, modules_under_test, parse_env_assignments, probe,
+                    resolve_modules, with_import_guard)
 
-# Any of these turns A/B mode on.
-AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
 OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
 DEFAULT_MAX_TIME_S = 60.0  # a case's cap for adding pairs without --dist-ab-max-time or a run budget
 
@@ -78,10 +75,13 @@ class ABSession:
             candidate = make_side("candidate", None, None,
                                   parse_env_assignments(config.getoption("dist_candidate_env"),
                                                         "--dist-candidate-env"), common)
+            baseline = with_import_guard(baseline, _import_guard_folder())
             ours = local_facts()
             baseline = probe(baseline, ours["rank_protocol"])
             candidate = (probe(candidate, ours["rank_protocol"]) if candidate.env
                          else dataclasses.replace(candidate, facts=ours))
+        except ImportIsolationError as exc:
+            refuse_mixed_environments(exc)
         except SideError as exc:
             raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
         max_time = config.getoption("dist_ab_max_time", None)
@@ -148,11 +148,18 @@ class ABSession:
         test_modules = {item.module for item in session.items if getattr(item, "module", None) is not None}
         project = {str(session.config.rootpath)} | {os.path.dirname(m.__file__) for m in test_modules
                                                      if getattr(m, "__file__", None)}
-        names = modules_under_test(test_modules, project)
+        names = set(modules_under_test(test_modules, project))
+        if self.baseline.launch.foreign_interpreter:
+            # Another environment may differ from the candidate's by torch alone (does upgrading
+            # torch slow our step?): torch counts then, and the header shows both sides' torch.
+            names.add("torch")
+        names = sorted(names)
         try:
             self.baseline = resolve_modules(self.baseline, names)
             self.candidate = resolve_modules(self.candidate, names)
             check_modules_differ(self.baseline, self.candidate)
+        except ImportIsolationError as exc:
+            refuse_mixed_environments(exc)
         except SideError as exc:
             raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
         lines = module_lines(self.baseline, self.candidate)
@@ -186,25 +193,20 @@ class ABSession:
         try:
             outcome = run_case(pools, workload, plan, self.case_settings(case_id), timeout_s, case_id, self.seed)
         except SideFailed as failure:
+            self.check_import_isolation()  # a failure of ranks that ran the wrong code says nothing
             if failure.side == "candidate":
                 self._lost(case_id, failure)
             return self._alone(own_pool, workload, plan, timeout_s, case_id, extra_info, failure)
         finally:
             if self.budget is not None:
                 self.budget.finish(case_id)
+        self.check_import_isolation()  # before the verdict is kept: none from a baseline that ran the wrong code
         summary = outcome.summary(self.sides())
         summary["heap"] = self.heap
         if self.budget is not None:
             summary["run_budget_s"] = self.budget.budget_s
         summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
         extra_info["ab"] = summary
-        memory = combine_memory([m.get("memory") for m in outcome.candidate_metrics])
-        try:  # the memory verdict as the report will give it, kept in the saved run
-            judged = compare_memory(summary.get(BASELINE_MEMORY_KEY), memory, "candidate",
-                                    tolerance=self.memory_tolerance)
-            summary[MEMORY_VERDICT_KEY] = verdict_dict(accept(judged) if self.accept_memory_change else judged)
-        except CensusError:  # the report names the damaged field
-            pass
         self.results.append((case_id, summary, statistics.median(outcome.candidate.round_times), extra_info))
         if should_profile(self.profile, summary["verdict"]):  # the verdict and rounds are final here
             profile = profile_case({name: side_pools[0] for name, side_pools in pools.items()}, workload,
@@ -216,6 +218,14 @@ class ABSession:
         candidate = outcome.candidate
         return CaseRounds(candidate.round_times, outcome.candidate_metrics, candidate.rank_cpus,
                           candidate.rank_round_times)
+
+    def check_import_isolation(self) -> None:
+        """Ends the run with exit 2 when the baseline's ranks imported anything from inside the
+        candidate's environment (their import guard's log; see ddpbench.pool.launch)."""
+        try:
+            check_import_isolation(self.baseline)
+        except ImportIsolationError as exc:
+            refuse_mixed_environments(exc)
 
     def _lost(self, case_id: str, failure: SideFailed) -> None:
         """The candidate lost a case the baseline ran (crashed, hung): a verdict of its own that
@@ -247,8 +257,21 @@ class ABSession:
     # -- the run's end ----------------------------------------------------------------------------
 
     def report(self):
-        return ab_report(ab_verdicts(self.results, self.accept_structure_change, self.accept_memory_change,
-                                     self.memory_tolerance), self.sides())
+        """The run's verdicts, each case's decided verdict written back into its extra_info["ab"]
+        (record_decision): the run file says what the gate decided and exited on."""
+        cases = ab_verdicts(self.results, self.accept_structure_change, self.accept_memory_change,
+                            self.memory_tolerance)
+        for (_, summary, _, _), case in zip(self.results, cases):
+            record_decision(summary, case)
+        return ab_report(cases, self.sides())
+
+    def record_verdicts(self) -> None:
+        """Decide every case now, before the run is saved (pytest_sessionfinish). A census that
+        cannot be read leaves the summaries as measured: the verdict table names the problem."""
+        try:
+            self.report()
+        except VerdictError:
+            pass
 
     def exit_status(self) -> int:
         return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,
@@ -280,6 +303,23 @@ def baseline_lacks_case(error: BaseException) -> bool:
 
     return (isinstance(error, TaskFailed) and bool(error.errors) and not error.dead and not error.stuck
             and all(text.startswith(LOAD_FAILURE_PREFIX) for text in error.errors.values()))
+
+
+def refuse_mixed_environments(error: ImportIsolationError) -> None:
+    """Stop the run with exit 2 (bad input): no verdict, no saved results (an interrupted run saves
+    none), the message naming both environments."""
+    pytest.exit(f"ddpbench A/B: {error}", returncode=ImportIsolationError.EXIT_STATUS)
+
+
+def _import_guard_folder() -> str:
+    """A folder of this run's own for the baseline ranks' import-guard log, removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ddpbench-ab-imports-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _profile_root(config, seed: int) -> Path:

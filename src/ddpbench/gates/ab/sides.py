@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ...identity import DIGEST_SOURCE, source_digest
 from ...pool import RankLaunch
+from ...pool.launch import read_import_guard_log
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROBE_TIMEOUT_S = 120.0
@@ -92,6 +93,14 @@ class SideError(ValueError):
     """A side cannot be used: the message names the problem and the fix."""
 
 
+class ImportIsolationError(SideError):
+    """The baseline's ranks imported something from inside the candidate's environment although
+    the user named another interpreter: the verdict would compare the candidate's code or packages
+    with themselves. The run is refused (exit 2)."""
+
+    EXIT_STATUS = 2
+
+
 def parse_env_assignments(items: list[str] | None, option: str) -> dict[str, str]:
     """['KEY=VALUE', ...] -> {KEY: VALUE}; a malformed item is a SideError naming it."""
     env: dict[str, str] = {}
@@ -119,11 +128,15 @@ class Side:
     facts: dict = field(default_factory=dict, compare=False, hash=False)
     # Filled by resolve_modules(): module name -> the file the side's ranks import it from.
     modules: dict = field(default_factory=dict, compare=False, hash=False)
+    # Where the ranks' import guard records imports from the candidate's environment (set by
+    # with_import_guard for a side that names another interpreter; see ddpbench.pool.launch).
+    import_guard_log: str | None = None
 
     @property
     def launch(self) -> RankLaunch:
         return RankLaunch(python=self.python, paths=self.paths,
-                          env=tuple({**dict(self.common_env), **dict(self.env)}.items()))
+                          env=tuple({**dict(self.common_env), **dict(self.env)}.items()),
+                          import_guard_log=self.import_guard_log)
 
     @property
     def names_other_code(self) -> bool:
@@ -177,6 +190,37 @@ def make_side(name: str, python: str | None, paths: list[str] | None, env: dict[
     return Side(name, python, tuple(checked), tuple(sorted(env.items())), tuple(common_env))
 
 
+def with_import_guard(side: Side, folder: str) -> Side:
+    """The side with its ranks' import guard on (a log in ``folder``) when it names another
+    interpreter or environment than the controller's; else unchanged (its ranks share the
+    controller's environment by design)."""
+    if not side.launch.foreign_interpreter:
+        return side
+    return dataclasses.replace(side, import_guard_log=os.path.join(folder, f"{side.name}-imports.jsonl"))
+
+
+def check_import_isolation(side: Side, candidate_prefix: str = sys.prefix) -> None:
+    """ImportIsolationError when the side's ranks (or its probes) imported anything from inside
+    the candidate's environment (``candidate_prefix``: the controller's); nothing when its guard is
+    off or recorded nothing. The message names both environments and the first modules."""
+    if side.import_guard_log is None:
+        return
+    found = read_import_guard_log(side.import_guard_log)
+    if not found:
+        return
+    first = found[0]
+    modules = list(dict.fromkeys(f"{f.get('module')} from {f.get('file')}" for f in found))
+    shown = "; ".join(modules[:4]) + (f"; and {len(modules) - 4} more" if len(modules) > 4 else "")
+    raise ImportIsolationError(
+        f"the {side.name} side names its own interpreter ({side.python}, environment "
+        f"{first.get('prefix')}), but its ranks imported {shown}: inside the candidate's environment "
+        f"{os.path.realpath(candidate_prefix)} (the interpreter running pytest, {sys.executable}). "
+        f"The verdict would compare the candidate's code or packages with themselves, so the run is "
+        f"refused. Look for a path into {os.path.realpath(candidate_prefix)} among "
+        f"--dist-{side.name}-path, --dist-{side.name}-env PYTHONPATH=..., and the .pth files of "
+        f"{first.get('prefix')}'s site-packages")
+
+
 def _run_probe(side: Side, request: dict, controller_sys_path: list[str] | None = None) -> dict:
     """Start the side's interpreter exactly as its ranks start (RankLaunch) and run _PROBE."""
     launch = side.launch
@@ -200,6 +244,7 @@ def probe(side: Side, expected_protocol: int | None) -> Side:
     """Start the side's interpreter with its environment once and check that it imports ddpbench
     (speaking ``expected_protocol``) and torch. Returns the side with its facts filled in."""
     facts = _run_probe(side, {"facts": True, "modules": []})
+    check_import_isolation(side)
     facts.pop("modules", None)
     facts.pop("module_errors", None)
     python = side.python or sys.executable
@@ -353,6 +398,7 @@ def resolve_modules(side: Side, names: list[str]) -> Side:
     if not names:
         return side
     resolved = _run_probe(side, {"facts": False, "modules": list(names)})
+    check_import_isolation(side)
     return dataclasses.replace(side, modules={**side.modules, **resolved["modules"]})
 
 

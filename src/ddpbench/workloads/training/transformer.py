@@ -234,7 +234,7 @@ class TransformerTraining(Workload):
         import torch
 
         started = time.perf_counter()
-        inputs, targets = make_tokens(self.config, self.micro_batch, self.data_batches, self.seed, ctx.rank)
+        inputs, targets = self.training_data(ctx)
         loop = (self.loop_class or _TransformerLoop)(ctx, self, inputs.to(ctx.device), targets.to(ctx.device))
         state: dict[str, Any] = {"ctx": ctx, "loop": loop, "setup_seconds": time.perf_counter() - started}
         if self.measure_peak:
@@ -242,6 +242,10 @@ class TransformerTraining(Workload):
             state["peak_flops_measured"] = measure_peak_flops(ctx.device, dtype)
             state["peak_flops_datasheet"] = datasheet_peak_flops(ctx.device, dtype)
         return state
+
+    def training_data(self, ctx):
+        """(inputs, targets): this rank's ``data_batches`` micro-batches (:func:`.gpt.make_tokens`)."""
+        return make_tokens(self.config, self.micro_batch, self.data_batches, self.seed, ctx.rank)
 
     def run_round(self, state) -> None:
         state["loop"].step()
@@ -357,7 +361,9 @@ class _TransformerLoop:
         self.inputs, self.targets, self.cursor = inputs, targets, 0
         self.losses: list[float] = []
         torch.manual_seed(w.seed * 7919 + 104729 * ctx.rank + 1)  # rank-dependent: DDP must broadcast
-        self.model = build_gpt(w.config, w.activation_checkpointing).to(ctx.device)
+        self.model = build_gpt(w.config, w.activation_checkpointing)
+        if ctx.device != torch.device("cpu"):  # (on the CPU a no-op that FakeTensorMode refuses)
+            self.model = self.model.to(ctx.device)
         self.hook_state = None
         self.skipped = None  # compute-only: what the step's exchanges would have sent
         if w.compute_only:
@@ -384,9 +390,10 @@ class _TransformerLoop:
 
             mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if w.precision == "bf16" else MixedPrecisionPolicy())
+            mesh = self.fsdp_mesh()
             for block in self.model.blocks:
-                fully_shard(block, reshard_after_forward=w.reshard_after_forward, mp_policy=mp)
-            fully_shard(self.model, reshard_after_forward=w.reshard_after_forward, mp_policy=mp)
+                fully_shard(block, reshard_after_forward=w.reshard_after_forward, mp_policy=mp, mesh=mesh)
+            fully_shard(self.model, reshard_after_forward=w.reshard_after_forward, mp_policy=mp, mesh=mesh)
             self.wrapped = self.model
             if w.compute_only:
                 from .compute_only import unexchange_fsdp2
@@ -394,6 +401,15 @@ class _TransformerLoop:
                 unexchange_fsdp2([*self.model.blocks, self.model], self.skipped)
         self.forward = torch.compile(self.wrapped) if w.compile else self.wrapped
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=w.lr)
+
+    def fsdp_mesh(self):
+        """The DeviceMesh FSDP2 shards over (None: fully_shard's default, the whole world); the
+        simulation under FakeTensorMode hands one built before the mode (ddpbench.scale.memory)."""
+        return None
+
+    def loss_value(self, loss) -> float:
+        """A micro-batch's loss as a float (a simulation on fake tensors has no value to read)."""
+        return float(loss.detach())
 
     def _autocast(self):
         import torch
@@ -425,7 +441,7 @@ class _TransformerLoop:
                     logits = self.forward(x)
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
                 (loss / accum).backward()
-            total += float(loss.detach())
+            total += self.loss_value(loss)
         self.optimizer.step()
         self.losses.append(total / accum)
         return self.losses[-1]

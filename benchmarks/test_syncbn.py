@@ -3,7 +3,7 @@ batch_size x hidden_dim and --dist-world-sizes.
 
 Case ids read ``test_syncbn[<backend>-<world size>p-<variant>-bs<batch>-h<hidden>]``, e.g.
 ``test_syncbn[gloo-2p-fused-bs64-h1024]``; each case's extra_info carries variant, batch_size
-(per rank), hidden_dim and peak_memory_bytes (max over ranks). Cases of one shape share a
+(per rank), hidden_dim, the memory census (``memory``) and on CUDA peak_memory_bytes (max over ranks). Cases of one shape share a
 pytest-benchmark group (``syncbn-bs64-h1024``), so the variants print side by side.
 
 torch_syncbn skips on CPU: torch.nn.SyncBatchNorm rejects CPU tensors. At world size 1 (the GPU

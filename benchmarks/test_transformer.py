@@ -87,7 +87,7 @@ EXPOSED_COMM_ROUNDS = 8
 def _record(dist_benchmark, workload):
     result = dist_benchmark(workload, variant_rounds=0 if workload.compile else EXPOSED_COMM_ROUNDS)
     dist_benchmark.extra_info.update(add_exposed_communication(result.extra_info))
-    memory_keys = ("peak_memory_allocated_bytes", "peak_memory_reserved_bytes", "peak_rss_bytes")
+    memory_keys = ("peak_memory_allocated_bytes", "peak_memory_reserved_bytes")
     per_rank = [{k: m[k] for k in memory_keys if k in m} for m in result.rank_metrics]
     dist_benchmark.extra_info["rank_peak_memory"] = per_rank
 

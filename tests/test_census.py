@@ -136,7 +136,7 @@ def test_ranks_that_issue_different_collectives_are_flagged(pool):
 def test_a_ddp_training_case_s_buckets_are_its_all_reduce_calls(pool, warmup):
     """DDP rebuilds its buckets in its second step; its logging data shows them a step later, so
     with one warm-up round the sizes come from the reducer's buckets themselves."""
-    census, _ = census_of(pool, Training("mlp", "ddp", bucket_cap_mb=0.05, measure_memory=False),
+    census, _ = census_of(pool, Training("mlp", "ddp", bucket_cap_mb=0.05),
                           RoundPlan(warmup=warmup, rounds=1))
     all_reduce = entries(census)[("all_reduce", "float32", 2)]
     assert census["ddp_buckets"] is not None and len(census["ddp_buckets"]) > 1
@@ -174,7 +174,7 @@ def test_a_transformer_fsdp2_case_gathers_and_scatters_and_has_no_buckets(pool):
 
 
 def test_the_manual_training_loop_has_no_ddp_buckets_but_its_all_reduces_are_counted(pool):
-    census, _ = census_of(pool, Training("mlp", "manual", bucket_cap_mb=0.05, measure_memory=False))
+    census, _ = census_of(pool, Training("mlp", "manual", bucket_cap_mb=0.05))
     assert census["ddp_buckets"] is None
     assert entries(census)[("all_reduce", "float32", 2)]["count"] >= 1
 

@@ -143,8 +143,8 @@ def _param_bytes():
     (TransformerTraining(batch_size=2, measure_peak=False), {"all_reduce"}),
     (TransformerTraining(batch_size=2, comm_hook="fp16", measure_peak=False), {"all_reduce"}),
     (TransformerTraining(impl="fsdp2", batch_size=2, measure_peak=False), {"all_gather", "reduce_scatter"}),
-    (Training("mlp", "manual", batch_size=8, measure_memory=False), {"all_reduce"}),
-    (Training("mlp", "ddp", batch_size=8, measure_memory=False), {"all_reduce"}),
+    (Training("mlp", "manual", batch_size=8), {"all_reduce"}),
+    (Training("mlp", "ddp", batch_size=8), {"all_reduce"}),
 ], ids=["ddp", "ddp-fp16", "fsdp2", "manual", "training-ddp"])
 def test_a_compute_only_step_sends_nothing_and_records_what_the_step_sends(pool, workload, kinds):
     real = _in_steps(pool, workload)
@@ -177,7 +177,8 @@ def test_the_engine_interleaves_the_variants_after_the_recorded_rounds(pool):
     workload = rank_tasks.LoggedRounds("step", ("compute_only", "communication_only"))
     ranks = pool.run(measure_workload, workload, RoundPlan(warmup=1, rounds=2, variant_rounds=3), timeout_s=60)
     log = ranks[0].metrics["round_log"]
-    assert log == ["step", "step", "step", "step", "step",  # warm-up, the census's 2 ops, the recorded rounds
+    assert log == ["step", "step", "step", "step", "step", "step",  # warm-up, the census's 2 ops, the memory
+                   # census's step and the recorded rounds
                    "compute_only", "communication_only",  # one warm-up round each
                    "step", "compute_only", "communication_only",  # round groups, rotated by one
                    "compute_only", "communication_only", "step",
@@ -190,7 +191,7 @@ def test_the_engine_interleaves_the_variants_after_the_recorded_rounds(pool):
     assert "engine_variants_s" in ranks[0].metrics
     # The control: no variant rounds asked for, none run.
     plain = pool.run(measure_workload, workload, RoundPlan(warmup=1, rounds=2), timeout_s=60)
-    assert plain[0].metrics["round_log"] == ["step"] * 5 and CaseRounds.of(plain).variant_times is None
+    assert plain[0].metrics["round_log"] == ["step"] * 6 and CaseRounds.of(plain).variant_times is None
 
 
 ONE_RANK = """

@@ -19,6 +19,13 @@ MACHINE_WITH_CORES = dict(MACHINE, cpu={"brand_raw": "Test CPU", "count": 2})
 PROVENANCE = "_Run run.json, saved 2026-01-01T00:00:00; machine box (Test CPU, 2 cores)._"
 
 
+def _memory(peak, **at_peak):
+    """A memory census record (extra_info["memory"]) with ``peak`` bytes and these categories."""
+    return {"version": 1, "method": "MemTracker", "device": "cpu", "steps_counted": 1, "peak_bytes": peak,
+            "max_peak_bytes": peak, "at_peak": at_peak, "peak_at": {"module": "blocks.0", "phase": "backward"},
+            "after_step_bytes": peak // 2, "after_step": {}, "optimizers": [{"name": "AdamW", "foreach": False}]}
+
+
 def _fixture_run(tmp_path, families=("collectives", "syncbn", "training", "datasets", "other")):
     benches = []
     if "collectives" in families:
@@ -39,7 +46,7 @@ def _fixture_run(tmp_path, families=("collectives", "syncbn", "training", "datas
                 benches.append(bench(f"test_syncbn[{variant}-{hidden}]", [0.002, 0.003, 0.010],
                                      {"backend": "gloo", "world_size": 2, "device": "cpu", "variant": variant,
                                       "batch_size": 32, "hidden_dim": hidden,
-                                      "peak_memory_bytes": 3 * MB if variant == "torch" else None}))
+                                      "memory": _memory(3 * MB) if variant == "torch" else None}))
     if "training" in families:
         for impl in ("ddp", "handwritten", "lightning"):
             for accum in (4, 1):
@@ -100,13 +107,13 @@ def test_tables_have_the_seed_shapes_and_rows(tmp_path):
 
     header, rows = _table_rows(text, "## SyncBatchNorm")
     assert header[:3] == ["batch_size", "hidden_dim", "num_workers"]
-    assert "handwritten median time (ms)" in header and "torch max memory allocated" in header
+    assert "handwritten median time (ms)" in header and "torch peak memory (census)" in header
     assert len(rows) == 2 and rows[0][:3] == ["32", "64", "2"]
     assert rows[0][header.index("handwritten median time (ms)")] == "3.000"  # median, not the mean 5.000
     assert "3.0 MB" in rows[0] and "n/a" in rows[0]  # the handwritten variant has no memory number
 
     header, rows = _table_rows(text, "### lightning")
-    assert header[:4] == ["Ranks", "Model", "grad_accum", "batch_size"] and "Max Memory Allocated" in header
+    assert header[:4] == ["Ranks", "Model", "grad_accum", "batch_size"] and "Peak memory (census)" in header
     # Rows that differ only in grad_accum are told apart, ordered by accumulation then ranks.
     assert [r[:4] for r in rows] == [["1", "mlp", "1", "32"], ["2", "mlp", "1", "32"],
                                      ["1", "mlp", "4", "32"], ["2", "mlp", "4", "32"]]
@@ -140,7 +147,7 @@ def test_every_table_says_which_run_and_machine(tmp_path):
     text = report.markdown_report(load_run(_fixture_run(tmp_path)))
     lines = text.splitlines()
     ends = [i for i, line in enumerate(lines) if line.startswith("|") and not lines[i + 1].startswith("|")]
-    assert len(ends) == 8  # all_reduce, broadcast, syncbn, 3 training impls, datasets, other
+    assert len(ends) == 9  # all_reduce, broadcast, syncbn, 3 training impls, datasets, other, memory
     assert all(lines[i + 1] == "" and lines[i + 2] == PROVENANCE for i in ends)
 
 
@@ -376,7 +383,7 @@ def test_output_and_chart_folders_that_do_not_exist_are_named_and_nothing_is_cre
 def test_transformer_cases_get_their_own_table(tmp_path):
     info = {"backend": "gloo", "world_size": 2, "device": "cpu", "impl": "fsdp2", "size": "cpu-small",
             "tokens_per_second": 4096.0, "model_flops_per_step": 1e10, "mfu": 0.125, "peak_flops_measured": 2e11,
-            "param_bytes": 8 * MB, "sharded_param_bytes": 4 * MB, "final_loss": 4.5, "peak_rss_bytes": 400 * MB}
+            "param_bytes": 8 * MB, "sharded_param_bytes": 4 * MB, "final_loss": 4.5, "memory": _memory(400 * MB)}
     exposed = dict(info, impl="ddp", compute_s=0.2, compute_s_ci=[0.19, 0.21], exposed_comm_s=0.0125,
                    exposed_comm_s_ci=[-0.001, 0.02], comm_isolated_s=0.05, comm_overlap_pct=75.0)
     path = write(tmp_path / "run.json", run_doc([
@@ -390,7 +397,7 @@ def test_transformer_cases_get_their_own_table(tmp_path):
     header, rows = _table_rows(text, "## Transformer training")
     assert header == ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)",
                       "Compute (ms)", "Exposed comm (ms)", "Comm alone (ms)", "Comm hidden", "Params",
-                      "Params per rank", "Final loss", "Peak memory"]
+                      "Params per rank", "Final loss", "Peak memory (census)"]
     assert rows == [["test_transformer[gloo-2p-cpu-small-ddp]", "2", "250.000", "4096", "0.125", "200.0",
                      "200.000 [190.000, 210.000]", "12.500 [-1.000, 20.000]", "50.000", "75%",
                      "8.0 MB", "4.0 MB", "4.5000", "400.0 MB"],
@@ -398,3 +405,38 @@ def test_transformer_cases_get_their_own_table(tmp_path):
                      "-", "-", "-", "-", "8.0 MB", "4.0 MB", "4.5000", "400.0 MB"]]
     _, training_rows = _table_rows(text, "## Training")
     assert [row[1] for row in training_rows] == ["mlp"]  # the transformer case is not a training row
+
+
+def test_the_memory_table_shows_each_case_s_peak_and_what_held_it(tmp_path):
+    # Seed 004's comparison as the census records it: DDP holds one bucket copy more than the
+    # hand-written loop, and gradient_as_bucket_view takes it away.
+    held = dict(parameters=8 * MB, gradients=8 * MB, optimizer_state=16 * MB)
+    cases = {"manual": _memory(34 * MB, **held), "ddp": _memory(42 * MB, **held, ddp_buckets=8 * MB),
+             "ddp_view": _memory(34 * MB, **held)}
+    cuda = dict(_memory(34 * MB, **held), device="cuda",
+                measured={"max_allocated_bytes": 40 * MB, "max_reserved_bytes": 64 * MB,
+                          "census_over_allocated": 0.85})
+    benches = [bench(f"test_training[{name}]", [0.05, 0.06], {"backend": "gloo", "world_size": 2, "device": "cpu",
+                                                             "impl": "ddp", "model": "mlp", "memory": memory})
+               for name, memory in cases.items()]
+    benches.append(bench("test_cuda_case", [0.01], {"backend": "nccl", "world_size": 1, "device": "cuda",
+                                                    "memory": cuda}))
+    text = report.markdown_report(load_run(write(tmp_path / "run.json", run_doc(benches, machine=MACHINE_WITH_CORES))))
+    header, rows = _table_rows(text, "## Memory")
+    assert header == ["Case", "Ranks", "Peak (census)", "Parameters", "Gradients", "Optimizer state", "DDP buckets",
+                      "Peak at", "Kept after the step", "Optimizer", "Measured max allocated", "Census / measured"]
+    cells = {row[0]: dict(zip(header, row)) for row in rows}
+    assert cells["test_training[ddp]"]["DDP buckets"] == "8.0 MB" and cells["test_training[manual]"]["DDP buckets"] == "-"
+    assert [cells[f"test_training[{n}]"]["Peak (census)"] for n in cases] == ["34.0 MB", "42.0 MB", "34.0 MB"]
+    assert cells["test_training[ddp]"]["Peak at"] == "blocks.0 backward"
+    assert cells["test_training[ddp]"]["Optimizer"] == "AdamW (foreach off)"
+    assert (cells["test_cuda_case"]["Measured max allocated"], cells["test_cuda_case"]["Census / measured"]) == (
+        "40.0 MB", "0.850")
+    _, training_rows = _table_rows(text, "### ddp")  # the family's table shows the census peak too
+    assert sorted(row[-1] for row in training_rows) == ["34.0 MB", "34.0 MB", "42.0 MB"]
+
+
+def test_a_damaged_memory_census_is_named(tmp_path, capsys):
+    path = write(tmp_path / "run.json", run_doc([bench("test_x", [0.01], {"memory": {"peak_bytes": "lots"}})]))
+    assert cli.main(["report", str(path), "--no-charts"]) == 2
+    assert "extra_info.memory is" in capsys.readouterr().err

@@ -57,7 +57,7 @@ def _train_with_broken_reduction(ctx, workload, steps):
 
 @pytest.mark.parametrize("model,accum", [("mlp", 1), ("mlp", 4), ("lstm", 4)])
 def test_manual_and_ddp_reach_the_same_parameters(pool, model, accum):
-    kwargs = dict(batch_size=8, grad_accum=accum, measure_memory=False)
+    kwargs = dict(batch_size=8, grad_accum=accum)
     manual = _run(pool, Training(model, "manual", **kwargs))
     ddp = _run(pool, Training(model, "ddp", **kwargs))
     # The ranks saw different data (different local losses), yet ended with identical weights.
@@ -73,9 +73,9 @@ def test_manual_and_ddp_reach_the_same_parameters(pool, model, accum):
 
 def test_parity_check_catches_a_broken_reduction(pool):
     """Negative control: skip the all_reduce and the same comparison fails."""
-    workload = Training("mlp", "manual", batch_size=8, grad_accum=4, measure_memory=False)
+    workload = Training("mlp", "manual", batch_size=8, grad_accum=4)
     broken = pool.run(_train_with_broken_reduction, workload, STEPS, timeout_s=180)
-    ddp = _run(pool, Training("mlp", "ddp", batch_size=8, grad_accum=4, measure_memory=False))
+    ddp = _run(pool, Training("mlp", "ddp", batch_size=8, grad_accum=4))
     for rank in range(2):
         assert not torch.allclose(broken[rank]["params"], ddp[rank]["params"], rtol=0, atol=PARAM_ATOL)
     assert not torch.allclose(broken[0]["params"], broken[1]["params"], rtol=0, atol=PARAM_ATOL)
@@ -85,7 +85,7 @@ def test_benchmark_check_fails_when_ranks_diverge(pool):
     """The workload's own check (run in every benchmark case) rejects diverged ranks."""
     from ddpbench.pool import TaskFailed
 
-    workload = Training("mlp", "manual", batch_size=8, measure_memory=False)
+    workload = Training("mlp", "manual", batch_size=8)
     with pytest.raises(TaskFailed, match="gradient reduction is broken"):
         pool.run(_measure_with_broken_reduction, workload, timeout_s=180)
 
@@ -95,7 +95,7 @@ def test_benchmark_check_fails_when_ranks_diverge(pool):
 @pytest.mark.parametrize("impl,model,accum", [("manual", "mlp", 4), ("ddp", "cnn", 1), ("ddp", "lstm", 4),
                                               ("manual", "lstm", 1)])
 def test_benchmark_check_passes_the_real_loops(pool, impl, model, accum):
-    workload = Training(model, impl, batch_size=8, grad_accum=accum, measure_memory=False)
+    workload = Training(model, impl, batch_size=8, grad_accum=accum)
     pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
 
 
@@ -103,7 +103,7 @@ def test_benchmark_check_passes_once_the_model_fits_its_data(pool):
     """100 steps fit the mlp's own few batches to a loss of ~1e-7; checked on those batches, float32
     rounding alone put the tiny gradient 6% off the float64 reference (and the cnn's on an H100
     after a default-length case). The check's step now trains on fresh batches."""
-    workload = Training("mlp", "manual", batch_size=8, grad_accum=2, measure_memory=False)
+    workload = Training("mlp", "manual", batch_size=8, grad_accum=2)
     results = pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=100), timeout_s=180)
     assert results[0].metrics["final_loss"] < 1e-4  # the model did fit its data
 
@@ -150,7 +150,7 @@ CHECK_FAILS = "one optimizer step differs from a single-process float64 step on 
 ], ids=["missing-divide", "zeroed-grads", "skipped-step"])
 def test_benchmark_check_catches_a_broken_loop(pool, broken, samples, message):
     # Every one of these keeps the ranks equal, which is all the old check compared.
-    workload = broken("mlp", "manual", batch_size=8, grad_accum=2 if samples == 32 else 1, measure_memory=False)
+    workload = broken("mlp", "manual", batch_size=8, grad_accum=2 if samples == 32 else 1)
     with pytest.raises(TaskFailed, match=r"manual/mlp on rank 0: " + CHECK_FAILS.format(samples) + ": " + message):
         pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
 
@@ -159,10 +159,10 @@ def test_benchmark_check_at_world_size_1_catches_a_skipped_step():
     # At world size 1 the old check tested only that the loss was finite.
     single = RankPool(PoolSpec("gloo", 1, "cpu"))
     try:
-        single.run(measure_workload, Training("mlp", "manual", batch_size=8, measure_memory=False),
+        single.run(measure_workload, Training("mlp", "manual", batch_size=8),
                    RoundPlan(warmup=0, rounds=1), timeout_s=180)
         with pytest.raises(TaskFailed, match=CHECK_FAILS.format(8) + ": the parameters did not move"):
-            single.run(measure_workload, SkippedStepTraining("mlp", "manual", batch_size=8, measure_memory=False),
+            single.run(measure_workload, SkippedStepTraining("mlp", "manual", batch_size=8),
                        RoundPlan(warmup=0, rounds=1), timeout_s=180)
     finally:
         single.close()
@@ -177,14 +177,16 @@ def _measure_with_broken_reduction(ctx, workload):
         loops.reduce_gradients = original
 
 
-def test_cpu_peak_memory_is_measured(pool):
+def test_cpu_peak_memory_is_counted_by_the_memory_census(pool):
     results = pool.run(measure_workload, Training("mlp", "manual", batch_size=8),
                        RoundPlan(warmup=0, rounds=1), timeout_s=180)
     param_bytes = sum(p.numel() * 4 for p in training.build_model("mlp").parameters())
     for measurement in results:
+        memory = measurement.metrics["memory"]
         # parameters + gradients + momentum buffers are all live at the peak
-        assert measurement.metrics["peak_memory_bytes"] >= 3 * param_bytes
-        assert measurement.metrics["optimizer_steps"] == 4  # the untimed memory step, the census's 2, 1 round
+        assert memory["peak_bytes"] >= 3 * param_bytes
+        assert memory["at_peak"]["parameters"] == param_bytes
+        assert measurement.metrics["optimizer_steps"] == 4  # the census's 2, the memory census, 1 round
 
 
 lightning_missing = lightning_unavailable_reason()
@@ -193,7 +195,7 @@ lightning_missing = lightning_unavailable_reason()
 @pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
 @pytest.mark.parametrize("accum", [1, 4])
 def test_lightning_follows_the_ddp_loss_trajectory(pool, accum):
-    kwargs = dict(batch_size=8, grad_accum=accum, measure_memory=False)
+    kwargs = dict(batch_size=8, grad_accum=accum)
     ddp = _run(pool, Training("mlp", "ddp", **kwargs))
     lit = _run(pool, Training("mlp", "lightning", **kwargs))
     for rank in range(2):
@@ -206,7 +208,7 @@ def test_lightning_follows_the_ddp_loss_trajectory(pool, accum):
 def test_benchmark_check_passes_lightning(pool):
     # The reference step reads the micro-batches Lightning's training_step received (it prefetches,
     # so the data cursor runs ahead) and the gradients it leaves until the next step's backward.
-    workload = Training("mlp", "lightning", batch_size=8, grad_accum=4, measure_memory=False)
+    workload = Training("mlp", "lightning", batch_size=8, grad_accum=4)
     pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
 
 
@@ -223,7 +225,7 @@ def _lightning_attachment(ctx):
 
     group_before, listen_before = dist.group.WORLD, listeners()
     env_before = {k: os.environ.get(k) for k in lightning.LIGHTNING_ENV_KEYS}
-    train_steps(ctx, Training("mlp", "lightning", batch_size=8, measure_memory=False), 1)
+    train_steps(ctx, Training("mlp", "lightning", batch_size=8), 1)
     return {
         "same_group": dist.group.WORLD is group_before and dist.is_initialized(),
         "new_listeners": sorted(listeners() - listen_before),
@@ -247,7 +249,7 @@ def _lightning_thread_count(ctx):
 
     saved = os.environ.pop("OMP_NUM_THREADS", None)
     try:
-        workload = Training("mlp", "lightning", batch_size=8, measure_memory=False)
+        workload = Training("mlp", "lightning", batch_size=8)
         state = workload.setup(ctx)
         try:
             workload.run_round(state)
@@ -318,7 +320,7 @@ def test_dataparallel_needs_a_cuda_pool(pool):
     from ddpbench.pool import TaskFailed
 
     with pytest.raises(TaskFailed, match="needs a CUDA pool of world size 1"):
-        _run(pool, Training("mlp", "dataparallel", measure_memory=False), steps=1)
+        _run(pool, Training("mlp", "dataparallel"), steps=1)
 
 
 @pytest.mark.gpu
@@ -330,7 +332,7 @@ def test_loops_agree_and_pass_their_checks_on_cuda_with_two_ranks_sharing_a_gpu(
     registry = PoolRegistry()
     try:
         gpu_pool = registry.get(PoolSpec("gloo", 2, "cuda"))
-        kwargs = dict(batch_size=8, grad_accum=2, measure_memory=False)
+        kwargs = dict(batch_size=8, grad_accum=2)
         manual = _run(gpu_pool, Training("mlp", "manual", **kwargs))
         impls = ["ddp"] + ([] if lightning_missing else ["lightning"])
         for impl in impls:
@@ -345,6 +347,6 @@ def test_loops_agree_and_pass_their_checks_on_cuda_with_two_ranks_sharing_a_gpu(
                              RoundPlan(warmup=0, rounds=2), timeout_s=180)
         with pytest.raises(TaskFailed, match="gradient reduction is broken"):
             gpu_pool.run(_measure_with_broken_reduction, Training("mlp", "manual", batch_size=8,
-                                                                   measure_memory=False), timeout_s=180)
+                                                                   ), timeout_s=180)
     finally:
         registry.close()

@@ -48,7 +48,8 @@ def test_peak_probe_and_datasheet_on_the_cpu():
 def test_memory_and_parameter_bytes_on_the_cpu():
     model = torch.nn.Linear(10, 10)
     assert metrics.parameter_bytes(model) == {"param_bytes": 440, "sharded_param_bytes": 440}
-    assert metrics.peak_memory(torch.device("cpu"))["peak_rss_bytes"] > 1 << 20
+    # on the CPU the memory census counts the step; a process's RSS high-water mark is no case's figure
+    assert metrics.peak_memory(torch.device("cpu")) == {}
 
 
 def test_extra_info_carries_tokens_and_flops():

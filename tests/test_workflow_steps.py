@@ -4,8 +4,9 @@
   that command fails and passes when it passes, and still writes what it tees: found by reading the
   scripts, so a new piped step is covered without a change here.
 * ab.yml: a pull request that changes the rank protocol fails the job unless it is labelled
-  ``rank-protocol-changed``; one labelled ``structure-changed`` runs the gate and its verdict table
-  with the option that accepts a structural change (and only then); the labels reach the job
+  ``rank-protocol-changed``; one labelled ``structure-changed`` (``memory-changed``) runs the gate and
+  its verdict table with the option that accepts a structural (memory) change, and only then; the
+  labels reach the job
   (labelled / unlabelled runs) and the README documents them beside ``benchmarks-removed``.
 """
 
@@ -192,7 +193,7 @@ def test_ab_labels_reach_the_job_and_are_documented():
     # A re-run reads the event it started with: a label added later needs a run of its own.
     assert {"labeled", "unlabeled", "synchronize"} <= set(trigger["types"])
     readme = (ROOT / "README.md").read_text()
-    for label in ("benchmarks-removed", "rank-protocol-changed", "structure-changed"):
+    for label in ("benchmarks-removed", "rank-protocol-changed", "structure-changed", "memory-changed"):
         assert f"`{label}`" in readme
         assert f"'{label}'" in str(ab["env"])  # read from the pull request's labels
 
@@ -226,3 +227,25 @@ def test_ab_structure_changed_label_passes_the_accepting_option(tmp_path, labels
         assert "--benchmark-json=ab.json" in given and "--dist-baseline-python=../base/.venv/bin/python" in given
     else:
         assert given[:3] == ["compare", "ab.json", "--markdown"]
+
+
+@pytest.mark.parametrize("labels, accepted", [
+    ((), set()),
+    (("structure-changed",), {"structure"}),  # one label accepts its own change only
+    (("memory-changed",), {"memory"}),
+    (("memory-changed", "structure-changed"), {"structure", "memory"}),
+])
+@pytest.mark.parametrize("name, command, prefix", [
+    ("A/B gate (collectives and one training case)", "pytest", "--dist-ab-"),
+    ("Verdict table", "ddpbench", "--"),
+])
+def test_ab_memory_changed_label_passes_the_accepting_option(tmp_path, labels, accepted, name, command, prefix):
+    step, shell, env = _ab_step(name)
+    workspace = _workspace(tmp_path)
+    (workspace / "head" / "ab.json").write_text("{}")
+    args = tmp_path / "args.txt"
+    _fake(workspace / "head" / ".venv" / "bin" / command, f'printf "%s\\n" "$@" > {args}')
+    result = _run_step(step, shell, env, workspace, labels=labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    given = args.read_text().splitlines()
+    assert {kind for kind in ("structure", "memory") if f"{prefix}accept-{kind}-change" in given} == accepted, given

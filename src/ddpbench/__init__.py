@@ -1,6 +1,6 @@
 """ddpbench: a pytest-benchmark regression suite for PyTorch distributed training.
 
-The public API for benchmarking your own distributed code (README, "Writing your own benchmark"):
+The public API for benchmarking your own distributed code (README, "A first benchmark"):
 
 * ``Workload`` -- base class of a workload: ``setup(ctx) -> state``, ``run_round(state)`` and the
   optional ``check``, ``teardown``, ``rank_metrics``, ``extra_info``, ``group``, ``pin_to_core``;

@@ -106,6 +106,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="a structural regression (more collectives, bytes, buckets, graph breaks or "
                         "recompiles per step than the baseline's census) made on purpose: shown as "
                         "accepted, not failing the gate")
+    c.add_argument("--accept-memory-change", action="store_true",
+                   help="a memory regression (a larger census peak, more of a category at the peak, or "
+                        "more kept after the step than the baseline's memory census) made on purpose: "
+                        "shown as accepted, not failing the gate")
+    c.add_argument("--memory-tolerance", type=opts.parse_memory_tolerance, default=None, metavar="FRACTION",
+                   help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): "
+                        "more than FRACTION (e.g. 0.1) above the baseline's is a memory regression. "
+                        "Default: shown, not judged")
     c.add_argument("--fail-on-inconclusive", action="store_true",
                    help="exit 1 when a case is inconclusive (neither a change nor the same within the "
                         "threshold); by default they are counted and exit 0")
@@ -232,7 +240,9 @@ def run_ab_verdicts(args, run) -> int:
     or a case the candidate lost)."""
     try:
         cases = [verdicts.ab_verdict(case.fullname, case.extra_info["ab"], case.median,
-                                     case.extra_info.get(verdicts.CENSUS_KEY), args.accept_structure_change)
+                                     case.extra_info.get(verdicts.CENSUS_KEY), args.accept_structure_change,
+                                     case.extra_info.get(verdicts.MEMORY_KEY), args.accept_memory_change,
+                                     args.memory_tolerance)
                  for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
         cases += [verdicts.ab_verdict(str(lost.get("name", "?")), lost["ab"], None)
                   for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
@@ -294,7 +304,9 @@ def run_compare(args) -> int:
         cur = cmp.load_run(cur_path)
         result = cmp.compare_runs(base, cur, threshold=args.threshold, confidence=args.confidence,
                                   calibration=args.calibration, allow_different=set().union(*args.allow_different),
-                                  accept_structure_change=args.accept_structure_change)
+                                  accept_structure_change=args.accept_structure_change,
+                                  accept_memory_change=args.accept_memory_change,
+                                  memory_tolerance=args.memory_tolerance)
         if not (args.baseline or args.current):
             result.selection = selection.lines
             result.preamble += selection.lines

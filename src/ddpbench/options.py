@@ -172,6 +172,22 @@ def parse_precision(text: str) -> float:
     return number
 
 
+def parse_memory_tolerance(text: str) -> float:
+    """'10%' or '0.1' -> 0.1: how far above the baseline's a measured CUDA memory figure may go."""
+    value = text.strip()
+    percent = value.endswith("%")
+    try:
+        number = float(value.rstrip("%"))
+    except ValueError:
+        number = math.nan
+    if percent:
+        number /= 100.0
+    if not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a share of the baseline's figure, e.g. 10% or 0.1 "
+                                         f"(0 or more)")
+    return number
+
+
 def parse_percent(text: str, allow_zero: bool = False) -> float:
     """'5%' or '5' -> 0.05 (a bare number is a percentage)."""
     value = text.strip().rstrip("%")

@@ -125,6 +125,12 @@ def pytest_addoption(parser):
                     help="on: after warm-up, one more untimed round counts every collective a case "
                          "issues (kind, dtype, bytes, group size; DDP buckets; graph breaks; CUDA "
                          "kernel launches) into extra_info['census']; off: no extra round. Default: on")
+    cases.addoption("--dist-memory-census", choices=("on", "off"), default="on",
+                    help="on: after warm-up, one more untimed step under torch's memory tracker: the "
+                         "peak of live tensor bytes per rank, what held them at the peak (parameters, "
+                         "gradients, optimizer state, activations, temporaries, DDP buckets, FSDP2 "
+                         "buffers), where it fell and what stays after the step, into "
+                         "extra_info['memory']; off: no extra step. Default: on")
 
     nodes = parser.getgroup("ddpbench-nodes", "ddpbench across nodes (ranks started by torchrun)")
     nodes.addoption("--dist-controller", default=None, metavar="HOST:PORT",
@@ -172,6 +178,15 @@ def pytest_addoption(parser):
                  help="a structural regression (more collectives, bytes, buckets, graph breaks or "
                       "recompiles per step than the baseline's census) made on purpose: shown as "
                       "accepted instead of failing the run")
+    ab.addoption("--dist-ab-accept-memory-change", action="store_true",
+                 help="a memory regression (a larger memory census peak, more of a category at the "
+                      "peak, or more kept after the step than the baseline's) made on purpose: shown "
+                      "as accepted instead of failing the run")
+    ab.addoption("--dist-ab-memory-tolerance", type=opts.parse_memory_tolerance, default=None,
+                 metavar="FRACTION",
+                 help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): "
+                      "more than FRACTION (e.g. 0.1) above the baseline's is a memory regression. "
+                      "Default: shown, not judged")
     ab.addoption("--dist-ab-fail-on-inconclusive", action="store_true",
                  help="exit 1 when any case is inconclusive (by default they are counted and exit 0)")
     ab.addoption("--dist-ab-profile", choices=PROFILE_MODES, default=DEFAULT_PROFILE,
@@ -556,6 +571,7 @@ def dist_round_plan(request) -> RoundPlan:
         ops_per_round=config.getoption("dist_ops_per_round", None),
         cuda_graphs=config.getoption("dist_cuda_graphs", False),
         census=config.getoption("dist_census", "on") == "on",
+        memory_census=config.getoption("dist_memory_census", "on") == "on",
     )
 
 

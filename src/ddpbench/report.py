@@ -5,12 +5,16 @@ Families are recognised by their extra_info keys, so a run holding any subset of
 * collectives (``op``, ``size_bytes``): per op, Backend | Processes | Size | Avg Time (ms) |
   Effective Bandwidth (GB/s) | Bus Bandwidth (GB/s), bandwidths from the average time;
 * SyncBN (``variant``, ``hidden_dim``): batch_size | hidden_dim | num_workers | backend, then median time
-  and max memory allocated per variant;
+  and peak memory per variant;
 * training (``impl``): per impl, Ranks | Model | grad_accum | batch_size | Time per step |
-  samples/s | scaling efficiency | final loss | Max Memory Allocated;
+  samples/s | scaling efficiency | final loss | peak memory;
 * dataset sharing (``layout``): layout | num_samples | sample size | data | workers | worker start |
   persistent | sharing strategy | share time | epoch time (median and IQR) | open fds | memory;
-* anything else: Case | Median time.
+* anything else: Case | Median time;
+* every case with a memory census (``memory``), after the families: Case | Ranks | Peak | bytes per
+  category at the peak | Peak at | Kept after the step | Optimizer (foreach) | on CUDA the measured
+  max allocated and census / measured. "Peak memory" in the families' tables is the census peak
+  (the largest rank), the measured CUDA max allocated beside it.
 
 Every table is followed by the line saying which run (file, saved datetime) and machine
 (pytest-benchmark's machine_info: node, CPU, cores) it came from.
@@ -65,6 +69,12 @@ def _case_problem(case: Case) -> str | None:
         return f"extra_info.size_bytes is {info['size_bytes']!r:.60}, expected a whole number of bytes above 0"
     if info.get("world_size") is not None and not _positive_whole(info["world_size"]):
         return f"extra_info.world_size is {info['world_size']!r:.60}, expected a whole number of ranks above 0"
+    memory = info.get("memory")
+    if memory is not None and not (isinstance(memory, dict) and (memory.get("incomplete") is not None or (
+            _whole(memory.get("max_peak_bytes", memory.get("peak_bytes")))
+            and isinstance(memory.get("at_peak", {}), dict)
+            and all(_whole(v) for v in memory.get("at_peak", {}).values())))):
+        return f"extra_info.memory is {memory!r:.60}, expected a memory census (peak_bytes, at_peak bytes)"
     if not case.data:
         for key in ("mean", "q1", "q3"):  # the tables and charts divide by them
             value = case.stats.get(key)
@@ -132,6 +142,70 @@ def _num(value, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
 
 def _mem(value) -> str:
     return _num(value, "{:.1f} MB", 1 / 2**20)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _census_peak(info: dict) -> str:
+    """The memory census's peak (largest rank) with the measured CUDA max allocated beside it."""
+    memory = info.get("memory")
+    if not isinstance(memory, dict) or memory.get("incomplete") is not None:
+        return "n/a"
+    text = _mem(memory.get("max_peak_bytes", memory.get("peak_bytes")))
+    measured = memory.get("measured") if isinstance(memory.get("measured"), dict) else {}
+    if _is_number(measured.get("max_allocated_bytes")):
+        text += f" (measured {_mem(measured['max_allocated_bytes'])})"
+    return text
+
+
+# The memory table's category columns, in order, with their headers.
+MEMORY_COLUMNS = (("parameters", "Parameters"), ("sharded_parameters", "Sharded params"),
+                  ("unsharded_parameters", "Unsharded params"), ("buffers", "Buffers"),
+                  ("gradients", "Gradients"), ("sharded_gradients", "Sharded grads"),
+                  ("unsharded_gradients", "Unsharded grads"), ("optimizer_state", "Optimizer state"),
+                  ("activations", "Activations"), ("temporaries", "Temporaries"), ("ddp_buckets", "DDP buckets"),
+                  ("collective_buffers", "Collective buffers"), ("all_gather_buffers", "All-gather buffers"),
+                  ("reduce_scatter_buffers", "Reduce-scatter buffers"), ("inputs", "Inputs"), ("other", "Other"))
+
+
+def memory_table(cases: list[Case]) -> str:
+    """Every case with a memory census: its peak (the largest rank), the bytes per category at the
+    peak (only the categories some case holds), where the peak fell, what stays after the step,
+    whether AdamW ran foreach, and on CUDA the allocator's measured max allocated with census /
+    measured."""
+    counted = [c for c in cases if isinstance(c.extra_info.get("memory"), dict)
+               and c.extra_info["memory"].get("incomplete") is None]
+    if not counted:
+        return ""
+    present = [(key, header) for key, header in MEMORY_COLUMNS
+               if any(c.extra_info["memory"].get("at_peak", {}).get(key) for c in counted)]
+    measured_any = any(isinstance(c.extra_info["memory"].get("measured"), dict) for c in counted)
+    rows = []
+    for case in sorted(counted, key=lambda c: c.fullname):
+        memory = case.extra_info["memory"]
+        at = memory.get("at_peak", {})
+        where = memory.get("peak_at") or {}
+        place = " ".join(str(v) for v in (where.get("module"), where.get("phase")) if v) or "-"
+        optimizers = ", ".join(f"{o.get('name')}" + ("" if o.get("foreach") is None else
+                                                      f" (foreach {'on' if o['foreach'] else 'off'})")
+                               for o in memory.get("optimizers") or []) or "-"
+        row = [case.name, str(case.extra_info.get("world_size", "?")),
+               _mem(memory.get("max_peak_bytes", memory.get("peak_bytes")))]
+        row += [_mem(at[key]) if at.get(key) else "-" for key, _ in present]
+        row += [place + (" (ranks disagree)" if memory.get("ranks_disagree") else ""),
+                _mem(memory.get("after_step_bytes")), optimizers]
+        if measured_any:
+            measured = memory.get("measured") if isinstance(memory.get("measured"), dict) else {}
+            row += [_mem(measured.get("max_allocated_bytes")) if measured else "-",
+                    _num(measured.get("census_over_allocated"), "{:.3f}") if measured else "-"]
+        rows.append(row)
+    headers = (["Case", "Ranks", "Peak (census)"] + [header for _, header in present]
+               + ["Peak at", "Kept after the step", "Optimizer"])
+    if measured_any:
+        headers += ["Measured max allocated", "Census / measured"]
+    return _table(headers, rows)
 
 
 def decimal_size(nbytes) -> str:
@@ -301,15 +375,14 @@ def syncbn_table(cases: list[Case]) -> str:
         cells[key][str(info["variant"])] = case
     headers = ["batch_size", "hidden_dim", "num_workers", "backend"]
     for v in variants:
-        headers += [f"{v} median time (ms)", f"{v} max memory allocated"]
+        headers += [f"{v} median time (ms)", f"{v} peak memory (census)"]
     rows = []
     for key in sorted(cells, key=lambda k: _sort_key(*k)):
         batch, hidden, workers, backend = key
         row = [str(batch), str(hidden), str(workers), backend]
         for v in variants:
             case = cells[key].get(v)
-            row += ["-", "-"] if case is None else [f"{case.median * 1e3:.3f}",
-                                                     _mem(case.extra_info.get("peak_memory_bytes"))]
+            row += ["-", "-"] if case is None else [f"{case.median * 1e3:.3f}", _census_peak(case.extra_info)]
         rows.append(row)
     return _with_straggler(_table(headers, rows), cases)
 
@@ -329,10 +402,10 @@ def training_tables(cases: list[Case]) -> str:
                          str(info.get("grad_accum", "-")), str(info.get("batch_size", "-")),
                          f"{case.median * 1e3:.3f}", _num(info.get("samples_per_second"), "{:.1f}"),
                          _num(info.get("scaling_efficiency"), "{:.2f}"),
-                         _num(info.get("final_loss"), "{:.4f}"), _mem(info.get("peak_memory_bytes"))])
+                         _num(info.get("final_loss"), "{:.4f}"), _census_peak(info)])
         parts.append(_with_straggler(f"### {impl}\n\n" + _table(
             ["Ranks", "Model", "grad_accum", "batch_size", "Time per round (ms)", "Samples/s",
-             "Scaling efficiency", "Final loss", "Max Memory Allocated"], rows), per_impl[impl]))
+             "Scaling efficiency", "Final loss", "Peak memory (census)"], rows), per_impl[impl]))
     return "\n\n".join(parts)
 
 
@@ -356,7 +429,6 @@ def transformer_table(cases: list[Case]) -> str:
     for case in sorted(cases, key=lambda c: (str(c.extra_info.get("size")), c.extra_info.get("world_size") or 0,
                                              c.name)):
         info = case.extra_info
-        memory = info.get("peak_memory_allocated_bytes") or info.get("peak_rss_bytes")
         overlap = info.get("comm_overlap_pct")
         rows.append([case.name, str(info.get("world_size", "?")), f"{case.median * 1e3:.3f}",
                      _num(info.get("tokens_per_second"), "{:.0f}"), _num(info.get("mfu"), "{:.3f}"),
@@ -365,11 +437,11 @@ def transformer_table(cases: list[Case]) -> str:
                      _num(info.get("comm_isolated_s"), "{:.3f}", 1e3) if "comm_isolated_s" in info else "-",
                      f"{overlap:.0f}%" if _is_number(overlap) else "-",
                      _mem(info.get("param_bytes")), _mem(info.get("sharded_param_bytes")),
-                     _num(info.get("final_loss"), "{:.4f}"), _mem(memory)])
+                     _num(info.get("final_loss"), "{:.4f}"), _census_peak(info)])
     return _with_straggler(_table(
         ["Case", "Ranks", "Time per step (ms)", "Tokens/s", "MFU", "Measured peak (GFLOP/s)", "Compute (ms)",
          "Exposed comm (ms)", "Comm alone (ms)", "Comm hidden", "Params", "Params per rank", "Final loss",
-         "Peak memory"], rows), cases)
+         "Peak memory (census)"], rows), cases)
 
 
 def datasets_table(cases: list[Case]) -> str:
@@ -429,6 +501,10 @@ def markdown_report(run: Run) -> str:
     for key, title, render in SECTIONS:
         if groups.get(key):
             parts.append(f"## {title}\n\n{_with_provenance(render(groups[key]), line)}")
+    memory = memory_table(list(run.cases.values()))
+    if memory:
+        parts.append("## Memory\n\nThe memory census: live tensor bytes in one step of each case, at the peak of "
+                     "the rank that holds the most, and what held them.\n\n" + _with_provenance(memory, line))
     return "\n\n".join(parts) + "\n"
 
 

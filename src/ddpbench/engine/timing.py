@@ -81,6 +81,8 @@ class RoundPlan:
     cuda_graphs: bool = False
     # After warm-up, one more untimed round under the collective census (ddpbench.engine.census).
     census: bool = True
+    # After warm-up, one untimed step under the memory census (ddpbench.engine.memory).
+    memory_census: bool = True
     # After the recorded rounds, this many rounds of each of the workload's variants
     # (Workload.variants), interleaved with as many more rounds of the workload itself; 0: none.
     variant_rounds: int = 0
@@ -262,6 +264,7 @@ class RankSession:
         self.fixed_cost_s: float | None = None  # what "auto" measured
         self._graph = None
         self.census: dict[str, Any] | None = None  # the census round's record (plan.census)
+        self.memory_census: dict[str, Any] | None = None  # the memory census's record (plan.memory_census)
         self._dynamo_at_start = None
         self.variant_times: dict[str, list[float]] = {}
         if plan.cuda_graphs and not self.on_cuda:
@@ -344,6 +347,31 @@ class RankSession:
         self.census = record
         self.phases["engine_census_s"] = time.perf_counter() - phase_start
 
+    def _take_memory_census(self) -> None:
+        """One untimed step (one ``run_round``, whatever ``ops_per_round``) under the memory census,
+        on every rank: what the workload's ``memory_census_targets`` names (its modules,
+        optimizers, tensors) counts from the start, every tensor the step makes as it is made."""
+        from .memory import discover_targets, take_memory_census
+
+        phase_start = time.perf_counter()
+        targets_of = getattr(self.workload, "memory_census_targets", None)  # duck-typed workloads lack it
+        targets = list(targets_of(self.state) if targets_of is not None else discover_targets(self.state))
+        incomplete = (self.census or {}).get("incomplete")
+        try:
+            self.memory_census = take_memory_census(lambda: self.workload.run_round(self.state), targets,
+                                                    device=getattr(self.ctx, "device", None),
+                                                    incomplete=incomplete)
+        except Exception as exc:
+            raise RuntimeError(f"the memory census of {type(self.workload).__name__}'s step failed on rank "
+                               f"{self.ctx.rank}: {type(exc).__name__}: {exc} (--dist-memory-census=off "
+                               f"runs the case without it)") from exc
+        census_details = getattr(self.workload, "census_details", None)
+        if self.census is None and census_details is not None:  # steps on threads the tracker cannot see
+            incomplete = (census_details(self.state) or {}).get("incomplete")
+            if incomplete:
+                self.memory_census["incomplete"] = str(incomplete)
+        self.phases["engine_memory_census_s"] = time.perf_counter() - phase_start
+
     def _build(self, warmup: int) -> list[float]:
         """Set the workload up and run ``warmup`` unrecorded rounds; returns their per-op times."""
         clock = time.perf_counter
@@ -375,6 +403,8 @@ class RankSession:
             self.phases["engine_warmup_s"] += time.perf_counter() - phase_start
             if self.plan.census:  # before any capture: a graph's replay dispatches no collective
                 self._take_census()
+            if self.plan.memory_census:  # likewise: a graph's replay allocates nothing the tracker sees
+                self._take_memory_census()
             phase_start = time.perf_counter()
             if self.plan.cuda_graphs:
                 self._capture()
@@ -475,10 +505,13 @@ class RankSession:
         import torch
 
         metrics: dict[str, Any] = {}
+        measured: tuple[int, int] | None = None  # CUDA: the allocator's peaks over the recorded rounds
         try:
             with self._on_own_core():  # the rank's own metrics and check see the placement the rounds had
                 if self.on_cuda:
-                    metrics["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.ctx.device))
+                    measured = (int(torch.cuda.max_memory_allocated(self.ctx.device)),
+                                int(torch.cuda.max_memory_reserved(self.ctx.device)))
+                    metrics["peak_memory_bytes"] = measured[0]
                 phase_start = time.perf_counter()
                 metrics.update(self.workload.rank_metrics(self.state) or {})
                 variants_start = time.perf_counter()
@@ -495,6 +528,12 @@ class RankSession:
         metrics["ops_per_round"] = self.ops_per_round
         if self.census is not None:
             metrics["census"] = self.census
+        if self.memory_census is not None:
+            metrics["memory"] = self.memory_census
+            if measured is not None and self._peak_reset:  # the allocator's peaks over the recorded rounds beside it
+                from .memory import measured_cuda
+
+                metrics["memory"] = measured_cuda(self.memory_census, *measured)
         if self.fixed_cost_s is not None:
             metrics["round_fixed_cost_s"] = self.fixed_cost_s
         if self.plan.cuda_graphs:
@@ -590,15 +629,20 @@ def max_over_ranks(per_rank_times: list[list[float]]) -> list[float]:
 
 def combine_rank_metrics(per_rank_metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """Numbers: the maximum over ranks (peak memory, open fds...); the census: rank 0's, marked
-    ``ranks_disagree`` where ranks counted other collectives; anything else: rank 0's."""
+    ``ranks_disagree`` where ranks counted other collectives; the memory census: rank 0's with every
+    rank's peak (:func:`ddpbench.engine.memory.combine_memory`); anything else: rank 0's."""
     from .census import combine_census
 
     combined: dict[str, Any] = {}
     if any("census" in metrics for metrics in per_rank_metrics):
         combined["census"] = combine_census([metrics.get("census") for metrics in per_rank_metrics])
+    if any("memory" in metrics for metrics in per_rank_metrics):
+        from .memory import combine_memory
+
+        combined["memory"] = combine_memory([metrics.get("memory") for metrics in per_rank_metrics])
     for metrics in per_rank_metrics:
         for key, value in metrics.items():
-            if key == "census":
+            if key in ("census", "memory"):
                 continue
             if key not in combined:
                 combined[key] = value

@@ -42,7 +42,10 @@ Each compared case also gets a structural verdict (:mod:`.structure`): the two r
 records of the case compared exactly. A structural regression makes the case a ``regression``
 whatever the timing says, unless ``accept_structure_change`` (``--accept-structure-change``);
 a case that is unlike (its facts differ and that is not allowed) is not counted, and neither is
-one whose run recorded no census.
+one whose run recorded no census. Likewise a memory verdict (:mod:`.memory`): the two runs' memory
+census records compared exactly; a memory regression makes the case a ``regression`` unless
+``accept_memory_change`` (``--accept-memory-change``); the measured CUDA figures are judged only
+with ``memory_tolerance`` (``--memory-tolerance``).
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ from . import fingerprint, stats, verdicts
 from .calibration import MAX_CORRECTION, MAX_PROBE_SPREAD, drift_factor, overload, probe_of, probe_spread, \
     within_correction
 from .completeness import Completeness, completeness_of
+from .memory import MEMORY_KEY, compare_memory
 from .structure import CENSUS_KEY, NOT_COUNTED, CensusError, StructureVerdict, compare_census
-from .verdicts import STRUCTURE_COLUMN, CaseVerdict, Column, GateReport
+from .verdicts import MEMORY_COLUMN, STRUCTURE_COLUMN, CaseVerdict, Column, GateReport
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_CONFIDENCE = stats.DEFAULT_CONFIDENCE
@@ -543,22 +547,39 @@ def _structure(base: Run, cur: Run, bcase: Case, ccase: Case) -> StructureVerdic
                            f"edited: restore it or rerun the case") from None
 
 
+def _memory(base: Run, cur: Run, ccase: Case, bcase: Case, tolerance: float | None) -> StructureVerdict:
+    """The case's memory census in both runs compared; :class:`CompareError` naming the run, the
+    case and the field when one cannot be read."""
+    try:
+        return compare_memory(bcase.extra_info.get(MEMORY_KEY), ccase.extra_info.get(MEMORY_KEY),
+                              tolerance=tolerance)
+    except CensusError as exc:
+        run = base if exc.side == "baseline" else cur
+        raise CompareError(f"{run.path}: {ccase.fullname}: extra_info {exc}. The file is damaged or was "
+                           f"edited: restore it or rerun the case") from None
+
+
 def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                  confidence: float = DEFAULT_CONFIDENCE, calibration: str = "auto",
                  seed: int = 0, allow_different: set[str] | frozenset[str] = frozenset(),
-                 accept_structure_change: bool = False) -> Comparison:
-    """Each case's verdict, timing and structure; :class:`CompareError` for bad settings, for runs
-    that are not comparable (facts not in ``allow_different`` differ) and for a census that cannot
-    be read. ``accept_structure_change``: structural regressions are shown as accepted, not failing."""
+                 accept_structure_change: bool = False, accept_memory_change: bool = False,
+                 memory_tolerance: float | None = None) -> Comparison:
+    """Each case's verdict, timing, structure and memory; :class:`CompareError` for bad settings, for
+    runs that are not comparable (facts not in ``allow_different`` differ) and for a census that
+    cannot be read. ``accept_structure_change`` / ``accept_memory_change``: structural / memory
+    regressions are shown as accepted, not failing; ``memory_tolerance``: judge the measured CUDA
+    max allocated too (a share of the baseline's)."""
     if not threshold >= 0:
         raise CompareError(f"--threshold must be >= 0, got {threshold}")
     if not 0 < confidence < 1:
         raise CompareError(f"--confidence must be between 0 and 1, got {confidence}")
+    if memory_tolerance is not None and not memory_tolerance >= 0:
+        raise CompareError(f"--memory-tolerance must be >= 0, got {memory_tolerance}")
     if calibration not in ("auto", "always", "never"):
         raise CompareError(f"--calibration must be auto, always or never, got {calibration!r}")
     allowed = set(allow_different)
     result = Comparison("ddpbench compare", [], threshold, confidence,
-                        columns=[ROUNDS_COLUMN, CALIBRATION_COLUMN, STRUCTURE_COLUMN],
+                        columns=[ROUNDS_COLUMN, CALIBRATION_COLUMN, STRUCTURE_COLUMN, MEMORY_COLUMN],
                         preamble=[f"baseline: {base.path}", f"current:  {cur.path}"],
                         baseline=str(base.path), current=str(cur.path))
     _check_comparable(result, base, cur, allowed)
@@ -609,14 +630,18 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                 verdict.reason = f"unlike, allowed: {what}"
         if verdict.reason and verdict.reason.startswith("unlike: "):
             verdict.structure = StructureVerdict(NOT_COUNTED, "the cases are unlike")
+            verdict.memory = StructureVerdict(NOT_COUNTED, "the cases are unlike")
         else:
             verdict.judge_structure(_structure(base, cur, bcase, ccase), accept_structure_change)
+            verdict.judge_memory(_memory(base, cur, ccase, bcase, memory_tolerance), accept_memory_change)
         result.cases.append(verdict)
     if unlike:
         count = sum(1 for c in result.cases if (c.reason or "").startswith("unlike: "))
         result.warnings.append(
             f"{count} case(s) not compared: what decides their measurement differs between the runs "
             f"(see each case); --allow-different {','.join(sorted(unlike))} compares them anyway")
+    if not any(MEMORY_KEY in case.extra_info for run in (base, cur) for case in run.cases.values()):
+        result.columns.remove(MEMORY_COLUMN)  # runs saved before the memory census: their table as it was
     result.cases = result.sorted_cases()
     return result
 

@@ -35,6 +35,10 @@ A/B runs save the decided verdict in ``extra_info["ab"]["verdict"]``, the compon
 (``timing_verdict``, ``structure_verdict``): :func:`record_decision`. A run saved before that holds
 the timing's verdict in ``verdict`` and no ``timing_verdict``; :func:`ab_verdict` reads both.
 
+Beside it a memory verdict (:mod:`.memory`: the two sides' memory census records compared exactly,
+in the same words), shown in the "memory" column, with the same effect: a memory regression makes
+the case a ``regression`` whatever the timing says, unless accepted (``--accept-memory-change``).
+
 Verdicts read back from a saved run (:func:`ab_verdict`) are checked first: a field that does
 not hold what it should is a :class:`VerdictError` naming the case and the field, never a
 traceback from the formatters.
@@ -47,6 +51,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from .memory import BASELINE_MEMORY_KEY, MEMORY_KEY, compare_memory
 from .structure import BASELINE_CENSUS_KEY, CENSUS_KEY, STRUCTURE_VERDICTS, CensusError, StructureVerdict, \
     accept, compare_census
 from .stats import VERDICTS as TIMING_VERDICTS
@@ -96,6 +101,7 @@ class CaseVerdict:
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
     timing_verdict: str | None = None  # the timing's own verdict, once the components decided ``verdict``
+    memory: StructureVerdict | None = None  # the memory censuses compared (ddpbench.gates.memory)
     failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide)
 
     @property
@@ -125,6 +131,13 @@ class CaseVerdict:
         self.structure = accept(structure) if accepted else structure
         self.decide_from_components()
 
+    def judge_memory(self, memory: StructureVerdict, accepted: bool = False) -> None:
+        """Add the memory verdict and decide the case (:func:`decide`): an unaccepted memory
+        regression makes it a regression whatever the timing says (``accepted``: the gate's option
+        to accept it)."""
+        self.memory = accept(memory) if accepted else memory
+        self.decide_from_components()
+
     def decide_from_components(self) -> None:
         """Set ``verdict`` to what the gate decides from the timing's own verdict (kept in
         ``timing_verdict``) and the components judged so far (:func:`decide`); a component's
@@ -139,23 +152,29 @@ class CaseVerdict:
         """Stopped at its first look by a structural regression (A/B), its timing inconclusive
         there: the first look's level is below the smallest p its pairs can give, so the timing
         could never have read ``regression``. Its slowdown was not measured."""
-        return bool(self.details.get("stopped_by_structure")) and self.timing_verdict == "inconclusive"
+        stopped = self.details.get("stopped_by_structure") or self.details.get("stopped_by_memory")
+        return bool(stopped) and self.timing_verdict == "inconclusive"
 
 
 # The components beside the timing that can fail a case, as the decided verdict's note names them.
 STRUCTURE_FAILS = "structure"
+MEMORY_FAILS = "memory"
 TIMING_UNMEASURED = "timing not measured"
 
 
 def component_failures(case: CaseVerdict) -> list[str]:
     """Which of a case's components fail it: an unaccepted structural regression; a structural
     change accepted after the run on a case whose timing it cut short (``timing_unmeasured``).
-    A new component (say, memory) adds its own test here and its saved word in
-    :func:`record_decision`."""
+    An unaccepted memory regression likewise. A new component adds its own test here and its saved
+    word in :func:`record_decision`."""
     failures = []
     if case.structure is not None and case.structure.fails:
         failures.append(STRUCTURE_FAILS)
-    elif case.structure is not None and case.structure.accepted and case.timing_unmeasured:
+    if case.memory is not None and case.memory.fails:
+        failures.append(MEMORY_FAILS)
+    accepted = [judged for judged in (case.structure, case.memory)
+                if judged is not None and judged.accepted and judged.verdict == "regression"]
+    if not failures and accepted and case.timing_unmeasured:
         failures.append(TIMING_UNMEASURED)
     return failures
 
@@ -170,7 +189,8 @@ def record_decision(ab: dict[str, Any], case: CaseVerdict) -> None:
     """Write the decided verdict into a case's ``extra_info["ab"]`` (what a saved run says), the
     components beside it: ``timing_verdict`` (the timing's own), ``structure_verdict`` (the
     census's: regression, improvement, same or not counted) and ``structure_accepted`` when the
-    gate accepted a structural regression. Only for a case both sides timed."""
+    gate accepted a structural regression; likewise ``memory_verdict``, ``memory_line`` and
+    ``memory_accepted`` for the memory census. Only for a case both sides timed."""
     if case.timing_verdict is None:
         return
     ab["verdict"] = case.verdict
@@ -179,6 +199,11 @@ def record_decision(ab: dict[str, Any], case: CaseVerdict) -> None:
         ab["structure_verdict"] = case.structure.verdict
         if case.structure.accepted:
             ab["structure_accepted"] = True
+    if case.memory is not None:
+        ab["memory_verdict"] = case.memory.verdict
+        ab["memory_line"] = case.memory.line
+        if case.memory.accepted:
+            ab["memory_accepted"] = True
 
 
 @dataclass(frozen=True)
@@ -190,6 +215,7 @@ class Column:
 
 
 STRUCTURE_COLUMN = Column("structure", lambda case: case.structure.cell() if case.structure else "-")
+MEMORY_COLUMN = Column("memory", lambda case: case.memory.cell() if case.memory else "-")
 
 
 @dataclass
@@ -229,6 +255,11 @@ class GateReport:
         change had cut short (:attr:`CaseVerdict.timing_unmeasured`)."""
         return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by]
 
+    def memory_regressions(self, accepted: bool) -> list[str]:
+        """The cases whose memory census regressed: accepted as made on purpose, or not."""
+        return [c.fullname or c.name for c in self.cases
+                if c.memory is not None and c.memory.verdict == "regression" and c.memory.accepted == accepted]
+
     def sorted_cases(self) -> list[CaseVerdict]:
         order = {v: i for i, v in enumerate(VERDICTS)}
         return sorted(self.cases, key=lambda c: (order[c.verdict], c.fullname or c.name))
@@ -240,8 +271,13 @@ class GateReport:
                   if c.structure is not None]
         structure = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
                               if judged.count(v))
+        judged = [("accepted" if c.memory.accepted else c.memory.verdict) for c in self.cases
+                  if c.memory is not None]
+        memory = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
+                           if judged.count(v))
         return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; ratio = {self.current_label} / "
-                f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else ""))
+                f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else "")
+                + (f"; memory: {memory}" if memory else ""))
 
     def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
                     option_prefix: str = "--", allow_baseline_failure: bool = False) -> tuple[int, list[str]]:
@@ -252,6 +288,7 @@ class GateReport:
         allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
         allow_failed = f"{option_prefix}allow-baseline-failure"
         accept_change = f"{option_prefix}accept-structure-change"
+        accept_memory = f"{option_prefix}accept-memory-change"
         status, lines = 0, []
         if self.count("regression"):
             status = 1
@@ -267,6 +304,16 @@ class GateReport:
                 lines.append(f"{len(names)} structural regression(s) ({shown}): what one step launches grew "
                              f"or changed, a regression whatever the timing says ({accept_change} accepts a "
                              f"change made on purpose)")
+        for accepted, names in ((False, self.memory_regressions(False)), (True, self.memory_regressions(True))):
+            if not names:
+                continue
+            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+            if accepted:
+                lines.append(f"{len(names)} memory change(s) accepted by {accept_memory} ({shown}): shown, not failing")
+            else:
+                lines.append(f"{len(names)} memory regression(s) ({shown}): the peak of live tensor bytes in one "
+                             f"step (or what held it, or what stays after the step) grew, a regression whatever "
+                             f"the timing says ({accept_memory} accepts a change made on purpose)")
         unmeasured = self.unmeasured()
         if unmeasured:
             shown = ", ".join(unmeasured[:5]) + (" ..." if len(unmeasured) > 5 else "")
@@ -305,7 +352,7 @@ class GateReport:
 
 
 # What a case's details keep in JSON: the raw rounds and the sides' descriptions stay in the run.
-_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids", BASELINE_CENSUS_KEY)
+_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids", BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY)
 
 
 def _case_dict(case: CaseVerdict) -> dict[str, Any]:
@@ -343,13 +390,17 @@ def _headers(report: GateReport) -> list[str]:
 def _verdict_note(case: CaseVerdict) -> str:
     """What follows the verdict word: why (a reason), and what the timing said when the structure
     made the case a regression."""
-    first_look = " at its first look" if case.details.get("stopped_by_structure") else ""
+    stopped = case.details.get("stopped_by_structure") or case.details.get("stopped_by_memory")
+    first_look = " at its first look" if stopped else ""
     notes = [case.reason] if case.reason else []
-    if STRUCTURE_FAILS in case.failed_by and case.timing_verdict != case.verdict:
-        notes.append(f"structure; timing {case.timing_verdict}{first_look}")
+    by = [name for name in (STRUCTURE_FAILS, MEMORY_FAILS) if name in case.failed_by]
+    if by and case.timing_verdict != case.verdict:
+        notes.append(f"{' and '.join(by)}; timing {case.timing_verdict}{first_look}")
     if TIMING_UNMEASURED in case.failed_by:
-        notes.append(f"structural change accepted after the run; timing not measured: {case.timing_verdict} at "
-                     f"its first look, where the structure stopped it")
+        what = "structural" if case.details.get("stopped_by_structure") else "memory"
+        stopper = "structure" if what == "structural" else "memory census"
+        notes.append(f"{what} change accepted after the run; timing not measured: {case.timing_verdict} at "
+                     f"its first look, where the {stopper} stopped it")
     return f" ({'; '.join(notes)})" if notes else ""
 
 
@@ -462,10 +513,12 @@ def _ab_problem(ab: dict[str, Any]) -> str | None:
 
 
 def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, census: Any = None,
-               accept_structure_change: bool = False) -> CaseVerdict:
+               accept_structure_change: bool = False, memory: Any = None, accept_memory_change: bool = False,
+               memory_tolerance: float | None = None) -> CaseVerdict:
     """A case's A/B verdict from its ``extra_info["ab"]`` (the timing verdict and the baseline's
-    census) and the candidate's ``census`` (``extra_info["census"]``); :class:`VerdictError` when a
-    field does not hold what it should (a damaged or hand-edited run)."""
+    census and memory census) and the candidate's ``census`` and ``memory``
+    (``extra_info["census"]`` / ``["memory"]``); :class:`VerdictError` when a field does not hold
+    what it should (a damaged or hand-edited run)."""
     problem = _ab_problem(ab)
     if problem:
         raise VerdictError(f"{name}: extra_info {problem}. The run's file is damaged or was edited: "
@@ -489,14 +542,23 @@ def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, 
             raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
                                f"or run the A/B comparison again") from None
         case.judge_structure(structure, accept_structure_change)
+        try:
+            judged = compare_memory(ab.get(BASELINE_MEMORY_KEY), memory, "candidate",
+                                    (f"ab.{BASELINE_MEMORY_KEY}", MEMORY_KEY), memory_tolerance)
+        except CensusError as exc:
+            raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
+                               f"or run the A/B comparison again") from None
+        case.judge_memory(judged, accept_memory_change)
     return case
 
 
 def ab_verdicts(results: list[tuple[str, dict, float | None, dict | None]],
-                accept_structure_change: bool = False) -> list[CaseVerdict]:
+                accept_structure_change: bool = False, accept_memory_change: bool = False,
+                memory_tolerance: float | None = None) -> list[CaseVerdict]:
     """The verdicts of an A/B run in progress: (case id, extra_info["ab"], candidate median, the
-    case's extra_info or None), the candidate's census read from that extra_info now."""
-    return [ab_verdict(name, summary, median, (info or {}).get(CENSUS_KEY), accept_structure_change)
+    case's extra_info or None), the candidate's census and memory census read from that extra_info now."""
+    return [ab_verdict(name, summary, median, (info or {}).get(CENSUS_KEY), accept_structure_change,
+                       (info or {}).get(MEMORY_KEY), accept_memory_change, memory_tolerance)
             for name, summary, median, info in results]
 
 
@@ -513,6 +575,7 @@ AB_COLUMNS = [
     Column("pairs", _ab_number("pairs", "{}")),
     Column("wall (s)", _ab_number("wall_s", "{:.1f}")),
     STRUCTURE_COLUMN,
+    MEMORY_COLUMN,
 ]
 
 
@@ -529,11 +592,14 @@ def ab_report(cases: list[CaseVerdict], sides: dict | None = None) -> GateReport
     threshold = next((c.details["threshold"] for c in cases if "threshold" in c.details), None)
     if sides is None:
         sides = next((c.details["sides"] for c in cases if isinstance(c.details.get("sides"), dict)), {})
-    return GateReport("ddpbench A/B verdicts", cases, threshold, current_label="candidate", columns=AB_COLUMNS,
+    columns = [column for column in AB_COLUMNS if column is not MEMORY_COLUMN or any(
+        c.memory is not None and not c.memory.line.startswith("neither side") for c in cases)]
+    return GateReport("ddpbench A/B verdicts", cases, threshold, current_label="candidate", columns=columns,
                       footer=[f"  {name}: {describe_side(desc)}" for name, desc in (sides or {}).items()])
 
 
-def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False) -> list[CaseVerdict]:
+def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False, accept_memory_change: bool = False,
+                       memory_tolerance: float | None = None) -> list[CaseVerdict]:
     """The A/B verdicts stored in a pytest-benchmark JSON run (cases without ``ab`` are skipped),
     the cases the candidate lost included."""
     out = []
@@ -543,7 +609,8 @@ def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False) -> list
         if isinstance(ab, dict) and "verdict" in ab:
             out.append(ab_verdict(case.get("fullname") or case.get("name", "?"), ab,
                                   (case.get("stats") or {}).get("median"), info.get(CENSUS_KEY),
-                                  accept_structure_change))
+                                  accept_structure_change, info.get(MEMORY_KEY), accept_memory_change,
+                                  memory_tolerance))
     for lost in doc.get(LOST_CASES_KEY) or []:
         if isinstance(lost, dict) and isinstance(lost.get("ab"), dict):
             out.append(ab_verdict(str(lost.get("name", "?")), lost["ab"], None))

@@ -114,6 +114,9 @@
       tooltip.appendChild(line("A/B: " + p[4] + (p[5] === null || p[5] === undefined ? "" : ", ratio " + p[5].toFixed(3)),
         "verdict-" + p[4]));
     }
+    if (p[6] !== null && p[6] !== undefined) {
+      tooltip.appendChild(line("memory census peak " + (p[6] / 1048576).toFixed(1) + " MiB"));
+    }
     var box = pt.getBoundingClientRect();
     tooltip.hidden = false;
     var left = box.right + 10;

@@ -55,13 +55,16 @@ def page_data(history: History) -> dict:
     """The JSON the charts are drawn from: runs once, and per series its points and steps.
 
     runs: [commit, branch, time text, file, dirty]; a point: [run, median, q1, q3] in ms (q1 / q3
-    null without spread), plus [verdict, ratio] in A/B runs; a step: [first point after, ratio]."""
+    null without spread), plus [verdict, ratio] in A/B runs (null otherwise) and the memory census's
+    peak in bytes where the run has one; a step: [first point after, ratio]."""
     run_index = {id(record): i for i, record in enumerate(history.runs)}
 
     def point(p: Point) -> list:
         row = [run_index[id(p.record)], _ms(p.median_s), _ms(p.q1_s), _ms(p.q3_s)]
-        if p.verdict:
+        if p.verdict or p.memory_peak_bytes is not None:
             row += [p.verdict, p.ab_ratio]
+        if p.memory_peak_bytes is not None:
+            row.append(p.memory_peak_bytes)
         return row
 
     steps: dict[int, list] = {}

@@ -135,6 +135,7 @@ class Point:
     q3_s: float | None
     verdict: str | None = None  # A/B runs: the case's verdict and candidate / baseline ratio
     ab_ratio: float | None = None
+    memory_peak_bytes: int | None = None  # the memory census's peak (largest rank), when the run has one
 
 
 @dataclass
@@ -209,6 +210,15 @@ def case_matches(name: str, fullname: str, patterns) -> bool:
                or fnmatch.fnmatchcase(fullname, pattern) for pattern in patterns)
 
 
+def memory_peak_of(extra_info: dict) -> int | None:
+    """The memory census's peak of a case (the largest over ranks), or None without one."""
+    memory = extra_info.get("memory")
+    if not isinstance(memory, dict):
+        return None
+    peak = memory.get("max_peak_bytes", memory.get("peak_bytes"))
+    return peak if isinstance(peak, int) and not isinstance(peak, bool) and peak >= 0 else None
+
+
 def group_series(records: list[RunRecord], patterns=()) -> list[Series]:
     """One :class:`Series` per (machine, backend, case fullname), points in commit order; only the
     cases ``patterns`` match when given (:class:`CompareError` naming some cases if none does)."""
@@ -230,7 +240,8 @@ def group_series(records: list[RunRecord], patterns=()) -> list[Series]:
             ratio = ab.get("ratio")
             known = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio)
             verdict = ab.get("verdict") if isinstance(ab.get("verdict"), str) else None
-            series.points.append(Point(record, median, q1, q3, verdict, float(ratio) if known else None))
+            series.points.append(Point(record, median, q1, q3, verdict, float(ratio) if known else None,
+                                       memory_peak_of(case.extra_info)))
     if not groups:
         names = sorted({case.name for r in records for case in r.run.cases.values()})
         shown = ", ".join(names[:5]) + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")

@@ -70,6 +70,16 @@ class Workload:
         itself (every collective a round issues) needs nothing from the workload."""
         return {}
 
+    def memory_census_targets(self, state: Any) -> list:
+        """What the memory census (``extra_info["memory"]``, one untimed step) counts from the
+        step's start: the ``nn.Module`` objects (parameters, buffers, gradients), optimizers (their
+        state) and tensors this rank keeps between steps; tensors the step makes are counted as
+        they are made. The default finds them in ``state`` (dicts, lists, tuples and objects'
+        attributes, three levels deep); override it when the state hides them elsewhere."""
+        from ..engine.memory import discover_targets
+
+        return discover_targets(state)
+
     def extra_info(self, world_size: int, median_s: float,
                    rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         """Case-level extra_info computed in the controller from the median round time and, when

@@ -1,12 +1,8 @@
 """The SyncBatchNorm benchmark: :class:`SyncBNCase` (variants ``torch_bn``, ``torch_syncbn``, ``fused``,
 ``naive``). A round is forward + backward of a (batch_size, hidden_dim) float32 input per rank.
-``peak_memory_bytes`` (see :func:`cpu_peak_allocated_bytes`): on CUDA the engine's
-``torch.cuda.max_memory_allocated`` over the recorded rounds (peak reset after warm-up); on CPU the
-same quantity measured in one extra, untimed round: the bytes of the tensors the workload holds
-(input, upstream gradient, module parameters and buffers) plus the high-water mark of bytes
-allocated minus bytes freed during the round, from the CPU allocator's events in
-``torch.profiler`` (``profile_memory=True``). Allocations outside torch's CPU allocator (gloo's
-own buffers, Python objects) are not counted, so it is not process RSS.
+Memory: the engine's memory census (``extra_info["memory"]``: the peak of live tensor bytes in one
+untimed round, the input, upstream gradient, parameters and buffers included); on CUDA also
+``peak_memory_bytes``, ``torch.cuda.max_memory_allocated`` over the recorded rounds.
 """
 
 from __future__ import annotations
@@ -25,42 +21,6 @@ TORCH_SYNCBN_CPU_SKIP_REASON = (
     "torch.nn.SyncBatchNorm rejects CPU tensors (\"SyncBatchNorm expected input tensor to be on GPU\"); "
     "the torch_syncbn variant runs only in the gpu / multi_gpu cases"
 )
-
-
-# ----------------------------------------------------------------------------------------------
-# Memory measure on CPU
-# ----------------------------------------------------------------------------------------------
-
-
-def tensor_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (None entries skipped)."""
-    seen: dict[int, int] = {}
-    for tensor in tensors:
-        if tensor is None:
-            continue
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
-def cpu_peak_allocated_bytes(fn) -> int:
-    """High-water mark of (bytes allocated - bytes freed) by torch's CPU allocator while ``fn()`` runs.
-
-    Read from the allocator events ``torch.profiler`` records with ``profile_memory=True``: each
-    allocation and free of a CPU tensor storage, with its size. Frees of storages allocated before
-    ``fn`` started are not reported by the profiler, so free what should not count beforehand.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type().name == "CPU"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,20 +137,6 @@ class SyncBNCase(Workload):
         self._drop_grads(state)
         out = state["module"](state["x"])
         out.backward(state["grad_out"])
-
-    def rank_metrics(self, state) -> dict[str, Any]:
-        """CPU: peak_memory_bytes of one extra untimed round (CUDA: the engine's max_memory_allocated)."""
-        if state["ctx"].device_type != "cpu":
-            return {}
-        self._drop_grads(state)
-        module = state["module"]
-        held = tensor_bytes([state["x"], state["grad_out"], *module.parameters(), *module.buffers()])
-        peak = cpu_peak_allocated_bytes(lambda: self.run_round_keep_grads(state))
-        return {"peak_memory_bytes": held + peak}
-
-    def run_round_keep_grads(self, state) -> None:
-        """A round without dropping gradients first (they were dropped before measuring)."""
-        state["module"](state["x"]).backward(state["grad_out"])
 
     def check(self, state) -> None:
         """One more forward + backward (untimed) against :func:`reference_batch_norm`: a float64

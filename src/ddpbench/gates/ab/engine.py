@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...engine.census import combine_census
+from ...engine.memory import combine_memory
 from ...engine.modes import placement_info
 from ...engine.timing import max_over_ranks
 from . import schedule
 from .. import stats
+from ..memory import compare_memory
 from ..structure import CensusError, compare_census
 from . import strata
 from . import tasks
@@ -70,6 +72,9 @@ class ABSettings:
     # verdict"), so more pairs would only spend the run's time; the first look still gives the
     # timing's ratio. Off when the gate accepts structural changes (--dist-ab-accept-structure-change).
     stop_on_structural_regression: bool = True
+    # Likewise a case whose two memory censuses at set-up show a memory regression (exact too, so
+    # decided there). Off when the gate accepts memory changes (--dist-ab-accept-memory-change).
+    stop_on_memory_regression: bool = True
 
     def stage_sizes(self, pool_pairs: int) -> list[int]:
         """The pairs each stage adds, first to last, if every stage is run."""
@@ -180,6 +185,8 @@ class ABOutcome:
     # The structural regression that ended the case after its first look
     # (settings.stop_on_structural_regression), as the line naming it; None when it did not.
     stopped_by_structure: str | None = None
+    # Likewise the memory regression that ended it (settings.stop_on_memory_regression).
+    stopped_by_memory: str | None = None
     # The stop level of each look taken (settings.stop_level_per_look), first to last.
     stop_levels_applied: tuple[float, ...] = ()
 
@@ -222,10 +229,15 @@ class ABOutcome:
         census = combine_census([m.get("census") for m in self.baseline_metrics])
         if census is not None:
             info["census_baseline"] = census
+        memory = combine_memory([m.get("memory") for m in self.baseline_metrics])
+        if memory is not None:
+            info["memory_baseline"] = memory
         if settings.stratify_placement:
             info["stratify_placement"] = True  # asked for; block_summary says whether it applied
         if self.stopped_by_structure is not None:
             info["stopped_by_structure"] = self.stopped_by_structure
+        if self.stopped_by_memory is not None:
+            info["stopped_by_memory"] = self.stopped_by_memory
         return info
 
 
@@ -286,6 +298,7 @@ class _Case:
         self.pairs: list[tuple[str, str, int]] = []
         self.stratified = False  # whether the last look summarised the pairs by placement
         self.censuses: dict[str, Any] = {}  # per side, its first pool's census at set-up (None: none)
+        self.memories: dict[str, Any] = {}  # per side, its first pool's memory census at set-up (None: none)
 
     def _run(self, name: str, j: int, fn, *args):
         return _on(name, j, self.pools[name][j], fn, *args, timeout_s=self.timeout_s)
@@ -300,6 +313,7 @@ class _Case:
                 estimates.append(max(reply["estimate_s"] for reply in replies))
                 if j == 0:  # a baseline whose engine predates the census replies without one
                     self.censuses[name] = combine_census([reply.get("census") for reply in replies])
+                    self.memories[name] = combine_memory([reply.get("memory") for reply in replies])
                 # Every pool times the ops per round the first one chose ("auto" chooses once).
                 plan = dataclasses.replace(plan, ops_per_round=replies[0]["ops_per_round"])
         if not all(math.isfinite(e) and e > 0 for e in estimates):
@@ -378,6 +392,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         rounds = case.start(workload, plan)
         stopped_by_structure = (_structural_regression(case.censuses) if settings.stop_on_structural_regression
                                 else None)
+        stopped_by_memory = _memory_regression(case.memories) if settings.stop_on_memory_regression else None
         rng = schedule.case_rng(case_id, seed)
         stage_sizes = settings.stage_sizes(case.pool_pairs)
         every_stage = stage_sizes + settings.extra_stage_sizes(case.pool_pairs)
@@ -404,8 +419,9 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             # Every decided verdict ends the case, not-slower too: stopping without a regression
             # can only take chances to reject away, never add one (docs/design.md, *The looks' levels*).
             # A cap that ends the planned looks early leaves no time for an extra look either.
-            # A structural regression decided the case at set-up: its first look is enough.
-            if result.verdict != "inconclusive" or cap_ends_planned or not next_fits or stopped_by_structure:
+            # A structural or memory regression decided the case at set-up: its first look is enough.
+            if (result.verdict != "inconclusive" or cap_ends_planned or not next_fits or stopped_by_structure
+                    or stopped_by_memory):
                 break
         metrics = case.finish()
     except BaseException:
@@ -417,7 +433,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                      rounds_per_block=rounds, pairs=case.pairs, pools_per_side=case.pool_pairs,
                      levels_applied=tuple(applied), settings=settings,
                      wall_s=time.monotonic() - started, seed=seed, stratified=case.stratified,
-                     stopped_by_structure=stopped_by_structure, stop_levels_applied=stop_levels[:len(applied)])
+                     stopped_by_structure=stopped_by_structure, stopped_by_memory=stopped_by_memory,
+                     stop_levels_applied=stop_levels[:len(applied)])
 
 
 def _structural_regression(censuses: dict[str, Any]) -> str | None:
@@ -426,6 +443,16 @@ def _structural_regression(censuses: dict[str, Any]) -> str | None:
     one that cannot be read: the report judges those when the case is done)."""
     try:
         verdict = compare_census(censuses.get(schedule.BASELINE), censuses.get(schedule.CANDIDATE), "candidate")
+    except CensusError:
+        return None
+    return (verdict.line or verdict.verdict) if verdict.verdict == "regression" else None
+
+
+def _memory_regression(memories: dict[str, Any]) -> str | None:
+    """The line naming a memory regression of the candidate's memory census against the
+    baseline's (``gates.memory``), or None, as :func:`_structural_regression`."""
+    try:
+        verdict = compare_memory(memories.get(schedule.BASELINE), memories.get(schedule.CANDIDATE), "candidate")
     except CensusError:
         return None
     return (verdict.line or verdict.verdict) if verdict.verdict == "regression" else None

@@ -283,9 +283,9 @@ def side_exposed_communication(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def profiled_plan(plan, candidate_metrics: list[dict[str, Any]]):
     """The case's plan with the ops per round the measured rounds used (so "auto" is not chosen
-    anew, and both sides run alike), without a census (the case already has one)."""
+    anew, and both sides run alike), without a census or memory census (the case already has them)."""
     chosen = next((m.get("ops_per_round") for m in candidate_metrics if m.get("ops_per_round")), None)
-    plan = dataclasses.replace(plan, census=False)
+    plan = dataclasses.replace(plan, census=False, memory_census=False)
     return dataclasses.replace(plan, ops_per_round=chosen) if chosen else plan
 
 

@@ -48,6 +48,8 @@ class ABSession:
     allow_baseline_failure: bool = False  # --dist-ab-allow-baseline-failure
     fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
     accept_structure_change: bool = False  # --dist-ab-accept-structure-change
+    accept_memory_change: bool = False  # --dist-ab-accept-memory-change
+    memory_tolerance: float | None = None  # --dist-ab-memory-tolerance (None: measured figures not judged)
     profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
     budget: RunBudget | None = None  # --dist-ab-run-budget: each case's cap is its share of what is left
@@ -90,7 +92,8 @@ class ABSession:
                               pools_per_side=config.getoption("dist_ab_pools_per_side"),
                               stratify_placement=config.getoption("dist_ab_stratify_placement", False),
                               stop_on_structural_regression=not config.getoption("dist_ab_accept_structure_change",
-                                                                                 False))
+                                                                                 False),
+                              stop_on_memory_regression=not config.getoption("dist_ab_accept_memory_change", False))
         first_stage_blocks = 2 * settings.stage_sizes(settings.pools_per_side)[0]
         if first_stage_blocks * settings.block_time_s > settings.max_time_s:
             option = "--dist-ab-max-time" if max_time or not run_budget else "--dist-ab-run-budget"
@@ -107,6 +110,8 @@ class ABSession:
                    allow_baseline_failure=config.getoption("dist_ab_allow_baseline_failure", False),
                    fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"),
                    accept_structure_change=config.getoption("dist_ab_accept_structure_change", False),
+                   accept_memory_change=config.getoption("dist_ab_accept_memory_change", False),
+                   memory_tolerance=config.getoption("dist_ab_memory_tolerance", None),
                    profile=config.getoption("dist_ab_profile", DEFAULT_PROFILE),
                    profile_root=_profile_root(config, seed), budget=budget)
 
@@ -254,7 +259,8 @@ class ABSession:
     def report(self):
         """The run's verdicts, each case's decided verdict written back into its extra_info["ab"]
         (record_decision): the run file says what the gate decided and exited on."""
-        cases = ab_verdicts(self.results, self.accept_structure_change)
+        cases = ab_verdicts(self.results, self.accept_structure_change, self.accept_memory_change,
+                            self.memory_tolerance)
         for (_, summary, _, _), case in zip(self.results, cases):
             record_decision(summary, case)
         return ab_report(cases, self.sides())

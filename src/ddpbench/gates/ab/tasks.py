@@ -9,7 +9,7 @@ from ...engine.timing import RankSession
 
 def start(ctx, key: str, workload, plan) -> dict:
     """Set-up and warm-up; returns ``estimate_s`` (the fastest warm-up round, max over ranks, all
-    its ops), ``ops_per_round`` (what "auto" chose) and ``census`` (this rank's census record, or
+    its ops), ``ops_per_round`` (what "auto" chose) and ``census`` / ``memory`` (this rank's census records, or
     None: the plan asked for none)."""
     stop(ctx, key)  # a session a failed case left behind
     session = RankSession(ctx, workload, plan)
@@ -21,7 +21,7 @@ def start(ctx, key: str, workload, plan) -> dict:
         session.close()
         raise
     return {"estimate_s": session.round_estimate_s, "ops_per_round": session.ops_per_round,
-            "census": session.census}
+            "census": session.census, "memory": session.memory_census}
 
 
 def block(ctx, key: str, rounds: int, fresh_state: bool = False) -> tuple[list[float], list | None]:

@@ -40,16 +40,13 @@ Implementations:
 
 All use SGD with momentum, the same learning rate and ``zero_grad(set_to_none=True)``.
 
-Memory (``peak_memory_bytes``): on CUDA the engine reports ``torch.cuda.max_memory_allocated``
-over the recorded rounds. On CPU there is no allocator statistic, so the workload runs its setup
-(model, optimizer, DDP/Lightning wrapping) and one extra, untimed optimizer step under
-``torch.profiler`` with ``profile_memory=True`` and reports the peak of the running sum of the
-allocator's ``[memory]`` events: the most tensor memory this implementation held at once on
-top of what existed before setup (the synthetic dataset is built first and is not counted).
-Allocations made on threads other than the one that runs the loop (gloo's worker threads) are
-not seen; if the profiler saw less than the model's own parameter bytes (kineto can miss events
-when it was first initialised on another thread of the process) the key is left out rather than
-reported wrong. That extra step is the same for every implementation and is not recorded.
+Memory: the engine's memory census (``extra_info["memory"]``, :mod:`ddpbench.engine.memory`)
+counts one untimed step of every implementation alike: the peak of live tensor bytes per rank and
+what held them (parameters, gradients, optimizer state, activations, temporaries, DDP's bucket
+copies). On CUDA the engine also reports ``torch.cuda.max_memory_allocated`` over the recorded
+rounds (``peak_memory_bytes``, and ``memory.measured``). ``gradient_as_bucket_view=True`` (DDP)
+makes the gradients views into DDP's buckets: the census then shows no bucket copy. Lightning's
+Trainer steps on a thread of its own, which the census does not see.
 
 The transformer family (:class:`TransformerTraining`: a GPT-style decoder, DDP knobs and FSDP2, bf16,
 torch.compile) lives in :mod:`.transformer` (workload and check), :mod:`.gpt` (model and token

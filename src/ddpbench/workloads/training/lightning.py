@@ -10,8 +10,7 @@ import threading
 import traceback
 
 from .loops import _Loop, _make_optimizer, _seed_model
-from .memory import _CpuMemoryProbe
-from .models import _parameter_bytes, loss_fn
+from .models import loss_fn
 
 # Env vars set while a Lightning trainer is attached to the pool's process group.
 LIGHTNING_ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -83,13 +82,10 @@ class _LightningLoop(_Loop):
     Lightning's set-up changed it anyway (``trainer_num_threads``).
     """
 
-    def __init__(self, ctx, workload, data, memory_probe: bool):
+    def __init__(self, ctx, workload, data):
         super().__init__(ctx, workload, data)
         self._commands: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
-        self._free_steps = 1 if memory_probe else 0  # the untimed memory step runs without waiting
-        self.peak_memory_bytes: int | None = None
-        self._probe = None
         self._micro_losses: list[float] = []
         self._micro_batches: list = []
         import torch
@@ -105,7 +101,7 @@ class _LightningLoop(_Loop):
             # Keeps Lightning's launcher from resetting the intra-op thread count (see above).
             "OMP_NUM_THREADS": str(self._num_threads),
         })
-        self.model = None  # built on the trainer thread, inside the memory probe
+        self.model = None  # built on the trainer thread
         self._thread = threading.Thread(target=self._fit, name="ddpbench-lightning", daemon=True)
         self._thread.start()
         try:
@@ -126,8 +122,6 @@ class _LightningLoop(_Loop):
             # OpenMP's thread count is per OS thread: a new thread would use every core again.
             torch.set_num_threads(self._num_threads)
             logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)  # no banner per case
-            if self._free_steps and self.ctx.device_type != "cuda":
-                self._probe = _CpuMemoryProbe().start()
             self.model = _seed_model(self.w, self.ctx.rank).to(self.ctx.device)
             module = _make_lightning_module(pl, self)
             trainer = pl.Trainer(
@@ -153,12 +147,6 @@ class _LightningLoop(_Loop):
             micro, self._micro_losses = self._micro_losses, []
             self.losses.append(sum(micro) / len(micro))
             self.last_step_batches, self._micro_batches = self._micro_batches, []
-        if self._free_steps:
-            self._free_steps -= 1
-            return None
-        if self._probe is not None:
-            self.peak_memory_bytes = self._probe.stop(floor_bytes=_parameter_bytes(self.model))
-            self._probe = None
         if not self._started:
             import torch
 

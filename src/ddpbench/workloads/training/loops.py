@@ -185,7 +185,8 @@ class _DDPLoop(_Loop):
         super().__init__(ctx, workload, data)
         model = _seed_model(workload, ctx.rank).to(ctx.device)
         device_ids = [ctx.device.index] if ctx.device_type == "cuda" else None
-        self.ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=workload.bucket_cap_mb)
+        self.ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=workload.bucket_cap_mb,
+                                           gradient_as_bucket_view=getattr(workload, "gradient_as_bucket_view", False))
         if self.skipped is not None:
             from .compute_only import register_compute_only_hook
 

@@ -4,7 +4,8 @@ communication (from the engine's variant rounds: the step, its compute-only vari
 collectives replayed alone, interleaved).
 
 Nothing here runs inside a timed round: FLOPs are counted once per case on a meta-device copy of
-the model, the peak probe runs in a rank's set-up, memory is read after the rounds.
+the model, memory is read after the rounds
+(CUDA) or counted by the engine's memory census.
 """
 
 from __future__ import annotations
@@ -115,16 +116,16 @@ def datasheet_peak_flops(device, dtype) -> float | None:
 
 
 def peak_memory(device) -> dict[str, int]:
-    """CUDA: the caching allocator's peak allocated and reserved bytes on this rank's device; CPU:
-    the process's resident-set high-water mark (everything the process ever held, set-up included)."""
+    """CUDA: the caching allocator's peak allocated and reserved bytes on this rank's device. CPU:
+    nothing; the engine's memory census (``extra_info["memory"]``) counts the step's tensors on every
+    device (a process's resident-set high-water mark, reported here before, is inherited by every
+    later case of the same rank process and says nothing about one case)."""
     if device.type == "cuda":
         import torch
 
         return {"peak_memory_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
                 "peak_memory_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
-    import resource
-
-    return {"peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+    return {}
 
 
 def _held_bytes(tensor) -> int:

@@ -314,6 +314,12 @@ class TransformerTraining(Workload):
                                      "threads, which the census does not see")
         return details
 
+    def memory_census_targets(self, state) -> list:
+        """The model as the step runs it (DDP's wrapper, or the model FSDP2 sharded), AdamW and the
+        rank's token batches."""
+        loop = state["loop"]
+        return [loop.wrapped, loop.optimizer, loop.inputs, loop.targets]
+
     def teardown(self, state) -> None:
         state.clear()
 

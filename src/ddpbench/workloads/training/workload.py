@@ -11,8 +11,7 @@ from typing import Any, ClassVar
 from .. import COMMUNICATION_ONLY, COMPUTE_ONLY, Workload
 from .lightning import _LightningLoop, lightning_unavailable_reason
 from .loops import LOOPS
-from .memory import _CpuMemoryProbe
-from .models import CHECK_DATA_SEED_OFFSET, IMPLS, MODELS, SEQ_LEN, _parameter_bytes, flat_parameters, make_data
+from .models import CHECK_DATA_SEED_OFFSET, IMPLS, MODELS, SEQ_LEN, flat_parameters, make_data
 from .reference import StepComparison, _full_float32, _gather_cat, check_rtol, max_pool_routing, reference_step
 
 
@@ -33,7 +32,9 @@ class Training(Workload):
     momentum: float = 0.9
     data_batches: int = 8  # distinct micro-batches per rank, cycled
     bucket_cap_mb: float = 25.0
-    measure_memory: bool = True  # CPU: one extra untimed step under the memory profiler
+    # DDP only: the gradients are views into DDP's bucket buffers instead of a copy beside them
+    # (DistributedDataParallel(gradient_as_bucket_view=True)): one gradient-sized buffer less.
+    gradient_as_bucket_view: bool = False
     # The compute-only variant (variants()): the gradient exchange hands its data back unreduced.
     compute_only: bool = False
     # The loop of each implementation but Lightning's (a subclass may swap one in).
@@ -54,6 +55,9 @@ class Training(Workload):
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if not self.bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}")
+        if self.gradient_as_bucket_view and self.impl != "ddp":
+            raise ValueError(f"gradient_as_bucket_view applies to impl 'ddp' (DDP's bucket buffers), not "
+                             f"{self.impl!r}")
         if self.compute_only and self.impl not in COMPUTE_ONLY_IMPLS:
             raise ValueError(f"compute_only: impl {self.impl!r} has no compute-only form; those that do: "
                              f"{', '.join(COMPUTE_ONLY_IMPLS)}")
@@ -74,7 +78,7 @@ class Training(Workload):
             return {}
         from .replay import CollectiveReplay
 
-        compute = dataclasses.replace(self, compute_only=True, measure_memory=False)
+        compute = dataclasses.replace(self, compute_only=True)
         return {COMPUTE_ONLY: compute, COMMUNICATION_ONLY: CollectiveReplay(compute)}
 
     def skipped_collectives(self, state) -> list[dict[str, Any]]:
@@ -98,22 +102,11 @@ class Training(Workload):
         inputs, targets = make_data(self.model, batch, self.data_batches, self.seed, ctx.rank)
         device = torch.device("cuda", 0) if self.impl == "dataparallel" else ctx.device
         data = (inputs.to(device), targets.to(device))
-        on_cpu = ctx.device_type != "cuda"
-        state: dict[str, Any] = {"ctx": ctx, "peak_memory_bytes": None}
+        state: dict[str, Any] = {"ctx": ctx}
         if self.impl == "lightning":
-            loop = _LightningLoop(ctx, self, data, memory_probe=self.measure_memory)
-            state["peak_memory_bytes"] = loop.peak_memory_bytes
+            loop = _LightningLoop(ctx, self, data)
         else:
-            probe = _CpuMemoryProbe().start() if (self.measure_memory and on_cpu) else None
-            loop = None
-            try:
-                loop = self.loops[self.impl](ctx, self, data)
-                if self.measure_memory:
-                    loop.step()  # the untimed memory step (same for every impl)
-            finally:
-                if probe is not None:
-                    floor = _parameter_bytes(loop.module()) if loop is not None else 0
-                    state["peak_memory_bytes"] = probe.stop(floor_bytes=floor)
+            loop = self.loops[self.impl](ctx, self, data)
         state["loop"] = loop
         state["setup_seconds"] = time.perf_counter() - started
         return state
@@ -137,8 +130,6 @@ class Training(Workload):
             "optimizer_steps": len(loop.losses),
             "setup_seconds": round(state["setup_seconds"], 4),
         }
-        if state["peak_memory_bytes"] is not None:  # CPU; on CUDA the engine reports it
-            metrics["peak_memory_bytes"] = state["peak_memory_bytes"]
         return metrics
 
     def check(self, state) -> None:
@@ -211,6 +202,13 @@ class Training(Workload):
             return {"incomplete": "Lightning's Trainer runs its steps on a thread the census does not see"}
         ddp = state["loop"].ddp_module()
         return {"ddp_buckets": ddp_bucket_sizes(ddp)} if ddp is not None else {}
+
+    def memory_census_targets(self, state) -> list:
+        """The model as the loop trains it (DDP's wrapper where it has one, so that its buckets are
+        named), the optimizer and the rank's micro-batches."""
+        loop = state["loop"]
+        wrapped = getattr(loop, "ddp", None) or getattr(loop, "dp", None) or loop.module()
+        return [wrapped, loop.optimizer, loop.inputs, loop.targets]
 
     def teardown(self, state) -> None:
         loop = state.get("loop")

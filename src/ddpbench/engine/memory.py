@@ -1,0 +1,366 @@
+"""The memory census: the peak of live tensor bytes on one rank during one untimed step, what held
+those bytes at the peak (parameters, gradients, optimizer state, activations, temporaries, DDP's
+bucket buffers, FSDP2's unsharded parameters and all-gather / reduce-scatter buffers), where in the
+model the peak fell, and what stays allocated after the step (the record is
+``extra_info["memory"]``; docs/design.md, "Memory census").
+
+Mechanism: torch's own tracker, :class:`torch.distributed._tools.mem_tracker.MemTracker` (a dispatch
+mode that sees every op's output storages, module hooks that say which module and phase runs, and
+optimizer hooks), or :class:`~torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker` for a
+model sharded by FSDP2's ``fully_shard``. Both count storages, not allocator blocks: the figure is
+exact and the same in every run (no caching, no fragmentation, no allocator rounding). On top of
+torch's categories this module labels the tensors a collective is handed that are neither
+parameters nor gradients (DDP's bucket copies, a hand-written loop's flattened buffer) and notes
+the module and phase of the peak.
+
+What the tracker counts: tensors created during the step, and those that already existed and that
+the workload's :meth:`~ddpbench.Workload.memory_census_targets` names (its modules' parameters,
+buffers and gradients, its optimizers' state, tensors it keeps in its state). A tensor that existed
+before the step and is named nowhere is counted from the first op that touches it.
+
+Public names: :func:`take_memory_census`, :func:`combine_memory`, :func:`discover_targets`,
+:data:`MEMORY_VERSION`, :data:`CATEGORIES`.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable, Iterable
+
+MEMORY_VERSION = 1
+
+# torch's category names (the trackers' enum values) -> the record's.
+_CATEGORY_NAMES = {
+    "Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Activation": "activations",
+    "Temp": "temporaries", "Optstate": "optimizer_state", "OptState": "optimizer_state", "Other": "other",
+    "Sharded Param": "sharded_parameters", "Unsharded Param": "unsharded_parameters",
+    "Sharded Grad": "sharded_gradients", "Unsharded Grad": "unsharded_gradients",
+    "All Gather": "all_gather_buffers", "Reduce Scatter": "reduce_scatter_buffers", "Inputs": "inputs",
+    "Collective buffer": "collective_buffers",
+}
+#: The categories a record may hold, in the order reports show them.
+CATEGORIES = ("parameters", "sharded_parameters", "unsharded_parameters", "buffers", "gradients",
+              "sharded_gradients", "unsharded_gradients", "optimizer_state", "activations", "temporaries",
+              "ddp_buckets", "collective_buffers", "all_gather_buffers", "reduce_scatter_buffers", "inputs", "other")
+# What a provisional label at the peak may turn into once a hook or a collective says more.
+_FINAL_LABELS = ("Gradient", "Collective buffer", "Sharded Grad", "Unsharded Grad", "All Gather", "Reduce Scatter")
+# Record fields that differ from rank to rank by nature (never a disagreement).
+_PER_RANK = ("measured",)
+
+
+def _collective_ref_type(base):
+    """``base`` (torch's category enum) with one more category: buffers handed to a collective. The
+    members keep torch's names and values, so torch's own members index the same snapshot keys."""
+    from torch.distributed._tools.mem_tracker import _RefType
+
+    members = {member.name: member.value for member in base}
+    members["COLLECTIVE"] = "Collective buffer"
+    return _RefType(f"_Census{base.__name__.lstrip('_')}", members, module=__name__)
+
+
+@functools.cache
+def _tracker_class(fsdp: bool, skip_dynamo: bool):
+    """MemTracker (or FSDPMemTracker) that also labels collective buffers and notes where the peak
+    falls. ``skip_dynamo``: as :func:`ddpbench.engine.census._census_mode_class`."""
+    if fsdp:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as Base
+        from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType as base_refs
+    else:
+        from torch.distributed._tools.mem_tracker import MemTracker as Base
+        from torch.distributed._tools.mem_tracker import _MemRefType as base_refs
+
+    from .census import describe_call
+
+    refs = _collective_ref_type(base_refs)
+    relabel = ("Activation", "Temp", "Other")  # what a tensor handed to a collective was labelled
+
+    class _CensusTracker(Base):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self._ref_class = refs
+            self.peak_where: dict[Any, tuple[str | None, str]] = {}
+            # Per device, the storages provisionally labelled at the peak (a temporary, an
+            # activation, "other") with their label and bytes then: see relabeled_peak.
+            self._peak_provisional: dict[Any, list] = {}
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return skip_dynamo
+
+        def _where_now(self) -> tuple[str | None, str]:
+            names = sorted((n for n in self._mod_tracker.parents if n != "Global"),
+                           key=lambda n: (n.count("."), n))
+            module = names[-1] if names else None
+            phase = ("optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw
+                     else "forward" if module is not None else "outside the model")
+            return module, phase
+
+        def _pre_fw_hook(self, module, inputs) -> None:
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:
+                # The step runs its root module twice (gradient accumulation): torch's tracker
+                # refuses a second iteration; its per-module figures (which the record does not
+                # use) start over, the running count and the peak go on.
+                self.reset_mod_stats()
+                super()._pre_fw_hook(module, inputs)
+
+        def _fsdp_state_pre_forward(self, fsdp_mod, orig_pre_forward):
+            inner = super()._fsdp_state_pre_forward(fsdp_mod, orig_pre_forward)
+
+            def pre_forward(*args, **kwargs):
+                # As _pre_fw_hook: FSDPMemTracker refuses the root's second forward in one step.
+                if fsdp_mod in self.memory_tracking and not self._mod_tracker.is_bw:
+                    name = self._mod_tracker.get_known_fqn(fsdp_mod)
+                    if self._mod_tracker.parents - {name} == {"Global"}:
+                        self.reset_mod_stats()
+                return inner(*args, **kwargs)
+
+            return pre_forward
+
+        def _update_peak_stats(self, peak_state) -> None:
+            before = dict(self._peak_mem)
+            super()._update_peak_stats(peak_state)
+            for dev, peak in self._peak_mem.items():
+                if before.get(dev) != peak:
+                    self.peak_where[dev] = self._where_now()
+                    self._peak_provisional[dev] = [
+                        (winfo, winfo.reftype, winfo.mem_consumed) for winfo, _ in self._WINFO.values()
+                        if winfo.device == dev and str(winfo.reftype.value) in relabel]
+
+        def relabeled_peak(self) -> dict:
+            """The peak snapshot with what the step learnt after the peak: a tensor an op had just
+            made when the peak was taken is a temporary (or an activation) to torch's tracker until
+            a hook says what it is: a gradient (the parameter's hook runs after the op), a buffer
+            handed to a collective (DDP's bucket copy, a hand-written loop's flattened buffer),
+            FSDP2's gradient or reduce-scatter buffers. Those move to their final category."""
+            peak = self.get_tracker_snapshot("peak")
+            for dev, provisional in self._peak_provisional.items():
+                snapshot = peak.get(dev)
+                if snapshot is None:
+                    continue
+                for winfo, label, nbytes in provisional:
+                    final = winfo.reftype
+                    if final != label and str(final.value) in _FINAL_LABELS:
+                        snapshot[label] -= nbytes
+                        snapshot[final] = snapshot.get(final, 0) + nbytes
+            return peak
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            res = super().__torch_dispatch__(func, types, args, kwargs)
+            if getattr(func, "namespace", None) in ("c10d", "_c10d_functional") and res is not NotImplemented \
+                    and describe_call(func, args, kwargs) is not None:
+                self._label_collective_buffers(args)
+            return res
+
+        def _label_collective_buffers(self, args) -> None:
+            import torch
+            from torch.utils._pytree import tree_flatten
+
+            for value in tree_flatten(list(args))[0]:
+                if not isinstance(value, torch.Tensor):
+                    continue
+                for storage in _storages(value):
+                    winfo, _ = self._WINFO.get(storage, (None, None))
+                    if winfo is not None and str(winfo.reftype.value) in relabel:
+                        self._update_and_maybe_create_winfos(value, refs.COLLECTIVE)
+                        break
+
+    return _CensusTracker
+
+
+def _storages(tensor) -> list:
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    return list(get_untyped_storages(tensor))
+
+
+def discover_targets(state: Any, depth: int = 3) -> list:
+    """What a workload's state holds for the census to count from the step's start: its
+    ``nn.Module`` objects, optimizers and tensors, found in dicts, lists, tuples and objects'
+    attributes ``depth`` levels deep, each once, in the order met (the base
+    :meth:`ddpbench.Workload.memory_census_targets`)."""
+    import torch
+
+    found: list = []
+    seen: set[int] = set()
+
+    def visit(value, level: int) -> None:
+        if id(value) in seen or value is None or isinstance(value, (str, bytes, int, float, bool)):
+            return
+        seen.add(id(value))
+        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)):
+            found.append(value)
+            return
+        if level >= depth:
+            return
+        if isinstance(value, dict):
+            children: Iterable = value.values()
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            children = value
+        elif hasattr(value, "__dict__") and not isinstance(value, type) and not callable(value):
+            children = vars(value).values()
+        else:
+            return
+        for child in children:
+            visit(child, level + 1)
+
+    visit(state, 0)
+    return found
+
+
+def _is_fsdp2(module) -> bool:
+    if "torch.distributed.fsdp" not in sys.modules:  # nothing can be sharded by fully_shard yet
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _is_ddp(module) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(module, DistributedDataParallel)
+
+
+def optimizer_facts(optimizer) -> dict[str, Any]:
+    """The optimizer's class and, where it has the choice, whether it runs its foreach (multi-tensor)
+    kernels: AdamW with ``foreach=True`` holds one more model-sized temporary in its step (the
+    default on CUDA, not on the CPU), so a census says which it ran."""
+    facts: dict[str, Any] = {"name": type(optimizer).__name__}
+    defaults = getattr(optimizer, "defaults", {}) or {}
+    if "foreach" in defaults:
+        foreach, fused = defaults.get("foreach"), defaults.get("fused")
+        if foreach is None and not fused:
+            try:
+                from torch.optim.optimizer import _default_to_fused_or_foreach
+
+                params = [p for group in optimizer.param_groups for p in group["params"]]
+                _, foreach = _default_to_fused_or_foreach(params, bool(defaults.get("differentiable")), False)
+            except Exception:  # an optimizer torch cannot place: say it is not known
+                foreach = None
+        facts["foreach"] = None if foreach is None else bool(foreach)
+        if fused is not None:
+            facts["fused"] = bool(fused)
+    return facts
+
+
+def _bytes_by_category(snapshot: dict, ddp: bool) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, value in snapshot.items():
+        name = _CATEGORY_NAMES.get(str(getattr(key, "value", key)))
+        if name is None or not value:
+            continue
+        if name == "collective_buffers" and ddp:
+            name = "ddp_buckets"
+        out[name] = out.get(name, 0) + int(value)
+    return {name: out[name] for name in CATEGORIES if name in out}
+
+
+def _total(snapshot: dict) -> int:
+    return int(snapshot.get("Total", 0))
+
+
+def _module_name(fqn: str | None, roots: dict[str, str]) -> str | None:
+    """A module's name as the model names it: the tracker's ``Root.blocks.0`` without the root's
+    class name (and DDP's ``module.``); the root itself by its class name."""
+    if fqn is None:
+        return None
+    head, _, rest = fqn.partition(".")
+    if not rest:
+        return roots.get(head, head)
+    return rest.removeprefix("module.") if head in roots and roots[head] == "DistributedDataParallel" else rest
+
+
+def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
+                       incomplete: str | None = None) -> dict[str, Any]:
+    """Run ``run()`` (one step) once under the memory tracker and return the record. ``targets``:
+    the modules, optimizers and tensors alive before the step (:func:`discover_targets`);
+    ``device``: the rank's device (its figures are the record's); ``incomplete``: why part of the
+    step escapes the count (the gates then do not judge it). ``targets`` is emptied once they are
+    registered: a reference held here would keep a tensor alive that the step itself lets go."""
+    import torch
+
+    modules = [t for t in targets if isinstance(t, torch.nn.Module)]
+    optimizers = [t for t in targets if isinstance(t, torch.optim.Optimizer)]
+    tensors = [t for t in targets if isinstance(t, torch.Tensor)]
+    targets.clear()
+    fsdp_roots = [m for m in modules if _is_fsdp2(m)]
+    skip_dynamo = "torch._dynamo" not in sys.modules
+    if fsdp_roots:
+        tracker = _tracker_class(True, skip_dynamo)(fsdp_roots[0], optimizers[0] if optimizers else None)
+        tracker.track_inputs(tuple(tensors))
+        method = "FSDPMemTracker"
+    else:
+        tracker = _tracker_class(False, skip_dynamo)()
+        tracker.track_external(*modules, *optimizers, *tensors)
+        method = "MemTracker"
+    del tensors
+    ddp = any(_is_ddp(m) for m in modules)
+    before = tracker.get_tracker_snapshot("current")
+    with tracker:
+        run()
+    after = tracker.get_tracker_snapshot("current")
+    peak = tracker.relabeled_peak()
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    chosen = next((d for d in sorted(peak, key=str) if d.type == dev.type), None)
+    if chosen is None and peak:
+        chosen = sorted(peak, key=str)[0]
+    roots = {type(m).__name__: type(m).__name__ for m in modules}
+    where = tracker.peak_where.get(chosen, (None, "outside the model"))
+    record: dict[str, Any] = {
+        "version": MEMORY_VERSION,
+        "method": method,
+        "device": dev.type,
+        "steps_counted": 1,
+        "peak_bytes": _total(peak.get(chosen, {})),
+        "at_peak": _bytes_by_category(peak.get(chosen, {}), ddp),
+        "peak_at": {"module": _module_name(where[0], roots), "phase": where[1]},
+        "before_step_bytes": _total(before.get(chosen, {})),
+        "after_step_bytes": _total(after.get(chosen, {})),
+        "after_step": _bytes_by_category(after.get(chosen, {}), ddp),
+        "optimizers": [optimizer_facts(o) for o in optimizers],
+    }
+    others = {str(d): _total(s) for d, s in peak.items() if d != chosen and _total(s)}
+    if others:
+        record["other_devices_peak_bytes"] = others
+    if incomplete:
+        record["incomplete"] = str(incomplete)
+    return record
+
+
+def measured_cuda(record: dict[str, Any], max_allocated: int, max_reserved: int) -> dict[str, Any]:
+    """``record`` with the caching allocator's figures over the recorded rounds beside the census
+    (``measured``): max allocated, max reserved and census peak / max allocated."""
+    out = dict(record)
+    out["measured"] = {"max_allocated_bytes": int(max_allocated), "max_reserved_bytes": int(max_reserved),
+                       "census_over_allocated": (round(record["peak_bytes"] / max_allocated, 4)
+                                                 if max_allocated else None)}
+    return out
+
+
+def combine_memory(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The case's memory census from every rank's record: rank 0's, with every rank's peak
+    (``peak_bytes_per_rank``), the largest (``max_peak_bytes``) and ``ranks_disagree: true`` when a
+    rank counted something else; measured CUDA figures: the largest over ranks."""
+    present = [r for r in records if r is not None]
+    if not present:
+        return None
+    first = dict(records[0] if records[0] is not None else present[0])
+    first["peak_bytes_per_rank"] = [None if r is None else r.get("peak_bytes") for r in records]
+    first["max_peak_bytes"] = max(int(r.get("peak_bytes") or 0) for r in present)
+
+    def comparable(record: dict) -> dict:
+        return {k: v for k, v in record.items() if k not in _PER_RANK}
+
+    if len(present) != len(records) or any(comparable(r) != comparable(present[0]) for r in present[1:]):
+        first["ranks_disagree"] = True
+    measured = [r["measured"] for r in present if isinstance(r.get("measured"), dict)]
+    if measured:
+        allocated = max(m["max_allocated_bytes"] for m in measured)
+        first["measured"] = {"max_allocated_bytes": allocated,
+                             "max_reserved_bytes": max(m["max_reserved_bytes"] for m in measured),
+                             "census_over_allocated": (round(first["max_peak_bytes"] / allocated, 4)
+                                                       if allocated else None)}
+    return first

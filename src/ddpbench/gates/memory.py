@@ -1,0 +1,192 @@
+"""The memory verdict: two memory census records (the peak of live tensor bytes in one step, what
+held them, where it fell, what stays after the step) compared exactly.
+
+A case's memory census (``extra_info["memory"]``; in A/B mode the candidate's, the baseline's in
+``extra_info["ab"]["memory_baseline"]``) counts tensor storages, not allocator blocks, so it is the
+same to the byte in every run of the same code: comparing two needs no statistics, like the
+structural verdict (:mod:`.structure`).
+
+The rule (:func:`compare_memory`): the judged figures are the peak (the largest over ranks), each
+category's bytes at the peak (parameters, gradients, optimizer state, activations, temporaries,
+DDP buckets, FSDP2's buffers...) and the bytes that stay allocated after the step. More of any is a
+``regression`` (a tensor kept alive across steps shows as more after the step, more at the peak or
+both); only less is an ``improvement``; identical is ``same``; a mixed change (one figure up,
+another down) is a ``regression`` too, until a person accepts it. The peak's total decides where it
+changed, what held it is shown beside (a lower peak is what lets a job fit, whichever category
+grew: activation checkpointing lowers the peak and moves it to where more gradients exist, an
+improvement; ``gradient_as_bucket_view`` turns DDP's bucket copy into the gradients themselves,
+an improvement). Where the peak is the same to the byte at the same place (module and phase), its
+categories compare one by one: bytes that moved from one category to another are a regression
+until accepted, since something else now holds the peak. The line names what grew and
+where the peak now falls: ``peak +8.0 MiB: activations +8.0 MiB, at blocks.0 backward``.
+
+The measured CUDA figures (``memory.measured``: the caching allocator's max allocated over the
+recorded rounds) are not exact (caching, fragmentation, allocator rounding, other streams): they
+are shown, and judged only when the user sets a tolerance (``--memory-tolerance`` /
+``--dist-ab-memory-tolerance``): more than that share above the baseline's is a regression.
+
+A side without a record, a record of another version or method (MemTracker vs FSDPMemTracker),
+of another device, or one marked ``incomplete`` is ``not counted``: the other verdicts stand alone.
+A record whose fields do not hold what the format says is a :class:`~.structure.CensusError`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .structure import NOT_COUNTED, CensusError, StructureVerdict, size_text
+
+MEMORY_KEY = "memory"  # extra_info key of a case's memory census (the candidate's in A/B mode)
+BASELINE_MEMORY_KEY = "memory_baseline"  # extra_info["ab"] key of the A/B baseline's memory census
+MEMORY_VERDICT_KEY = "memory_verdict"  # extra_info["ab"] key of the A/B memory verdict
+MEMORY_VERSION = 1
+
+# Each category's name in a line (the record's key with spaces).
+_LABELS = {"optimizer_state": "optimizer state", "ddp_buckets": "DDP buckets",
+           "collective_buffers": "collective buffers", "all_gather_buffers": "all-gather buffers",
+           "reduce_scatter_buffers": "reduce-scatter buffers", "sharded_parameters": "sharded parameters",
+           "unsharded_parameters": "unsharded parameters", "sharded_gradients": "sharded gradients",
+           "unsharded_gradients": "unsharded gradients"}
+
+
+def _bad(where: str, value, expected: str):
+    text = repr(value)
+    raise CensusError(f"{where} is {text if len(text) <= 60 else text[:57] + '...'}, expected {expected}")
+
+
+def _bytes(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _bad(where, value, "a whole number of bytes >= 0")
+    return value
+
+
+def _categories(value, where: str) -> dict[str, int]:
+    if not isinstance(value, dict):
+        _bad(where, value, "bytes per category (an object)")
+    return {str(k): _bytes(v, f"{where}.{k}") for k, v in value.items()}
+
+
+def read_memory(record: Any, where: str = MEMORY_KEY) -> dict[str, Any] | str:
+    """The judged figures of a record, or (a str) why it is not counted; :class:`CensusError` for a
+    field that does not hold what the format says."""
+    if not isinstance(record, dict):
+        _bad(where, record, "the case's memory census (an object)")
+    version = record.get("version")
+    if version != MEMORY_VERSION:
+        return f"memory census version {version!r} (this ddpbench reads version {MEMORY_VERSION})"
+    if record.get("incomplete") is not None:
+        return f"its memory census is incomplete ({record['incomplete']})"
+    for name in ("method", "device"):
+        if not isinstance(record.get(name), str):
+            _bad(f"{where}.{name}", record.get(name), "text")
+    peak = _bytes(record.get("max_peak_bytes", record.get("peak_bytes")), f"{where}.peak_bytes")
+    where_at = record.get("peak_at") or {}
+    if not isinstance(where_at, dict):
+        _bad(f"{where}.peak_at", where_at, "an object (module, phase)")
+    measured = record.get("measured")
+    allocated = None
+    if isinstance(measured, dict) and measured.get("max_allocated_bytes") is not None:
+        allocated = _bytes(measured["max_allocated_bytes"], f"{where}.measured.max_allocated_bytes")
+    return {"method": record["method"], "device": record["device"], "peak": peak,
+            "at_peak": _categories(record.get("at_peak", {}), f"{where}.at_peak"),
+            "after": _bytes(record.get("after_step_bytes", 0), f"{where}.after_step_bytes"),
+            "after_step": _categories(record.get("after_step", {}), f"{where}.after_step"),
+            "module": where_at.get("module"), "phase": where_at.get("phase"),
+            "ranks_disagree": bool(record.get("ranks_disagree", False)), "allocated": allocated}
+
+
+def _delta(nbytes: int) -> str:
+    return ("+" if nbytes > 0 else "-") + size_text(abs(nbytes))
+
+
+def _place(figures: dict) -> str:
+    """Where the peak fell, as a line says it: "at blocks.0 backward", "in the optimizer step"."""
+    module, phase = figures["module"], figures["phase"]
+    if module and phase:
+        return f"at {module} {phase}"
+    if phase == "optimizer":
+        return "in the optimizer step"
+    if phase in ("forward", "backward"):
+        return f"in {phase}"
+    return str(phase or module or "at an unknown place")
+
+
+def _category_changes(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, int]]:
+    keys = sorted(set(before) | set(after), key=lambda k: (-abs(after.get(k, 0) - before.get(k, 0)), k))
+    return [(k, after.get(k, 0) - before.get(k, 0)) for k in keys if after.get(k, 0) != before.get(k, 0)]
+
+
+def compare_memory(baseline: Any, current: Any, current_label: str = "current",
+                   fields: tuple[str, str] = (MEMORY_KEY, MEMORY_KEY),
+                   tolerance: float | None = None) -> StructureVerdict:
+    """The memory verdict of ``current`` against ``baseline`` (each a record or None), with the line
+    naming what changed, e.g. ``peak +8.0 MiB: activations +8.0 MiB, at blocks.0 backward``.
+    ``tolerance``: judge the measured CUDA max allocated too, a regression past that share above
+    the baseline's (None: shown, not judged)."""
+    sides = {"baseline": baseline, current_label: current}
+    absent = [name for name, record in sides.items() if record is None]
+    if absent:
+        return StructureVerdict(NOT_COUNTED, f"the {absent[0]} recorded no memory census" if len(absent) == 1
+                                else "neither side recorded a memory census")
+    read = {}
+    for (name, record), field in zip(sides.items(), fields):
+        try:
+            read[name] = read_memory(record, field)
+        except CensusError as exc:
+            raise CensusError(str(exc), name) from None
+    other = [f"{name}: {why}" for name, why in read.items() if isinstance(why, str)]
+    if other:
+        return StructureVerdict(NOT_COUNTED, "; ".join(other))
+    base, cur = read["baseline"], read[current_label]
+    for fact in ("method", "device"):
+        if base[fact] != cur[fact]:
+            return StructureVerdict(NOT_COUNTED, f"counted differently (baseline {fact} {base[fact]}, "
+                                                 f"{current_label} {cur[fact]})")
+    parts: list[str] = []
+    up = down = False
+    peak_change = cur["peak"] - base["peak"]
+    at_peak = _category_changes(base["at_peak"], cur["at_peak"])
+    moved = _place(base) != _place(cur)
+    up |= peak_change > 0
+    down |= peak_change < 0
+    if not peak_change and not moved:  # the same peak at the same moment: what held it compares too
+        up |= any(d > 0 for _, d in at_peak)
+        down |= any(d < 0 for _, d in at_peak)
+    if peak_change or at_peak:
+        head = f"peak {_delta(peak_change)}" if peak_change else "peak same"
+        what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in at_peak)
+        place = _place(cur) + (f" (was {_place(base)})" if moved else "")
+        parts.append(f"{head}: {what + ', ' if what else ''}{place}")
+    elif moved:
+        parts.append(f"peak same, now {_place(cur)} (was {_place(base)})")
+    after_change = cur["after"] - base["after"]
+    if after_change:
+        kept = _category_changes(base["after_step"], cur["after_step"])
+        what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in kept)
+        parts.append(f"kept after the step {_delta(after_change)}" + (f" ({what})" if what else ""))
+        up |= after_change > 0
+        down |= after_change < 0
+    if base["ranks_disagree"] != cur["ranks_disagree"]:
+        parts.append("the ranks' memory censuses disagree" if cur["ranks_disagree"]
+                     else "the ranks' memory censuses agree again")
+        up |= cur["ranks_disagree"]
+        down |= not cur["ranks_disagree"]
+    notes: list[str] = []
+    if base["allocated"] is not None and cur["allocated"] is not None and base["allocated"] != cur["allocated"]:
+        ratio = cur["allocated"] / base["allocated"] if base["allocated"] else math.inf
+        text = f"measured max allocated {_delta(cur['allocated'] - base['allocated'])} ({ratio:.3f}x)"
+        if tolerance is not None and ratio > 1 + tolerance:
+            parts.append(f"{text}, past the {tolerance * 100:g}% tolerance")
+            up = True
+        else:
+            notes.append(text + (" (shown, not judged)" if tolerance is None else f", within {tolerance * 100:g}%"))
+    if up and down:
+        parts.append("mixed: some figures up, some down (a regression)")
+    verdict = "regression" if up else "improvement" if down else "same"
+    return StructureVerdict(verdict, "; ".join(parts + notes))
+
+
+def verdict_dict(verdict: StructureVerdict) -> dict[str, Any]:
+    """The verdict as a saved A/B record holds it (``extra_info["ab"]["memory_verdict"]``)."""
+    return {"verdict": verdict.verdict, "line": verdict.line, "accepted": verdict.accepted}

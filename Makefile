@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# ruff first (seconds): a finding fails make test before the suite runs.
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests lab benchmarks examples
 	$(PY) -m pytest tests/ -n $(TEST_WORKERS)
 
 # --benchmark-save-data keeps every round's time in the saved run (autosave alone keeps only summary

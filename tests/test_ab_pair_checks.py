@@ -89,15 +89,15 @@ def _pool_pair_case(name, offsets, pairs_per_pool_pair=30, seed=0):
 
 
 def test_pool_pair_offsets_are_zero_for_pools_that_differ_only_by_noise(checks):
-    cases = [_pool_pair_case(f"test_x[gloo-2p-10MB]", [1.0, 1.0, 1.0, 1.0], seed=s) for s in range(20)]
+    cases = [_pool_pair_case("test_x[gloo-2p-10MB]", [1.0, 1.0, 1.0, 1.0], seed=s) for s in range(20)]
     tau, df, largest = checks.pool_pair_offsets(cases)["10MB"]
     assert df == 60 and tau < 0.005 and largest < 0.02
 
 
 def test_a_pool_running_off_its_twin_for_a_case_shows_as_pool_pair_offset(checks):
     # One pool pair 10% off the other in every case: between the two pool pair means sd ~0.067.
-    cases = [_pool_pair_case(f"test_x[gloo-2p-1MB]", [1.0, 1.10], seed=s) for s in range(20)]
-    cases += [_pool_pair_case(f"test_x[gloo-2p-100MB]", [1.0, 1.0], seed=s) for s in range(20)]
+    cases = [_pool_pair_case("test_x[gloo-2p-1MB]", [1.0, 1.10], seed=s) for s in range(20)]
+    cases += [_pool_pair_case("test_x[gloo-2p-100MB]", [1.0, 1.0], seed=s) for s in range(20)]
     offsets = checks.pool_pair_offsets(cases)
     tau, df, largest = offsets["1MB"]
     assert df == 20 and 0.05 < tau < 0.08 and 0.04 < largest < 0.06  # each pool pair ~4.8% off the mean

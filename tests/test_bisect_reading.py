@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 import time
 import types
 from pathlib import Path

@@ -211,8 +211,8 @@ def _scenario(tmp_path, slowdown=1.35, probe=1.6, n=30):
 
 def test_a_probe_outside_the_band_never_turns_a_slowdown_into_an_improvement(tmp_path, capsys):
     b, c = _scenario(tmp_path)
-    for calibration in ("auto", "always"):
-        result = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c), calibration=calibration)
+    for mode in ("auto", "always"):
+        result = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c), calibration=mode)
         [case] = result.cases
         assert case.verdict == "inconclusive" and not case.calibrated
         assert case.reason == "probe 1.60x, outside 0.80-1.25"

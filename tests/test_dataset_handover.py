@@ -326,8 +326,6 @@ def test_a_failed_mmap_write_leaves_nothing_in_the_temporary_folder(tmp_path, mo
             return getattr(self._data, name)
 
         def numpy(self):
-            data = self._data
-
             class Array:
                 def tofile(self, path):
                     with open(path, "wb") as fh:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddpbench.workloads.training.gpt import GPT_SIZES, GPTConfig, build_gpt, gpt_config, make_tokens
+from ddpbench.workloads.training.gpt import GPTConfig, build_gpt, gpt_config, make_tokens
 
 TINY = GPTConfig(vocab=64, seq_len=16, dim=32, layers=2, heads=4, batch_size=4)
 

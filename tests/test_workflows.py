@@ -72,3 +72,15 @@ def test_ci_tests_what_pyproject_declares_and_the_readme_says_so():
     assert any(r["torch"] == "" for r in rows), "no row with the pinned build (.ci/run's)"
     readme = (ROOT / "README.md").read_text()
     assert f"Python ≥ {oldest_python}" in readme and f"torch ≥ {oldest_torch}" in readme
+
+
+def test_make_test_lints_with_a_pinned_ruff_before_the_suite():
+    """make test (CI's command) runs ruff before pytest, with the version constraints.txt pins
+    and the dev extra installs; a finding fails it before the suite spends its minutes."""
+    import re
+
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M).group(1).splitlines()
+    assert "ruff check" in recipe[0] and "pytest tests/" in recipe[-1]
+    assert re.search(r"^ruff==[\d.]+$", (ROOT / "constraints.txt").read_text(), re.M)
+    assert '"ruff>=' in (ROOT / "pyproject.toml").read_text()

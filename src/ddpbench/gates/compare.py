@@ -355,8 +355,8 @@ def choose_runs(storage_dir: str | Path) -> Selection:
         raise CompareError(
             f"no complete saved run of this machine to compare {current.name} with in "
             f"{Path(current).parent}: " + "; ".join(line for _, line in skipped) + ". By default the baseline "
-            f"is a complete run (no failed case, not stopped by -x / --maxfail or a crash) of the same "
-            f"machine: save one, or name the runs to compare: ddpbench compare BASELINE CURRENT")
+            "is a complete run (no failed case, not stopped by -x / --maxfail or a crash) of the same "
+            "machine: save one, or name the runs to compare: ddpbench compare BASELINE CURRENT")
     lines = [f"baseline chosen: {why}"]
     skipped = [line for path, line in skipped if storage.run_number(path) > storage.run_number(chosen)]
     lines += [f"passed over {line}" for line in skipped[:_SHOWN_SKIPS]]
@@ -412,7 +412,7 @@ def _check_comparable(result: Comparison, base: Run, cur: Run, allowed: set[str]
     if refused:
         facts = ",".join(d.fact for d in refused)
         raise CompareError(
-            f"the runs are not comparable: what decides their cases' measurements differs: "
+            "the runs are not comparable: what decides their cases' measurements differs: "
             + "; ".join(d.describe() for d in refused)
             + f" ({base.label} -> {cur.label}). A verdict would mix that change with the code's. Compare "
               f"runs measured alike, or accept the difference with --allow-different {facts} "

@@ -36,6 +36,7 @@ def _source(commit: str | None, where: Path) -> Path:
     else:
         archive = subprocess.run(["git", "archive", commit, "src/ddpbench"], cwd=ROOT, check=True,
                                  capture_output=True).stdout
+        where.mkdir(parents=True, exist_ok=True)
         subprocess.run(["tar", "-x", "--strip-components=1", "-C", str(where)], input=archive, check=True)
     return where
 

@@ -261,7 +261,7 @@ def test_after_confirming_bad_the_probes_split_the_step_at_its_geometric_midpoin
     import io
     import types
 
-    from ddpbench.bisect import Bisect, CaseVerdict, Probe
+    from ddpbench.bisect import Bisect, ProbeCase, Probe
 
     def search_with(pytest_args, cases):
         search = Bisect(types.SimpleNamespace(max_time=1.0, pytest_args=pytest_args, keyword=None),
@@ -277,12 +277,12 @@ def test_after_confirming_bad_the_probes_split_the_step_at_its_geometric_midpoin
         assert search.search() == 0
         return search
 
-    step = [CaseVerdict("test_step[gloo-2p]", "regression", 2.17, (2.006, 2.340))]
+    step = [ProbeCase("test_step[gloo-2p]", "regression", 2.17, (2.006, 2.340))]
     search = search_with([], step)
     assert search.threshold == pytest.approx(2.006 ** 0.5 - 1)
     assert "--dist-ab-threshold=41.6%" in search.out.getvalue()
     assert search_with(["--dist-ab-threshold=10%"], step).threshold is None
     # A small step never splits below the gate's default; a missing case (no interval) keeps it too.
-    small = [CaseVerdict("test_step[gloo-2p]", "regression", 1.07, (1.06, 1.09))]
+    small = [ProbeCase("test_step[gloo-2p]", "regression", 1.07, (1.06, 1.09))]
     assert search_with([], small).threshold == 0.05
-    assert search_with([], [CaseVerdict("test_step[gloo-2p]", "missing")]).threshold is None
+    assert search_with([], [ProbeCase("test_step[gloo-2p]", "missing")]).threshold is None

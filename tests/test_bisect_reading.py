@@ -25,7 +25,7 @@ import pytest
 from benchjson import bench, run_doc
 from census_records import census
 from ddpbench import bisect as bisect_module
-from ddpbench.bisect import Bisect, CaseVerdict
+from ddpbench.bisect import Bisect, ProbeCase
 
 A, B = "benchmarks/test_x.py::test_a", "benchmarks/test_x.py::test_b"
 BASE = census(("all_reduce", "float32", 2, [4096]))
@@ -140,14 +140,14 @@ def test_a_missing_case_is_a_skip_with_its_reason_unless_missing_is_bad(tmp_path
 def test_read_probe_judges_only_what_bad_judged():
     from ddpbench.bisect import read_probe
 
-    slower, same = CaseVerdict(A, "regression", 2.0, (1.9, 2.1)), CaseVerdict(B, "same", 1.0, (0.95, 1.05))
+    slower, same = ProbeCase(A, "regression", 2.0, (1.9, 2.1)), ProbeCase(B, "same", 1.0, (0.95, 1.05))
     assert read_probe([slower, same]) == ("bad", "")
     assert read_probe([same], [A, B]) == ("skip", f"not judged here: {A} (not in the run)")
-    assert read_probe([same, CaseVerdict(A, "inconclusive", 1.2, (0.9, 1.6))], [A, B]) == ("inconclusive", "")
-    assert read_probe([same, CaseVerdict(A, "improvement", 0.5, (0.4, 0.6))], [A, B]) == ("good", "")
+    assert read_probe([same, ProbeCase(A, "inconclusive", 1.2, (0.9, 1.6))], [A, B]) == ("inconclusive", "")
+    assert read_probe([same, ProbeCase(A, "improvement", 0.5, (0.4, 0.6))], [A, B]) == ("good", "")
     # A case BAD did not judge (new there) is not asked for; a baseline failure is not a verdict.
     assert read_probe([same], [B]) == ("good", "")
-    outcome, note = read_probe([same, CaseVerdict(A, "baseline-failed", reason="baseline pool 0 failed")], [A, B])
+    outcome, note = read_probe([same, ProbeCase(A, "baseline-failed", reason="baseline pool 0 failed")], [A, B])
     assert (outcome, note) == ("skip", f"not judged here: {A} (baseline-failed)")
     assert read_probe([]) == ("skip", "no A/B verdict in the run")
 

@@ -82,7 +82,10 @@ def printable(text: str) -> str:
 
 
 @dataclass
-class CaseVerdict:
+class ProbeCase:
+    """One case's verdict as a probe's A/B run gave it (the gate's ``CaseVerdict``, reduced to
+    what the search and its table need)."""
+
     name: str
     verdict: str
     ratio: float | None = None
@@ -104,7 +107,7 @@ class Probe:
     sha: str
     subject: str
     outcome: str = ""  # good / bad / inconclusive / skip
-    cases: list[CaseVerdict] = field(default_factory=list)
+    cases: list[ProbeCase] = field(default_factory=list)
     seconds: float = 0.0
     runs: int = 0
     note: str = ""
@@ -115,7 +118,7 @@ class Probe:
         return " -- ".join(part for part in (cases, printable(self.note)) if part)
 
 
-def read_probe(cases: Sequence[CaseVerdict], reference: Sequence[str] | None = None,
+def read_probe(cases: Sequence[ProbeCase], reference: Sequence[str] | None = None,
                missing_is_bad: bool = False) -> tuple[str, str]:
     """How bisect reads one A/B run's verdicts: (outcome, note). ``reference``: the cases BAD
     judged (None while BAD itself is read: every case of the run is then one).
@@ -150,7 +153,7 @@ def read_probe(cases: Sequence[CaseVerdict], reference: Sequence[str] | None = N
     return ("good" if verdicts <= set(GOOD_VERDICTS) else "inconclusive"), ""
 
 
-def judged_cases(cases: Sequence[CaseVerdict], missing_is_bad: bool = False) -> list[str]:
+def judged_cases(cases: Sequence[ProbeCase], missing_is_bad: bool = False) -> list[str]:
     """The cases a confirmed BAD judged: each later probe must judge them too (:func:`read_probe`)."""
     return [c.name for c in cases if c.verdict in TIMED or (missing_is_bad and c.verdict == "missing")]
 
@@ -450,7 +453,7 @@ class Bisect:
         except VerdictError as exc:
             probe.outcome, probe.cases, probe.note = "skip", [], f"the A/B run's verdicts cannot be read: {exc}"
             return
-        cases = [CaseVerdict(v.name, v.verdict, v.ratio,
+        cases = [ProbeCase(v.name, v.verdict, v.ratio,
                              (v.ci_low, v.ci_high) if v.ci_low is not None and v.ci_high is not None else None,
                              v.structure.cell() if v.structure is not None and v.structure.verdict != "same" else "",
                              v.reason or "")

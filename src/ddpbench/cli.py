@@ -404,14 +404,14 @@ def run_history(args) -> int:
 
 
 def run_census(args) -> int:
-    from .scale.command import DEFAULT_CHART, CensusError, run_census as census
+    from .scale.command import DEFAULT_CHART, CensusInputError, run_census as census
 
     problem = not args.no_chart and output_problem("--chart", args.chart, DEFAULT_CHART)
     if problem:
         return _error("census", problem)
     try:
         return census(args)
-    except CensusError as exc:
+    except CensusInputError as exc:
         return _error("census", str(exc))
 
 

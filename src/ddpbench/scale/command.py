@@ -179,26 +179,26 @@ def memory_problem(workload, world_sizes: list[int], memory: bool = True) -> str
             f"{', '.join(fixes[:-1])} or {fixes[-1]}, or a machine with more memory")
 
 
-class CensusError(ValueError):
+class CensusInputError(ValueError):
     """Bad input to ``ddpbench census``: the message names the problem and the fix (exit 2)."""
 
 
 def run_census(args) -> int:
     """Simulate, print the table (or JSON) and write the chart (``args.chart``, whose folder the
-    caller has checked); CensusError on bad input."""
+    caller has checked); CensusInputError on bad input."""
     try:
         workload = build_workload(args)
     except ValueError as exc:
-        raise CensusError(str(exc)) from None
+        raise CensusInputError(str(exc)) from None
     problem = memory_problem(workload, args.world_sizes, not args.no_memory)
     if problem:
-        raise CensusError(problem)
+        raise CensusInputError(problem)
     from . import census_at_scale
     from .output import chart_unavailable, format_table, to_json, write_chart
 
     problem = not args.no_chart and chart_unavailable()
     if problem:
-        raise CensusError(problem)
+        raise CensusInputError(problem)
     import torch
 
     torch.set_num_threads(1)  # bookkeeping, not a measurement: one thread shares a busy machine best
@@ -212,7 +212,7 @@ def run_census(args) -> int:
         Path(args.chart).parent.mkdir(parents=True, exist_ok=True)  # only the default's folder may be missing
         path = write_chart(result, args.chart)
     except OSError as exc:
-        raise CensusError(f"cannot write the chart to {args.chart} ({exc.strerror or exc}); give another "
+        raise CensusInputError(f"cannot write the chart to {args.chart} ({exc.strerror or exc}); give another "
                           f"--chart") from None
     print(f"census chart: {path}", file=sys.stderr)
     return 0

@@ -205,32 +205,8 @@ def _ab_step(name: str):
 
 
 @pytest.mark.parametrize("labels, accepted", [
-    ((), False),
-    (("benchmarks-removed",), False),  # another label does not accept a structural change
-    (("structure-changed",), True),
-])
-@pytest.mark.parametrize("name, command, option", [
-    ("A/B gate (collectives and one training case)", "pytest", "--dist-ab-accept-structure-change"),
-    ("Verdict table", "ddpbench", "--accept-structure-change"),
-])
-def test_ab_structure_changed_label_passes_the_accepting_option(tmp_path, labels, accepted, name, command, option):
-    step, shell, env = _ab_step(name)
-    workspace = _workspace(tmp_path)
-    (workspace / "head" / "ab.json").write_text("{}")  # the verdict table step reads the gate's run
-    args = tmp_path / "args.txt"
-    _fake(workspace / "head" / ".venv" / "bin" / command, f'printf "%s\\n" "$@" > {args}')
-    result = _run_step(step, shell, env, workspace, labels=labels)
-    assert result.returncode == 0, result.stdout + result.stderr
-    given = args.read_text().splitlines()
-    assert (option in given) is accepted, given
-    if command == "pytest":  # the rest of the gate's command line is as before
-        assert "--benchmark-json=ab.json" in given and "--dist-baseline-python=../base/.venv/bin/python" in given
-    else:
-        assert given[:3] == ["compare", "ab.json", "--markdown"]
-
-
-@pytest.mark.parametrize("labels, accepted", [
     ((), set()),
+    (("benchmarks-removed",), set()),  # another label accepts no change
     (("structure-changed",), {"structure"}),  # one label accepts its own change only
     (("memory-changed",), {"memory"}),
     (("memory-changed", "structure-changed"), {"structure", "memory"}),
@@ -239,13 +215,17 @@ def test_ab_structure_changed_label_passes_the_accepting_option(tmp_path, labels
     ("A/B gate (collectives and one training case)", "pytest", "--dist-ab-"),
     ("Verdict table", "ddpbench", "--"),
 ])
-def test_ab_memory_changed_label_passes_the_accepting_option(tmp_path, labels, accepted, name, command, prefix):
+def test_ab_change_labels_pass_their_accepting_options(tmp_path, labels, accepted, name, command, prefix):
     step, shell, env = _ab_step(name)
     workspace = _workspace(tmp_path)
-    (workspace / "head" / "ab.json").write_text("{}")
+    (workspace / "head" / "ab.json").write_text("{}")  # the verdict table step reads the gate's run
     args = tmp_path / "args.txt"
     _fake(workspace / "head" / ".venv" / "bin" / command, f'printf "%s\\n" "$@" > {args}')
     result = _run_step(step, shell, env, workspace, labels=labels)
     assert result.returncode == 0, result.stdout + result.stderr
     given = args.read_text().splitlines()
     assert {kind for kind in ("structure", "memory") if f"{prefix}accept-{kind}-change" in given} == accepted, given
+    if command == "pytest":  # the rest of the gate's command line is as before
+        assert "--benchmark-json=ab.json" in given and "--dist-baseline-python=../base/.venv/bin/python" in given
+    else:
+        assert given[:3] == ["compare", "ab.json", "--markdown"]

@@ -102,18 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-baseline-failure", action="store_true",
                    help="A/B runs: cases whose baseline side failed (raised, died, hung) are listed but "
                         "do not fail the gate")
-    c.add_argument("--accept-structure-change", action="store_true",
-                   help="a structural regression (more collectives, bytes, buckets, graph breaks or "
-                        "recompiles per step than the baseline's census) made on purpose: shown as "
-                        "accepted, not failing the gate")
-    c.add_argument("--accept-memory-change", action="store_true",
-                   help="a memory regression (a larger census peak, more of a category at the peak, or "
-                        "more kept after the step than the baseline's memory census) made on purpose: "
-                        "shown as accepted, not failing the gate")
+    c.add_argument("--accept-structure-change", action="store_true", help=opts.ACCEPT_STRUCTURE_HELP)
+    c.add_argument("--accept-memory-change", action="store_true", help=opts.ACCEPT_MEMORY_HELP)
     c.add_argument("--memory-tolerance", type=opts.parse_memory_tolerance, default=None, metavar="FRACTION",
-                   help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): "
-                        "more than FRACTION (e.g. 0.1) above the baseline's is a memory regression. "
-                        "Default: shown, not judged")
+                   help=opts.MEMORY_TOLERANCE_HELP)
     c.add_argument("--fail-on-inconclusive", action="store_true",
                    help="exit 1 when a case is inconclusive (neither a change nor the same within the "
                         "threshold); by default they are counted and exit 0")

@@ -157,16 +157,21 @@ def parse_min_time(text: str) -> float:
     return _positive_number(float, text, "seconds", maximum=MAX_MIN_TIME_SECONDS)
 
 
-def parse_precision(text: str) -> float:
-    """'1%' or '0.01' -> 0.01; '0' turns the early stop off."""
+def _share(text: str) -> float | None:
+    """'10%' -> 0.1, '0.1' -> 0.1 (a bare number is a fraction); None when it is no number."""
     value = text.strip()
-    percent = value.endswith("%")
     try:
         number = float(value.rstrip("%"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a precision; write e.g. 1% or 0.01 (0: off)") from None
-    if percent:
-        number /= 100.0
+        return None
+    return number / 100.0 if value.endswith("%") else number
+
+
+def parse_precision(text: str) -> float:
+    """'1%' or '0.01' -> 0.01; '0' turns the early stop off."""
+    number = _share(text)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a precision; write e.g. 1% or 0.01 (0: off)")
     if not 0 <= number < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: the precision must lie between 0 and 1 (0% and 100%)")
     return number
@@ -174,15 +179,8 @@ def parse_precision(text: str) -> float:
 
 def parse_memory_tolerance(text: str) -> float:
     """'10%' or '0.1' -> 0.1: how far above the baseline's a measured CUDA memory figure may go."""
-    value = text.strip()
-    percent = value.endswith("%")
-    try:
-        number = float(value.rstrip("%"))
-    except ValueError:
-        number = math.nan
-    if percent:
-        number /= 100.0
-    if not (math.isfinite(number) and number >= 0):
+    number = _share(text)
+    if number is None or not (math.isfinite(number) and number >= 0):
         raise argparse.ArgumentTypeError(f"{text!r}: give a share of the baseline's figure, e.g. 10% or 0.1 "
                                          f"(0 or more)")
     return number
@@ -226,3 +224,16 @@ def name_list(valid, what: str, example: str):
         return list(dict.fromkeys(items))
 
     return parse
+
+
+# Help of the gate options that both gates take (pytest's --dist-ab-* and ddpbench compare's
+# spelling): written once here, so the two cannot drift apart.
+ACCEPT_STRUCTURE_HELP = ("a structural regression (more collectives, bytes, buckets, graph breaks or recompiles "
+                         "per step than the baseline's census) made on purpose: shown as accepted instead of "
+                         "failing the gate")
+ACCEPT_MEMORY_HELP = ("a memory regression (a larger memory census peak, more of a category at the peak, or more "
+                      "kept after the step than the baseline's) made on purpose: shown as accepted instead of "
+                      "failing the gate")
+MEMORY_TOLERANCE_HELP = ("also judge the measured CUDA max allocated (not exact: caching, fragmentation): more "
+                         "than FRACTION (e.g. 0.1) above the baseline's is a memory regression. Default: shown, "
+                         "not judged")

@@ -174,19 +174,10 @@ def pytest_addoption(parser):
     ab.addoption("--dist-ab-allow-baseline-failure", action="store_true",
                  help="a case whose baseline side failed (raised, died, hung) while the candidate ran "
                       "it does not fail the run (its verdict is baseline-failed either way)")
-    ab.addoption("--dist-ab-accept-structure-change", action="store_true",
-                 help="a structural regression (more collectives, bytes, buckets, graph breaks or "
-                      "recompiles per step than the baseline's census) made on purpose: shown as "
-                      "accepted instead of failing the run")
-    ab.addoption("--dist-ab-accept-memory-change", action="store_true",
-                 help="a memory regression (a larger memory census peak, more of a category at the "
-                      "peak, or more kept after the step than the baseline's) made on purpose: shown "
-                      "as accepted instead of failing the run")
+    ab.addoption("--dist-ab-accept-structure-change", action="store_true", help=opts.ACCEPT_STRUCTURE_HELP)
+    ab.addoption("--dist-ab-accept-memory-change", action="store_true", help=opts.ACCEPT_MEMORY_HELP)
     ab.addoption("--dist-ab-memory-tolerance", type=opts.parse_memory_tolerance, default=None,
-                 metavar="FRACTION",
-                 help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): "
-                      "more than FRACTION (e.g. 0.1) above the baseline's is a memory regression. "
-                      "Default: shown, not judged")
+                 metavar="FRACTION", help=opts.MEMORY_TOLERANCE_HELP)
     ab.addoption("--dist-ab-fail-on-inconclusive", action="store_true",
                  help="exit 1 when any case is inconclusive (by default they are counted and exit 0)")
     ab.addoption("--dist-ab-profile", choices=PROFILE_MODES, default=DEFAULT_PROFILE,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .structure import NOT_COUNTED, CensusError, StructureVerdict, size_text
+from .structure import NOT_COUNTED, StructureVerdict, bad_field, read_both, size_text
 
 MEMORY_KEY = "memory"  # extra_info key of a case's memory census (the candidate's in A/B mode)
 BASELINE_MEMORY_KEY = "memory_baseline"  # extra_info["ab"] key of the A/B baseline's memory census
@@ -50,20 +50,15 @@ _LABELS = {"optimizer_state": "optimizer state", "ddp_buckets": "DDP buckets",
            "unsharded_gradients": "unsharded gradients"}
 
 
-def _bad(where: str, value, expected: str):
-    text = repr(value)
-    raise CensusError(f"{where} is {text if len(text) <= 60 else text[:57] + '...'}, expected {expected}")
-
-
 def _bytes(value, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        _bad(where, value, "a whole number of bytes >= 0")
+        bad_field(where, value, "a whole number of bytes >= 0")
     return value
 
 
 def _categories(value, where: str) -> dict[str, int]:
     if not isinstance(value, dict):
-        _bad(where, value, "bytes per category (an object)")
+        bad_field(where, value, "bytes per category (an object)")
     return {str(k): _bytes(v, f"{where}.{k}") for k, v in value.items()}
 
 
@@ -71,7 +66,7 @@ def read_memory(record: Any, where: str = MEMORY_KEY) -> dict[str, Any] | str:
     """The judged figures of a record, or (a str) why it is not counted; :class:`CensusError` for a
     field that does not hold what the format says."""
     if not isinstance(record, dict):
-        _bad(where, record, "the case's memory census (an object)")
+        bad_field(where, record, "the case's memory census (an object)")
     version = record.get("version")
     if version != MEMORY_VERSION:
         return f"memory census version {version!r} (this ddpbench reads version {MEMORY_VERSION})"
@@ -79,11 +74,11 @@ def read_memory(record: Any, where: str = MEMORY_KEY) -> dict[str, Any] | str:
         return f"its memory census is incomplete ({record['incomplete']})"
     for name in ("method", "device"):
         if not isinstance(record.get(name), str):
-            _bad(f"{where}.{name}", record.get(name), "text")
+            bad_field(f"{where}.{name}", record.get(name), "text")
     peak = _bytes(record.get("max_peak_bytes", record.get("peak_bytes")), f"{where}.peak_bytes")
     where_at = record.get("peak_at") or {}
     if not isinstance(where_at, dict):
-        _bad(f"{where}.peak_at", where_at, "an object (module, phase)")
+        bad_field(f"{where}.peak_at", where_at, "an object (module, phase)")
     measured = record.get("measured")
     allocated = None
     if isinstance(measured, dict) and measured.get("max_allocated_bytes") is not None:
@@ -124,21 +119,10 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
     naming what changed, e.g. ``peak +8.0 MiB: activations +8.0 MiB, at blocks.0 backward``.
     ``tolerance``: judge the measured CUDA max allocated too, a regression past that share above
     the baseline's (None: shown, not judged)."""
-    sides = {"baseline": baseline, current_label: current}
-    absent = [name for name, record in sides.items() if record is None]
-    if absent:
-        return StructureVerdict(NOT_COUNTED, f"the {absent[0]} recorded no memory census" if len(absent) == 1
-                                else "neither side recorded a memory census")
-    read = {}
-    for (name, record), field in zip(sides.items(), fields):
-        try:
-            read[name] = read_memory(record, field)
-        except CensusError as exc:
-            raise CensusError(str(exc), name) from None
-    other = [f"{name}: {why}" for name, why in read.items() if isinstance(why, str)]
-    if other:
-        return StructureVerdict(NOT_COUNTED, "; ".join(other))
-    base, cur = read["baseline"], read[current_label]
+    read = read_both(baseline, current, current_label, fields, read_memory, "memory census")
+    if isinstance(read, StructureVerdict):
+        return read
+    base, cur = read
     for fact in ("method", "device"):
         if base[fact] != cur[fact]:
             return StructureVerdict(NOT_COUNTED, f"counted differently (baseline {fact} {base[fact]}, "

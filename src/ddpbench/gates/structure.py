@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 CENSUS_KEY = "census"  # extra_info key of a case's census (the candidate's in A/B mode)
 BASELINE_CENSUS_KEY = "census_baseline"  # extra_info["ab"] key of the A/B baseline's census
@@ -105,11 +105,12 @@ def _count(value, where: str, optional: bool = False) -> float | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return _bad(where, value, "a number >= 0" + (" or null" if optional else ""))
+        return bad_field(where, value, "a number >= 0" + (" or null" if optional else ""))
     return value
 
 
-def _bad(where: str, value, expected: str):
+def bad_field(where: str, value, expected: str):
+    """Raise the CensusError naming a record's field that does not hold what its format says."""
     raise CensusError(f"{where} is {_show(value)}, expected {expected}")
 
 
@@ -117,14 +118,14 @@ def _sizes(value, where: str, optional: bool) -> tuple[float, ...] | None:
     if value is None and optional:
         return None
     if not isinstance(value, list):
-        return _bad(where, value, "a list of byte counts" + (" or null" if optional else ""))
+        return bad_field(where, value, "a list of byte counts" + (" or null" if optional else ""))
     return tuple(sorted(_count(v, f"{where}[{i}]") for i, v in enumerate(value)))
 
 
 def _peer(value, where: str):
     if value is None or value == "any" or (isinstance(value, int) and not isinstance(value, bool)):
         return value
-    return _bad(where, value, 'an offset within the group (a whole number), "any" or null')
+    return bad_field(where, value, 'an offset within the group (a whole number), "any" or null')
 
 
 def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
@@ -132,7 +133,7 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
     a census marked incomplete or varying between steps); :class:`CensusError` for a field that does
     not hold what the format says. ``where`` names it in messages."""
     if not isinstance(census, dict):
-        _bad(where, census, "the case's census (an object)")
+        bad_field(where, census, "the case's census (an object)")
     version = census.get("version")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
         return (f"census version {_show(version)} (this ddpbench reads versions "
@@ -140,41 +141,41 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
     incomplete = census.get("incomplete")
     if incomplete is not None:  # part of the step escapes the count
         if not isinstance(incomplete, str) or not incomplete:
-            _bad(f"{where}.incomplete", incomplete, "text (why the census misses collectives)")
+            bad_field(f"{where}.incomplete", incomplete, "text (why the census misses collectives)")
         return f"its census is incomplete ({incomplete})"
     varies = census.get("varies_between_steps")
     if varies is not None:
         if not isinstance(varies, str) or not varies:
-            _bad(f"{where}.varies_between_steps", varies, "text (how the steps' collectives differ)")
+            bad_field(f"{where}.varies_between_steps", varies, "text (how the steps' collectives differ)")
         return f"its collectives vary between steps ({varies})"
     method = census.get("method")
     if not isinstance(method, str):
-        _bad(f"{where}.method", method, "text (how it was counted)")
+        bad_field(f"{where}.method", method, "text (how it was counted)")
     entries = census.get("collectives")
     if not isinstance(entries, list):
-        _bad(f"{where}.collectives", entries, "a list of collectives")
+        bad_field(f"{where}.collectives", entries, "a list of collectives")
     collectives: dict = {}
     for i, entry in enumerate(entries):
         at = f"{where}.collectives[{i}]"
         if not isinstance(entry, dict):
-            _bad(at, entry, "an object (kind, dtype, group_size, count, bytes, call_bytes)")
+            bad_field(at, entry, "an object (kind, dtype, group_size, count, bytes, call_bytes)")
         for name in ("kind", "dtype"):
             if not isinstance(entry.get(name), str):
-                _bad(f"{at}.{name}", entry.get(name), "text")
+                bad_field(f"{at}.{name}", entry.get(name), "text")
         group = entry.get("group_size")
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-            _bad(f"{at}.group_size", group, "a whole number >= 1")
+            bad_field(f"{at}.group_size", group, "a whole number >= 1")
         count, size = _count(entry.get("count"), f"{at}.count"), _count(entry.get("bytes"), f"{at}.bytes")
         calls = _sizes(entry.get("call_bytes"), f"{at}.call_bytes", optional=True)
         identity = peer = data = None
         if version >= 2:
             identity = entry.get("group")
             if not isinstance(identity, str) or not identity:
-                _bad(f"{at}.group", identity, "text (which process group)")
+                bad_field(f"{at}.group", identity, "text (which process group)")
             peer = _peer(entry.get("peer"), f"{at}.peer")
             data = entry.get("data_dependent_bytes")
             if data is not None and (not isinstance(data, str) or not data):
-                _bad(f"{at}.data_dependent_bytes", data, "text (why its bytes depend on the data) or null")
+                bad_field(f"{at}.data_dependent_bytes", data, "text (why its bytes depend on the data) or null")
         key = (entry["kind"], entry["dtype"], group, identity, peer)
         if key in collectives:  # one entry per key by the format; two are added up, not lost
             before = collectives[key]
@@ -184,7 +185,7 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
             collectives[key] = (count, size, calls, data)
     disagree = census.get("ranks_disagree", False)
     if not isinstance(disagree, bool):
-        _bad(f"{where}.ranks_disagree", disagree, "true or false")
+        bad_field(f"{where}.ranks_disagree", disagree, "true or false")
     return _Census(version, method, collectives,
                    _sizes(census.get("ddp_buckets"), f"{where}.ddp_buckets", optional=True),
                    *(_count(census.get(name), f"{where}.{name}", optional=True)
@@ -293,27 +294,38 @@ def _key_order(key) -> tuple:
     return kind, dtype, size, group or "", (0, peer) if isinstance(peer, int) else (1, str(peer))
 
 
+def read_both(baseline: Any, current: Any, current_label: str, fields: tuple[str, str],
+              reader: Callable[[Any, str], Any], what: str):
+    """Both sides' records read by ``reader`` (which returns the read record, or a string saying why
+    it is not counted), as (baseline, current); or the ``not counted`` verdict when a side recorded
+    none or cannot be counted. :class:`CensusError` for a malformed record names its side."""
+    sides = {"baseline": baseline, current_label: current}
+    absent = [name for name, record in sides.items() if record is None]
+    if absent:
+        return StructureVerdict(NOT_COUNTED, f"the {absent[0]} recorded no {what}" if len(absent) == 1
+                                else f"neither side recorded a {what}")
+    read = {}
+    for (name, record), field in zip(sides.items(), fields):
+        try:
+            read[name] = reader(record, field)
+        except CensusError as exc:
+            raise CensusError(str(exc), name) from None
+    other = [f"{name}: {why}" for name, why in read.items() if isinstance(why, str)]
+    if other:
+        return StructureVerdict(NOT_COUNTED, "; ".join(other))
+    return read["baseline"], read[current_label]
+
+
 def compare_census(baseline: Any, current: Any, current_label: str = "current",
                    fields: tuple[str, str] = (CENSUS_KEY, CENSUS_KEY)) -> StructureVerdict:
     """The structural verdict of ``current`` against ``baseline`` (each a census or None) with the
     line naming each change, e.g. ``all_reduce float32 ×2: 3 → 4 per step, +1.0 MiB; buckets 2 →
     4``; :class:`CensusError` for a malformed one, naming its side and its field (``fields``: how
     each side's census is named in a message, baseline's first)."""
-    sides = {"baseline": baseline, current_label: current}
-    absent = [name for name, census in sides.items() if census is None]
-    if absent:
-        return StructureVerdict(NOT_COUNTED, f"the {absent[0]} recorded no census" if len(absent) == 1
-                                else "neither side recorded a census")
-    read = {}
-    for (name, census), field in zip(sides.items(), fields):
-        try:
-            read[name] = read_census(census, field)
-        except CensusError as exc:
-            raise CensusError(str(exc), name) from None
-    other = [f"{name}: {why}" for name, why in read.items() if isinstance(why, str)]
-    if other:
-        return StructureVerdict(NOT_COUNTED, "; ".join(other))
-    base, cur = read["baseline"], read[current_label]
+    read = read_both(baseline, current, current_label, fields, read_census, "census")
+    if isinstance(read, StructureVerdict):
+        return read
+    base, cur = read
     if base.version != cur.version:
         return StructureVerdict(NOT_COUNTED, f"census versions differ (baseline {base.version}, {current_label} "
                                              f"{cur.version}): version 1 tells neither process groups nor "

@@ -105,12 +105,6 @@ def interpreter_environment(python: str) -> tuple[str, str] | None:
     return (lines[-2], lines[-1]) if out.returncode == 0 and len(lines) >= 2 else None
 
 
-def interpreter_prefix(python: str) -> str | None:
-    """``sys.prefix`` of the environment ``python`` runs in (resolved), or None."""
-    found = interpreter_environment(python)
-    return found[0] if found else None
-
-
 def this_environment() -> tuple[str, str]:
     """The controller's own (``sys.prefix``, binary), resolved as :func:`interpreter_environment` does."""
     return os.path.realpath(sys.prefix), os.path.realpath(sys.executable)

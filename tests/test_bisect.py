@@ -212,77 +212,76 @@ def test_an_interrupt_removes_the_worktrees(tmp_path, scratch):
 
 
 def test_the_baseline_gets_the_import_folder_of_each_selected_test_file(tmp_path):
-    from ddpbench.bisect import _import_dirs
+    from ddpbench.bisect.runner import import_dirs
 
     (tmp_path / "benchmarks" / "pkg").mkdir(parents=True)
     (tmp_path / "benchmarks" / "pkg" / "__init__.py").write_text("")
     (tmp_path / "benchmarks" / "pkg" / "test_x.py").write_text("")
     (tmp_path / "test_y.py").write_text("")
     # The root itself is on the baseline's path already; a package's tests import from above it.
-    assert _import_dirs(tmp_path, ["benchmarks/pkg/test_x.py::test_a", "test_y.py::test_b"], "") == ["benchmarks"]
+    assert import_dirs(tmp_path, ["benchmarks/pkg/test_x.py::test_a", "test_y.py::test_b"], "") == ["benchmarks"]
     # Run from a sub-folder, node ids are relative to it (or to the rootdir, when an ini sits above).
-    assert _import_dirs(tmp_path, ["pkg/test_x.py::test_a"], "benchmarks/") == ["benchmarks"]
+    assert import_dirs(tmp_path, ["pkg/test_x.py::test_a"], "benchmarks/") == ["benchmarks"]
 
 
-def test_skipped_commits_between_the_last_good_and_first_bad_leave_it_undecided(capsys):
-    # The search alone, with each probe's outcome given: 0-7 good, 8-9 unmeasurable, 10 on bad.
+def _without_runs(tmp_path, commits, pytest_args, outcome_of, cases=()):
+    """A Bisect over ``commits`` whose probes read ``outcome_of(index)``, with ``cases``; no git, no pytest."""
     import io
-    import types
 
-    from ddpbench.bisect import Bisect, Probe
+    from ddpbench.bisect import Bisect, Checkout, Options, Probe
 
-    outcomes = ["good"] * 8 + ["skip"] * 2 + ["bad"] * 6
-    search = Bisect(types.SimpleNamespace(max_time=1.0, pytest_args=[], keyword=None), out=io.StringIO())
-    search.commits, search.good = [f"{i:040x}" for i in range(1, 17)], "0" * 40
-    order = []
+    checkout = Checkout(tmp_path, "", "0" * 40, commits[-1], commits)
+    search = Bisect(checkout, Options(max_time=1.0, pytest_args=pytest_args), tmp_path, out=io.StringIO())
 
-    def probe(index):
-        order.append(index)
-        search.probes[index] = Probe(index, search.commits[index], f"commit {index}", outcomes[index],
-                                     command="(command)")
-        return search.probes[index]
+    def probe(sha):
+        index = commits.index(sha)
+        search.probes[sha] = Probe(index, sha, f"commit {index}", outcome_of(index), cases=list(cases),
+                                   command="(command)")
+        return search.probes[sha]
 
     search.probe = probe
+    return search
+
+
+def test_skipped_commits_between_the_last_good_and_first_bad_leave_it_undecided(tmp_path):
+    # The search alone, with each probe's outcome given: 0-7 good, 8-9 unmeasurable, 10 on bad.
+    outcomes = ["good"] * 8 + ["skip"] * 2 + ["bad"] * 6
+    order = []
+
+    def outcome_of(index):
+        order.append(index)
+        return outcomes[index]
+
+    commits = [f"{i:040x}" for i in range(1, 17)]
+    search = _without_runs(tmp_path, commits, [], outcome_of)
     assert search.search() == 1
     # BAD first, then the middle of what is left; after a skip (9) the untested commit nearest the
     # middle (8 and 10 tie: the earlier), until only skipped commits lie between good and bad.
     assert order == [15, 7, 11, 9, 8, 10]
     text = search.out.getvalue()
-    assert f"the first bad commit is one of {search.commits[8][:12]}, {search.commits[9][:12]}, " \
-           f"{search.commits[10][:12]}" in text
+    assert f"the first bad commit is one of {commits[8][:12]}, {commits[9][:12]}, {commits[10][:12]}" in text
     outcomes[8:10] = ["good", "bad"]  # measurable after all: found
     search.probes.clear(), order.clear()
-    assert search.search() == 0 and f"first bad commit: {search.commits[9]} commit 9" in search.out.getvalue()
+    assert search.search() == 0 and f"first bad commit: {commits[9]} commit 9" in search.out.getvalue()
 
 
-def test_after_confirming_bad_the_probes_split_the_step_at_its_geometric_midpoint():
+def test_after_confirming_bad_the_probes_split_the_step_at_its_geometric_midpoint(tmp_path):
     # BAD x2.17 [2.006, 2.340]: later probes use threshold sqrt(2.006) - 1 = 41.6%, so a commit
     # at x1.0 reads `same` instead of `inconclusive` at +-5%. A threshold the user set is kept.
-    import io
-    import types
-
-    from ddpbench.bisect import Bisect, ProbeCase, Probe
+    from ddpbench.bisect import ProbeCase
 
     def search_with(pytest_args, cases):
-        search = Bisect(types.SimpleNamespace(max_time=1.0, pytest_args=pytest_args, keyword=None),
-                        out=io.StringIO())
-        search.commits, search.good = [f"{i:040x}" for i in range(1, 5)], "0" * 40
-
-        def probe(index):
-            search.probes[index] = Probe(index, search.commits[index], f"commit {index}",
-                                         "bad" if index >= 2 else "good", cases=cases, command="(command)")
-            return search.probes[index]
-
-        search.probe = probe
+        commits = [f"{i:040x}" for i in range(1, 5)]
+        search = _without_runs(tmp_path, commits, pytest_args, lambda i: "bad" if i >= 2 else "good", cases)
         assert search.search() == 0
         return search
 
     step = [ProbeCase("test_step[gloo-2p]", "regression", 2.17, (2.006, 2.340))]
     search = search_with([], step)
-    assert search.threshold == pytest.approx(2.006 ** 0.5 - 1)
+    assert search.runner.threshold == pytest.approx(2.006 ** 0.5 - 1)
     assert "--dist-ab-threshold=41.6%" in search.out.getvalue()
-    assert search_with(["--dist-ab-threshold=10%"], step).threshold is None
+    assert search_with(["--dist-ab-threshold=10%"], step).runner.threshold is None
     # A small step never splits below the gate's default; a missing case (no interval) keeps it too.
     small = [ProbeCase("test_step[gloo-2p]", "regression", 1.07, (1.06, 1.09))]
-    assert search_with([], small).threshold == 0.05
-    assert search_with([], [ProbeCase("test_step[gloo-2p]", "missing")]).threshold is None
+    assert search_with([], small).runner.threshold == 0.05
+    assert search_with([], [ProbeCase("test_step[gloo-2p]", "missing")]).runner.threshold is None

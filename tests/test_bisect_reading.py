@@ -17,15 +17,15 @@ import io
 import json
 import subprocess
 import time
-import types
 from pathlib import Path
 
 import pytest
 
 from benchjson import bench, run_doc
 from census_records import census
-from ddpbench import bisect as bisect_module
-from ddpbench.bisect import Bisect, ProbeCase
+from ddpbench.bisect import Bisect, BisectError, Checkout, Options, ProbeCase
+from ddpbench.bisect import inputs
+from ddpbench.bisect.inputs import check_input
 
 A, B = "benchmarks/test_x.py::test_a", "benchmarks/test_x.py::test_b"
 BASE = census(("all_reduce", "float32", 2, [4096]))
@@ -54,19 +54,16 @@ SLOWER = _ab("regression", 2.0, (1.9, 2.1))
 SAME = _ab("same")
 
 
-def _canned(tmp_path, docs, pytest_args=(), subjects=None, **options):
+def _canned(tmp_path, docs, pytest_args=(), **options):
     """A Bisect over len(docs) commits after GOOD whose A/B runs return ``docs[index]`` (index
     len(docs) - 1 is BAD); no git, no pytest."""
     commits = [f"{i:02x}" * 20 for i in range(1, len(docs) + 1)]
-    args = types.SimpleNamespace(max_time=1.0, pytest_args=list(pytest_args), keyword=None, setup=None,
-                                 python=None, good="0" * 40, bad=commits[-1], **options)
-    search = Bisect(args, out=io.StringIO())
-    search.commits, search.good, search.bad = commits, "0" * 40, commits[-1]
-    search.tmp = search.top = tmp_path
-    search.prefix = ""
-    for sha in [search.good, *commits]:
+    checkout = Checkout(top=tmp_path, prefix="", good="0" * 40, bad=commits[-1], commits=commits)
+    search = Bisect(checkout, Options(max_time=1.0, pytest_args=list(pytest_args), **options), tmp_path,
+                    out=io.StringIO())
+    for sha in [checkout.good, *commits]:
         (tmp_path / sha[:12]).mkdir(parents=True)
-        search.worktrees[sha] = tmp_path / sha[:12]
+        search.worktrees.roots[sha] = tmp_path / sha[:12]
     runs = []
 
     def run(command, cwd, log, env=None, timeout=None):
@@ -77,7 +74,7 @@ def _canned(tmp_path, docs, pytest_args=(), subjects=None, **options):
         Path(log).write_text("")
         return 1 if any(c["extra_info"]["ab"]["verdict"] == "regression" for c in docs[index]["benchmarks"]) else 0
 
-    search._run = run
+    search.children.run = run
     search.runs = runs
     return search
 
@@ -90,7 +87,7 @@ def subjects(monkeypatch):
     def git(cwd, *args, check=True):
         return subprocess.CompletedProcess(args, 0, table.get(args[-1], f"commit {args[-1][-2:]}") + "\n", "")
 
-    monkeypatch.setattr(bisect_module, "_git", git)
+    monkeypatch.setattr(inputs, "git", git)  # Checkout.subject's
     return table
 
 
@@ -111,7 +108,7 @@ def test_a_probe_is_read_with_the_structural_acceptance_its_gate_ran_with(tmp_pa
     # The same runs made without the option fail by structure, and are read so.
     failed = _ab("regression", census_baseline=BASE, timing_verdict="same", structure_verdict="regression")
     search = _canned(tmp_path / "unaccepted", [_doc((A, SAME, None))] + [_doc((A, failed, GREW))] * 2)
-    assert search.search() == 0 and f"first bad commit: {search.commits[1]}" in search.out.getvalue()
+    assert search.search() == 0 and f"first bad commit: {search.checkout.commits[1]}" in search.out.getvalue()
 
 
 def test_a_probe_that_did_not_judge_a_case_bad_judged_is_a_skip_not_good(tmp_path, subjects):
@@ -122,8 +119,8 @@ def test_a_probe_that_did_not_judge_a_case_bad_judged_is_a_skip_not_good(tmp_pat
     search = _canned(tmp_path, docs)
     assert search.search() == 1
     out = search.out.getvalue()
-    assert f"{search.commits[1][:12]}  skip" in out and f"not judged here: {A} (not in the run)" in out
-    assert f"the first bad commit is one of {search.commits[1][:12]}, {search.commits[2][:12]}" in out
+    assert f"{search.checkout.commits[1][:12]}  skip" in out and f"not judged here: {A} (not in the run)" in out
+    assert f"the first bad commit is one of {search.checkout.commits[1][:12]}, {search.checkout.commits[2][:12]}" in out
 
 
 def test_a_missing_case_is_a_skip_with_its_reason_unless_missing_is_bad(tmp_path, subjects):
@@ -134,7 +131,7 @@ def test_a_missing_case_is_a_skip_with_its_reason_unless_missing_is_bad(tmp_path
     assert f"{A}: missing (candidate pool 0 failed) -- not judged here: {A} (missing)" in out
     assert "--missing-is-bad searches for the commit that lost it" in out
     search = _canned(tmp_path / "asked", docs, missing_is_bad=True)
-    assert search.search() == 0 and f"first bad commit: {search.commits[1]}" in search.out.getvalue()
+    assert search.search() == 0 and f"first bad commit: {search.checkout.commits[1]}" in search.out.getvalue()
 
 
 def test_read_probe_judges_only_what_bad_judged():
@@ -152,20 +149,6 @@ def test_read_probe_judges_only_what_bad_judged():
     assert read_probe([]) == ("skip", "no A/B verdict in the run")
 
 
-def test_the_search_alone_is_a_pure_function():
-    from ddpbench.bisect import narrow
-
-    outcomes = ["good", "skip", "bad", "bad"]
-    asked = []
-
-    def outcome_of(index):
-        asked.append(index)
-        return outcomes[index]
-
-    assert narrow(4, outcome_of) == (0, 2) and asked == [1, 0, 2]
-    assert narrow(1, outcome_of) == (-1, 0)  # BAD is the first commit after GOOD: nothing to probe
-
-
 # ----------------------------------------------------------------------------------------------
 # What bisect prints
 # ----------------------------------------------------------------------------------------------
@@ -174,17 +157,17 @@ def test_the_search_alone_is_a_pure_function():
 def test_subjects_and_logs_are_printed_without_their_escape_sequences(tmp_path, subjects):
     docs = [_doc((A, SAME, None)), _doc((A, SLOWER, None))]
     search = _canned(tmp_path, docs)
-    subjects[search.commits[1]] = "step: \x1b[2J\x1b]0;pwned\x07all_reduce \u202etoo"
+    subjects[search.checkout.commits[1]] = "step: \x1b[2J\x1b]0;pwned\x07all_reduce \u202etoo"
     assert search.search() == 0
     out = search.out.getvalue()
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
-    assert f"first bad commit: {search.commits[1]} step: \\x1b[2J\\x1b]0;pwned\\x07all_reduce \\u202etoo" in out
+    assert f"first bad commit: {search.checkout.commits[1]} step: \\x1b[2J\\x1b]0;pwned\\x07all_reduce \\u202etoo" in out
 
 
 def test_the_reproduce_lines_cd_is_quoted(tmp_path, subjects):
     search = _canned(tmp_path, [_doc((A, SLOWER, None))])
-    search.prefix = "my benches/"
-    text = search.reproduce(search.commits[0], 1.0, 7)
+    search.checkout.prefix = "my benches/"
+    text = search.runner.reproduce(search.checkout.commits[0], 1.0, 7)
     assert "\ncd '../ddpbench-probe/my benches' && " in text
     assert "--dist-baseline-path=../../ddpbench-good " in text
 
@@ -217,15 +200,11 @@ def _repo(root, files_per_commit):
     return shas
 
 
-def _real(repo, monkeypatch, tmp_path, good, bad, **options):
-    args = types.SimpleNamespace(good=good, bad=bad, max_time=1.0, pytest_args=[], keyword=None, setup=None,
-                                 python=None, **options)
-    search = Bisect(args, out=io.StringIO())
-    monkeypatch.chdir(repo)
-    search.check_input()
-    search.tmp = tmp_path / "scratch"
-    search.tmp.mkdir()
-    return search
+def _real(cwd, tmp_path, good, bad, **options):
+    """A Bisect run from ``cwd``, a folder of a real checkout."""
+    options = Options(max_time=1.0, **options)
+    (tmp_path / "scratch").mkdir()
+    return Bisect(check_input(cwd, good, bad, options), options, tmp_path / "scratch", out=io.StringIO())
 
 
 def test_a_commit_git_cannot_check_out_or_without_the_folder_is_a_skipped_probe(tmp_path, monkeypatch):
@@ -238,39 +217,38 @@ def test_a_commit_git_cannot_check_out_or_without_the_folder_is_a_skipped_probe(
                         {".gitattributes": "", "README": "3"}])
     _git(repo, "config", "filter.broken.smudge", "false")
     _git(repo, "config", "filter.broken.required", "true")
-    search = _real(repo / "benches", monkeypatch, tmp_path, shas[0], shas[-1])
+    search = _real(repo / "benches", tmp_path, shas[0], shas[-1])
     try:
-        probe = search.probe(0)  # commit 1: no benches/
+        probe = search.probe(shas[1])  # no benches/
         assert (probe.outcome, probe.note) == ("skip", "the folder bisect runs in (benches) does not exist at "
                                                        "this commit")
-        probe = search.probe(1)  # commit 2: its worktree cannot be checked out
+        probe = search.probe(shas[2])  # its worktree cannot be checked out
         assert probe.outcome == "skip" and probe.note.startswith("git worktree add failed (exit "), probe.note
         assert "broken" in probe.note, probe.note
-        assert search.probe(1).note == probe.note  # remembered, not retried
-        with pytest.raises(bisect_module.BisectError, match="BAD .* cannot be set up: git worktree add failed"):
-            search.bad = shas[2]
-            search.collect(shas[2], "BAD")
+        assert search.probe(shas[2]).note == probe.note  # remembered, not retried
+        with pytest.raises(BisectError, match="BAD .* cannot be set up: git worktree add failed"):
+            search.runner.collect(shas[2], "BAD")
     finally:
-        search.cleanup()
+        search.worktrees.remove_all()
 
 
 def test_untracked_files_are_mentioned_not_refused(tmp_path, monkeypatch):
     repo = tmp_path / "project"
     shas = _repo(repo, [{"README": "0"}, {"README": "1"}])
     (repo / "local_data.bin").write_text("not committed")
-    search = _real(repo, monkeypatch, tmp_path, shas[0], shas[-1])
+    search = _real(repo, tmp_path, shas[0], shas[-1])
     try:
-        assert search.untracked == ["local_data.bin"]
+        assert search.checkout.untracked == ["local_data.bin"]
         def collect(sha, name):  # the note comes before any collection
-            raise bisect_module.BisectError("stopped here by the test")
+            raise BisectError("stopped here by the test")
 
-        monkeypatch.setattr(search, "collect", collect)
-        with pytest.raises(bisect_module.BisectError, match="stopped here"):
+        monkeypatch.setattr(search.runner, "collect", collect)
+        with pytest.raises(BisectError, match="stopped here"):
             search.run()
         assert ("note: 1 untracked file(s) (local_data.bin) are in no commit: the probes' worktrees do not have "
                 "them") in search.out.getvalue()
     finally:
-        search.cleanup()
+        search.worktrees.remove_all()
 
 
 HANGS = '''
@@ -288,15 +266,15 @@ def test_a_hanging_collection_or_ab_run_is_stopped_and_named(tmp_path, monkeypat
     in_ab_run = 'any(a.startswith("--dist-baseline-path") for a in sys.argv)'
     shas = _repo(repo, [dict(project, **{"conftest.py": HANGS.format(when="True")}),
                         {"conftest.py": HANGS.format(when=in_ab_run)}])
-    search = _real(repo, monkeypatch, tmp_path, shas[0], shas[-1], collect_timeout=1.5, probe_timeout=1.5)
+    search = _real(repo, tmp_path, shas[0], shas[-1], collect_timeout=1.5, probe_timeout=1.5)
     try:
         started = time.monotonic()
-        with pytest.raises(bisect_module.BisectError, match=r"collecting the selection at GOOD \w+ did not finish "
-                                                            r"within 1.5 s \(--collect-timeout\)"):
-            search.collect(shas[0], "GOOD")
-        probe = search.probe(0)  # BAD collects, but its A/B run hangs
+        with pytest.raises(BisectError, match=r"collecting the selection at GOOD \w+ did not finish "
+                                              r"within 1.5 s \(--collect-timeout\)"):
+            search.runner.collect(shas[0], "GOOD")
+        probe = search.probe(shas[1])  # BAD collects, but its A/B run hangs
         assert probe.outcome == "skip" and probe.note.startswith(
             "the A/B run did not finish within 1.5 s (--probe-timeout"), probe.note
-        assert time.monotonic() - started < 30 and not search.children
+        assert time.monotonic() - started < 30 and not search.children.running
     finally:
-        search.cleanup()
+        search.worktrees.remove_all()

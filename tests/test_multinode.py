@@ -504,10 +504,10 @@ def _connect_when_listening(address, within_s=60):
 
 def _joining(master_addr="hostA", master_ips=("10.0.0.1",), ifname="eth0", address="10.0.0.1",
              source="auto (route to controller)"):
-    from ddpbench.pool.external import _is_loopback
+    from ddpbench.pool.troubleshooting import is_loopback
 
     return {"backend": "gloo", "device": "cpu", "master_addr": master_addr, "master_port": "29500",
-            "master_ips": list(master_ips), "master_is_loopback": all(map(_is_loopback, master_ips)),
+            "master_ips": list(master_ips), "master_is_loopback": all(map(is_loopback, master_ips)),
             "socket_ifname": ifname, "socket_ifname_source": source,
             "socket_addresses": [address]}
 

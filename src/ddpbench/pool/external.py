@@ -1,32 +1,12 @@
-"""Multi-node pools: pytest is the controller, torchrun starts the ranks on every node.
-
-The ranks (``python -m ddpbench.worker``, see :mod:`ddpbench.worker`) connect to the controller's
-address twice: a task channel and a control channel (stack dumps, abort). The task channel carries
-pickled code, so both channels authenticate with a shared secret (HMAC challenge-response in both
-directions) and then sign every message with a key of their own (:mod:`ddpbench.pool.channel`):
-nothing is unpickled on either side that did not come, unaltered and in order, from a holder of
-the secret. A client without the secret is disconnected and nothing it sends is read. The
-controller listens only on the address the user gave.
-
-Trust boundary: the secret's holders (the controller and every worker) trust one another; the
-network between them is not trusted with code (signatures), but it does see the tasks and results
-(no encryption), and torch's own traffic between the ranks (torchrun's rendezvous store, gloo /
-NCCL) is neither authenticated nor encrypted: the nodes must share a network that only the job's
-machines can reach (README, *Across nodes*).
-
-A worker connects before it joins the process group and reports its phases on the task channel
-(connected -> joining, with MASTER_ADDR and the interface its transport uses -> ready, or failed),
-so that when the pool does not form, the wait error names each expected rank's last phase and
-host and says what to check for that phase (start the workers, --local-addr, the interface
-variables, a firewall). Its hello carries its torch, ddpbench engine hash and rank protocol
-(:mod:`ddpbench.identity`): a worker that runs other software than the controller is refused
-by name, both values shown, since its timings and checks would not be this code's.
-"""
+"""Multi-node pools: pytest is the controller, torchrun starts the ranks on every node
+(``python -m ddpbench.worker``). Each rank connects twice (tasks, control) over a channel that
+authenticates with a shared secret and signs every message (:mod:`ddpbench.pool.channel`); the
+controller gathers them phase by phase and refuses a rank that runs other software. Why and how:
+docs/design.md, *Rendezvous and security*; the wait's error text: :mod:`.troubleshooting`."""
 
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import os
 import queue
@@ -34,13 +14,14 @@ import socket
 import stat
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NoReturn
 from multiprocessing.connection import AuthenticationError, wait
 
-from ..identity import identity_differences
+from ..identity import identity as local_identity, identity_differences
 from .base import SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError
 from .channel import HANDSHAKE_TIMEOUT_S, IncompatiblePeer, SignedConnection, accept_signed
+from .joining import JoiningRank
+from .troubleshooting import identity_error, ranks_text, start_error
 
 SECRET_ENV = "DDPBENCH_SECRET"
 MIN_SECRET_LENGTH = 16
@@ -183,294 +164,151 @@ class _Listener:
         self._sock.close()
 
 
-@dataclass
-class _RankState:
-    """What the controller knows about one rank while the pool forms."""
-
-    info: dict  # the hello's info, updated with each phase's details
-    since: float  # monotonic time the current phase was reported
-    task: SignedConnection | None = None
-    control: SignedConnection | None = None
-    phase: str = "connected"  # connected -> joining -> ready; or failed / lost
-    error: str = ""
-
-    @property
-    def rank(self) -> int:
-        return self.info["rank"]
-
-    @property
-    def where(self) -> str:
-        """'hostname 10.0.0.2': the host's name and the address it reached the controller from."""
-        return " ".join(str(self.info[key]) for key in ("host", "address") if self.info.get(key))
-
-    @property
-    def node(self) -> str:
-        return f"node {self.info.get('node_rank', '?')} ({self.where})"
-
-    def close(self) -> None:
-        for conn in (self.task, self.control):
-            if conn is not None:
-                conn.close()
-
-
-def _transport_text(info: dict) -> str:
-    """'MASTER_ADDR vm:41234 (127.0.0.1), gloo on eth0 10.0.0.2 [auto (route to controller)]'"""
-    ips = ",".join(info.get("master_ips") or []) or "does not resolve"
-    addresses = ",".join(info.get("socket_addresses") or []) or "(no address)"
-    return (f"MASTER_ADDR {info.get('master_addr')}:{info.get('master_port')} ({ips}), "
-            f"{info.get('backend')} on {info.get('socket_ifname') or '?'} {addresses} "
-            f"[{info.get('socket_ifname_source')}]")
-
-
-def _rank_line(state: _RankState, now: float) -> str:
-    head = (f"  rank {state.rank} on node {state.info.get('node_rank', '?')} ({state.where}, "
-            f"pid {state.info.get('pid', '?')}): ")
-    for_s = f"{now - state.since:.0f} s"
-    if state.phase == "connected":
-        return head + (f"connected {for_s} ago, not joining the process group yet (still "
-                       f"initialising CUDA?)")
-    if state.phase == "joining":
-        return head + f"joining the process group for {for_s}: {_transport_text(state.info)}"
-    if state.phase == "ready":
-        return head + "ready (joined the process group)" + (
-            "" if state.control is not None else "; its control connection did not arrive")
-    if state.phase == "failed":
-        return head + f"could not join the process group: {state.error}; {_transport_text(state.info)}"
-    return head + state.error  # lost
-
-
-def _ranks_text(ranks) -> str:
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
-
-
-def _hints(address: tuple[str, int], world_size: int | None, ranks: dict[int, _RankState],
-           missing: list[int]) -> list[str]:
-    """What to try, matching where the ranks are."""
-    controller = f"{address[0]}:{address[1]}"
-    states = list(ranks.values())
-    joining = [s for s in states if s.phase in ("joining", "failed")]
-    # Ranks on several machines (torchrun "nodes" that all reach the controller over loopback
-    # share one machine, where loopback addresses work).
-    multi_node = (any(s.info.get("world_size", 1) > s.info.get("local_world_size", 1) for s in states)
-                  and not all(_is_loopback(s.info.get("address", "")) for s in states))
-    hints = []
-    if missing or world_size is None:
-        subject = ("No rank connected" if world_size is None
-                   else f"{_ranks_text(missing).capitalize()} never connected")
-        hints.append(
-            f"{subject}. Start them with: torchrun ... -m ddpbench.worker --controller "
-            f"{controller} (on every node, with the same --nnodes). If they are running, they "
-            f"cannot reach {controller}: check that it is this host's address on the network the "
-            f"nodes share and that no firewall blocks TCP port {address[1]}; their torchrun "
-            f"output shows the connection error."
-            + (" The ranks that are joining wait for them." if joining else ""))
-    loopback_master = [s for s in joining if s.info.get("master_is_loopback")]
-    if loopback_master and multi_node:
-        sample = loopback_master[0].info
-        hints.append(
-            f"MASTER_ADDR {sample.get('master_addr')} resolves to a loopback address "
-            f"({','.join(sample.get('master_ips') or [])}) on {_nodes_text(loopback_master)}, but "
-            f"the group spans several nodes: torchrun advertised the rank-0 node by its hostname, "
-            f"which resolves to loopback there, so the other nodes cannot reach its store. Give "
-            f"each node's torchrun --local-addr <that node's address on the nodes' network>; on "
-            f"the node whose address is the --rdzv-endpoint, also --rdzv-conf is_host=1 (torchrun "
-            f"recognises the endpoint as its own only when the hostname resolves to it).")
-    loopback_transport = [s for s in joining if s.info.get("socket_addresses")
-                          and all(_is_loopback(a) for a in s.info["socket_addresses"])]
-    if loopback_transport and multi_node:
-        sample = loopback_transport[0].info
-        variable = _ifname_variable(sample.get("backend"))
-        source = sample.get("socket_ifname_source")
-        hints.append(
-            f"{_ranks_text([s.rank for s in loopback_transport]).capitalize()} would exchange data "
-            f"over a loopback interface ({sample.get('socket_ifname')}, "
-            f"{'set by ' + source if source == variable else source}) that the other nodes "
-            f"cannot reach: set {variable} on {_nodes_text(loopback_transport)} to the interface "
-            f"on the nodes' network (or unset it: the worker then uses the interface that "
-            f"reaches the controller).")
-    if joining and not missing and world_size is not None and len(hints) == 0:
-        sample = joining[0].info
-        hints.append(
-            f"Every rank connected here, but the process group did not form: each rank must reach "
-            f"MASTER_ADDR {sample.get('master_addr')}:{sample.get('master_port')} and every other "
-            f"rank's address on the interface listed above. If those interfaces are not on the "
-            f"network the nodes share, set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for NCCL) on "
-            f"each node to the one that is; if MASTER_ADDR is not the rank-0 node's address on "
-            f"that network, pass --local-addr to each node's torchrun; otherwise a firewall "
-            f"between the nodes blocks MASTER_PORT or the ports gloo / NCCL listen on (allow TCP "
-            f"between the nodes).")
-    starting = [s.rank for s in states if s.phase == "connected"]
-    if starting and not hints:
-        hints.append(f"{_ranks_text(starting).capitalize()} connected but did not start joining: "
-                     f"a slow start (CUDA initialisation) needs a longer "
-                     f"--dist-controller-wait.")
-    return hints
-
-
-def _nodes_text(states) -> str:
-    nodes = sorted({s.node for s in states})
-    return nodes[0] if len(nodes) == 1 else " and ".join([", ".join(nodes[:-1]), nodes[-1]])
-
-
-def _ifname_variable(backend) -> str:
-    return "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"  # see worker.py
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def _start_error(headline: str, address, world_size, ranks, rejected: int, ignored: int,
-                 expected: int | None, timed_out: int = 0, accept_errors: dict | None = None,
-                 incompatible: int = 0) -> str:
-    now = time.monotonic()
-    lines = [headline]
-    missing = [r for r in range(world_size or 0) if r not in ranks]
-    if world_size is None:
-        lines.append(f"  connected ranks: none{f' (this case needs {expected})' if expected else ''}")
-    lines.extend(_rank_line(ranks[rank], now) for rank in sorted(ranks))
-    if missing:
-        lines.append(f"  {_ranks_text(missing)}: never connected")
-    notes = [f"rejected connections (wrong secret): {rejected}"]
-    if incompatible:
-        notes.append(f"connections from a ddpbench without the signed channel (install the "
-                     f"controller's ddpbench on every node): {incompatible}")
-    if timed_out:
-        notes.append(f"connections dropped for not completing the handshake in time: {timed_out}")
-    if accept_errors:
-        notes.append("accept() errors (retried): " + ", ".join(f"{k} x{v}" for k, v in sorted(accept_errors.items())))
-    if ignored:
-        notes.append(f"ignored connections from a torchrun job of another size: {ignored}")
-    lines.append("  " + "; ".join(notes))
-    hints = _hints(address, world_size, ranks, missing)
-    if hints:
-        lines.append("What to check:")
-        lines.extend(f"  - {hint}" for hint in hints)
-    return "\n".join(lines)
-
-
-def _identity_error(state: _RankState, address, mismatch: list[str]) -> str:
-    return "\n".join([
-        f"ddpbench: rank {state.rank} of the torchrun workers ({state.node}, pid "
-        f"{state.info.get('pid', '?')}) runs other software than the controller "
-        f"({address[0]}:{address[1]}):",
-        *(f"  {line}" for line in mismatch),
-        "A case's timings and checks are this code's only when every rank runs it: install the "
-        "controller's torch and ddpbench (the same source: one commit or wheel) on every node, "
-        "then relaunch the torchrun workers. The ranks that had connected were told to exit."])
-
-
 def gather_ranks(listener: _Listener, wait_s: float, expected: int | None = None,
-                 identity: dict | None = None) -> tuple[int, dict[int, _RankState]]:
-    """Wait until every rank of a torchrun job has connected and joined its process group.
+                 identity: dict | None = None) -> tuple[int, dict[int, JoiningRank]]:
+    """Wait until every rank of a torchrun job has connected and joined its process group
+    (:class:`Gathering`); its world size and ranks."""
+    return Gathering(listener, wait_s, expected, identity).run()
 
-    Raises PoolStartError when ``wait_s`` runs out, naming each expected rank's last phase and
-    host with what to check; at once when a rank reports that joining failed or its connection
-    closes before it is ready, or when its hello says it runs another torch, ddpbench engine or
-    rank protocol than ``identity`` (default: this process's, :func:`ddpbench.identity.identity`).
-    Ranks already connected are told to exit, with the reason, on any failure.
+
+class Gathering:
+    """The controller's wait for a torchrun job's ranks: what it knows on this object, one method
+    per event (a hello, a phase, a lost connection, the wait running out).
+
+    :meth:`run` raises PoolStartError when ``wait_s`` runs out, naming each expected rank's last
+    phase and host with what to check; at once when a rank reports that joining failed or its
+    connection closes before it is ready, or when its hello says it runs another torch, ddpbench
+    engine or rank protocol than ``identity`` (default: this process's,
+    :func:`ddpbench.identity.identity`). Ranks already connected are told to exit, with the
+    reason, on any failure.
     """
-    if identity is None:
-        from ..identity import identity as local_identity
 
-        identity = local_identity()
-    address = listener.address
-    ranks: dict[int, _RankState] = {}
-    world_size: int | None = None
-    ignored = 0
-    deadline = time.monotonic() + wait_s
+    def __init__(self, listener: _Listener, wait_s: float, expected: int | None = None,
+                 identity: dict | None = None):
+        self.listener = listener
+        self.address = listener.address
+        self.wait_s = wait_s
+        self.expected = expected  # the world size the first case asks for (named when none came)
+        self.identity = local_identity() if identity is None else identity
+        self.deadline = time.monotonic() + wait_s
+        self.world_size: int | None = None  # the first hello's
+        self.ranks: dict[int, JoiningRank] = {}
+        self.ignored = 0  # connections from a torchrun job of another size
 
-    def fail(headline: str) -> PoolStartError:
-        return PoolStartError(_start_error(headline, address, world_size, ranks, listener.rejected,
-                                           ignored, expected, listener.timed_out, listener.accept_errors,
-                                           listener.incompatible))
+    def run(self) -> tuple[int, dict[int, JoiningRank]]:
+        try:
+            while not self.formed():
+                self.wait_for_events()
+        except BaseException as exc:
+            self.abort_all(str(exc) or type(exc).__name__)  # the worker prints it: the node's log says why
+            raise
+        return self.world_size, self.ranks
 
-    def accept(hello, conn) -> None:
-        nonlocal world_size, ignored
+    def formed(self) -> bool:
+        return (self.world_size is not None and len(self.ranks) == self.world_size
+                and all(s.phase == "ready" and s.control is not None for s in self.ranks.values()))
+
+    def wait_for_events(self) -> None:
+        """Handles the connections that arrived, then waits up to SIGNAL_POLL_S for the next hello
+        (when no rank is joining) or for the joining ranks' messages."""
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            self.on_timeout()
+        while True:
+            try:
+                self.on_hello(*self.listener.accepted.get_nowait())
+            except queue.Empty:
+                break
+        joining = {s.task: s for s in self.ranks.values() if s.task is not None and s.phase != "ready"}
+        if not joining:
+            try:
+                self.on_hello(*self.listener.accepted.get(timeout=min(remaining, SIGNAL_POLL_S)))
+            except queue.Empty:
+                pass
+            return
+        for conn in wait(list(joining), min(remaining, SIGNAL_POLL_S)):
+            self.on_message(joining[conn])
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def on_hello(self, hello: tuple, conn: SignedConnection) -> None:
+        """A rank's task or control connection: kept (a relaunched rank's replaces its old one),
+        ignored when its job has another world size; PoolStartError when it runs other software."""
         _, kind, info = hello
-        world_size = world_size or info["world_size"]
-        if info["world_size"] != world_size or not 0 <= info["rank"] < world_size:
-            ignored += 1
+        self.world_size = self.world_size or info["world_size"]
+        if info["world_size"] != self.world_size or not 0 <= info["rank"] < self.world_size:
+            self.ignored += 1
             conn.close()
             return
-        state = ranks.get(info["rank"])
+        state = self.ranks.get(info["rank"])
         if state is None:
-            state = ranks[info["rank"]] = _RankState(dict(info), time.monotonic())
+            state = self.ranks[info["rank"]] = JoiningRank(dict(info), time.monotonic())
         old = state.task if kind == "task" else state.control
-        if old is not None:  # a relaunched rank replaces the old one's connection
+        if old is not None:
             old.close()
         if kind == "task":
             state.task, state.phase, state.since = conn, info.get("phase", "ready"), time.monotonic()
             state.info.update(info)
         else:
             state.control = conn
-        mismatch = identity_differences(identity, info)
+        mismatch = identity_differences(self.identity, info)
         if mismatch:
-            raise PoolStartError(_identity_error(state, address, mismatch))
+            raise PoolStartError(identity_error(state, self.address, mismatch))
 
-    def read_phase(state: _RankState) -> None:
+    def on_message(self, state: JoiningRank) -> None:
+        """A joining rank's task connection has something: a phase, or its end."""
         try:
             message = state.task.recv()
         except (EOFError, OSError):
-            state.error = (f"its connection closed while it was {state.phase} (the rank exited or "
-                           f"its node was lost; its torchrun output says why)")
-            state.phase, state.since = "lost", time.monotonic()
-            raise fail(f"ddpbench: {_ranks_text([state.rank])} of the torchrun workers "
-                       f"disconnected before joining the process group (controller "
-                       f"{address[0]}:{address[1]}):") from None
-        if message[0] != "phase":
-            return
-        _, phase, details = message
+            return self.on_lost(state)
+        if message[0] == "phase":
+            _, phase, details = message
+            self.on_phase(state, phase, details)
+
+    def on_phase(self, state: JoiningRank, phase: str, details: dict) -> None:
         state.info.update(details)
         state.phase, state.since = phase, time.monotonic()
         if phase == "failed":
             state.error = details.get("error", "(no error text)")
-            raise fail(f"ddpbench: {_ranks_text([state.rank])} of the torchrun workers could not "
-                       f"join the process group (controller {address[0]}:{address[1]}):")
+            raise self.error(f"ddpbench: {ranks_text([state.rank])} of the torchrun workers could not "
+                             f"join the process group (controller {self.address[0]}:{self.address[1]}):")
 
-    try:
-        while not (world_size is not None and len(ranks) == world_size
-                   and all(s.phase == "ready" and s.control is not None for s in ranks.values())):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                ready = sum(s.phase == "ready" for s in ranks.values())
-                raise fail(
-                    f"ddpbench: waited {wait_s:.0f} s on {address[0]}:{address[1]} for the torchrun "
-                    f"workers; "
-                    + (f"{ready} of {world_size} ranks ready:" if world_size else "no rank connected:"))
-            while True:  # new connections
-                try:
-                    accept(*listener.accepted.get_nowait())
-                except queue.Empty:
-                    break
-            joining = {s.task: s for s in ranks.values() if s.task is not None and s.phase != "ready"}
-            if not joining:
-                try:
-                    accept(*listener.accepted.get(timeout=min(remaining, SIGNAL_POLL_S)))
-                except queue.Empty:
-                    pass
-                continue
-            for conn in wait(list(joining), min(remaining, SIGNAL_POLL_S)):
-                read_phase(joining[conn])
-    except BaseException as exc:
-        reason = str(exc) or type(exc).__name__  # the worker prints it: the node's log says why
-        for state in ranks.values():  # stop the ranks that did connect: their run is over
+    def on_lost(self, state: JoiningRank) -> NoReturn:
+        state.error = (f"its connection closed while it was {state.phase} (the rank exited or "
+                       f"its node was lost; its torchrun output says why)")
+        state.phase, state.since = "lost", time.monotonic()
+        raise self.error(f"ddpbench: {ranks_text([state.rank])} of the torchrun workers "
+                         f"disconnected before joining the process group (controller "
+                         f"{self.address[0]}:{self.address[1]}):") from None
+
+    def on_timeout(self) -> NoReturn:
+        ready = sum(s.phase == "ready" for s in self.ranks.values())
+        raise self.error(
+            f"ddpbench: waited {self.wait_s:.0f} s on {self.address[0]}:{self.address[1]} for the torchrun "
+            f"workers; "
+            + (f"{ready} of {self.world_size} ranks ready:" if self.world_size else "no rank connected:"))
+
+    # -- ending -----------------------------------------------------------------------------------
+
+    def error(self, headline: str) -> PoolStartError:
+        listener = self.listener
+        return PoolStartError(start_error(headline, self.address, self.world_size, self.ranks, listener.rejected,
+                                          self.ignored, self.expected, listener.timed_out, listener.accept_errors,
+                                          listener.incompatible))
+
+    def abort_all(self, reason: str) -> None:
+        """Tells the ranks that connected, and those whose connections arrived unread, to exit."""
+        for state in self.ranks.values():
             abort(state.control, reason)
             state.close()
-        while True:  # and those whose connections arrived but were not read yet
+        while True:
             try:
-                (_, kind, _), conn = listener.accepted.get_nowait()
+                (_, kind, _), conn = self.listener.accepted.get_nowait()
             except queue.Empty:
                 break
             if kind == "control":
                 abort(conn, reason)
             conn.close()
-        raise
-    return world_size, ranks
 
 
 def abort(control: SignedConnection | None, reason: str) -> None:
@@ -523,7 +361,7 @@ class ExternalPool(PoolBase):
         for (node_rank, host), infos in self._by_node().items():
             info = infos[0]
             lines.append(f"ddpbench:   node {node_rank} on {host} {info.get('address', '')}: "
-                         f"{_ranks_text([i['rank'] for i in infos])}, {info.get('backend')} on "
+                         f"{ranks_text([i['rank'] for i in infos])}, {info.get('backend')} on "
                          f"{info.get('socket_ifname') or '?'} "
                          f"{','.join(info.get('socket_addresses') or []) or '(no address)'} "
                          f"[{info.get('socket_ifname_source')}]")

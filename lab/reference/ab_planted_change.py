@@ -8,8 +8,8 @@ table (``ddpbench compare ab.json``), exit status and wall time, then the verdic
 
     # DDP's buckets: bucket_cap_mb 25 -> 1 in the default cpu-small DDP case, and an A/A
     .venv/bin/python lab/reference/ab_planted_change.py --runs 3 \\
-        --file src/ddpbench/workloads/training/transformer.py \\
-        --old "bucket_cap_mb=w.bucket_cap_mb" --new "bucket_cap_mb=1" \\
+        --file src/ddpbench/workloads/training/transformer_settings.py \\
+        --old "bucket_cap_mb=self.bucket_cap_mb" --new "bucket_cap_mb=1" \\
         -- benchmarks/test_transformer.py -k "cpu-small-ddp]"
     .venv/bin/python lab/reference/ab_planted_change.py --runs 3 -- benchmarks/test_transformer.py -k "cpu-small-ddp]"
 

@@ -45,6 +45,11 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"
 # The fields of a record whose equality means "the same collectives" (ranks agree, sides compare).
 STRUCTURE_KEYS = ("collectives", "ddp_buckets", "ops_per_round")
 
+# The engine's census round counts at least this many ops, each apart: a step whose collectives
+# differ between steps (one every other step) shows as such instead of as whichever phase one op
+# happened to be.
+CENSUS_MIN_OPS = 2
+
 # The fields of an entry that tell one family of calls from another (its key).
 ENTRY_KEY = ("kind", "dtype", "group_size", "group", "peer")
 
@@ -633,6 +638,31 @@ def take_census(run: Callable[[], Any], *, ops_per_round: int = 1, ddp_buckets: 
                     census.next_op()
                 run()
     return census.record(ops_per_round, ddp_buckets, before, dynamo_snapshot(), dynamo_at_start)
+
+
+def workload_census_details(workload, state) -> dict[str, Any]:
+    """What only the workload knows about its census (its optional ``census_details``: DDP's
+    buckets, why part of its step escapes the count); {} where it has no such method."""
+    census_details = getattr(workload, "census_details", None)  # optional: duck-typed workloads lack it
+    return (census_details(state) if census_details is not None else None) or {}
+
+
+def take_census_round(workload, state, *, ops_per_round: int = 1, count_kernel_launches: bool = False,
+                      dynamo_at_start: dict | None = None) -> dict[str, Any]:
+    """The engine's census round: one untimed round of ``ops_per_round`` ops, and at least
+    :data:`CENSUS_MIN_OPS`, under the collective census, on every rank (each rank counts what it
+    issues), each op's collectives kept apart: a step whose collectives differ from one step to the
+    next (one every other step) is marked ``varies_between_steps`` and left unjudged, whatever phase
+    the round began in. The workload's ``census_details`` adds what only it knows (DDP's buckets)."""
+    record = take_census(lambda: workload.run_round(state), ops_per_round=ops_per_round,
+                         ops_counted=max(ops_per_round, CENSUS_MIN_OPS),
+                         count_kernel_launches=count_kernel_launches, dynamo_at_start=dynamo_at_start)
+    details = workload_census_details(workload, state)
+    if details.get("ddp_buckets") is not None:
+        record["ddp_buckets"] = [int(b) for b in details["ddp_buckets"]]
+    if details.get("incomplete"):  # why part of the step escapes the count: the gates do not judge it
+        record["incomplete"] = "; ".join(filter(None, [str(details["incomplete"]), record.get("incomplete")]))
+    return record
 
 
 def combine_census(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:

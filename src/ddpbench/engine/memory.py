@@ -28,6 +28,8 @@ import functools
 import sys
 from typing import Any, Callable, Iterable
 
+from .census import workload_census_details
+
 MEMORY_VERSION = 1
 
 # torch's category names (the trackers' enum values) -> the record's.
@@ -327,6 +329,27 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
         record["other_devices_peak_bytes"] = others
     if incomplete:
         record["incomplete"] = str(incomplete)
+    return record
+
+
+def take_memory_census_round(workload, state, ctx, census: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The engine's memory census: one untimed step (one ``run_round``, whatever the ops per round)
+    under the tracker, on every rank: what the workload's ``memory_census_targets`` names (its
+    modules, optimizers, tensors) counts from the start, every tensor the step makes as it is made.
+    ``census``: the case's collective census record, whose ``incomplete`` this record shares; without
+    one, the workload's ``census_details`` says what escapes the count (a step on another thread)."""
+    targets_of = getattr(workload, "memory_census_targets", None)  # duck-typed workloads lack it
+    targets = list(targets_of(state) if targets_of is not None else discover_targets(state))
+    try:
+        record = take_memory_census(lambda: workload.run_round(state), targets, device=getattr(ctx, "device", None),
+                                    incomplete=(census or {}).get("incomplete"))
+    except Exception as exc:
+        raise RuntimeError(f"the memory census of {type(workload).__name__}'s step failed on rank {ctx.rank}: "
+                           f"{type(exc).__name__}: {exc} (--dist-memory-census=off runs the case without it)") from exc
+    if census is None:  # steps on threads the tracker cannot see
+        incomplete = workload_census_details(workload, state).get("incomplete")
+        if incomplete:
+            record["incomplete"] = str(incomplete)
     return record
 
 

@@ -1,39 +1,25 @@
-"""Rounds: the timing engine that runs a workload inside every rank, and the cross-rank reduction.
-
-A round is: barrier -> start timer -> workload.run_round, ``ops_per_round`` times back to back ->
-(CUDA: end event + synchronize) -> stop timer, inside every rank; it records the time per op
-(elapsed / ops_per_round). The round's time is the maximum over ranks (the slowest rank is what a
-training step waits for). Warm-up rounds are run but not recorded.
-
-Ops per round (RoundPlan.ops_per_round): one by default on the CPU, where gloo's collectives are
-synchronous (the op is done when the call returns, so there is no launch to hide and one op per
-round measures what a plain script measures); ``"auto"`` (the default for CUDA cases) grows the
-count until the round's fixed cost — timer, launch latency, the barrier's exit skew — is at most
-:data:`AUTO_OVERHEAD_SHARE` of the round (:func:`choose_ops_per_round`), as nccl-tests times many
-iterations back to back and torch.utils.benchmark's blocked_autorange grows its block. With
-``cuda_graphs`` the round's ops are captured once into a CUDA graph and each round replays it
-between the events (nccl-tests -G).
-
-Variant rounds (``RoundPlan.variant_rounds``, :meth:`RankSession.time_variants`): after the
-recorded rounds, the workload's variants (``Workload.variants``, e.g. its compute-only step) and
-the workload itself take turns, round by round, by the same rule; they are reported apart and never
-join the case's rounds.
-
-``measure_workload`` is the task the controller sends to every rank; it never knows what the
-workload does. ``max_over_ranks`` runs in the controller.
+"""The timing engine inside every rank (:class:`RankSession`, :func:`measure_workload`: set-up,
+warm-up, recorded rounds, the stopping rule, ops per round, finish) and the cross-rank reduction in
+the controller (:class:`CaseRounds`, :func:`max_over_ranks`). The rule itself: docs/design.md,
+"Timing rule"; a round's mechanics: :mod:`.rounds`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import statistics
-import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from ..pool.base import TaskError
+from .census import combine_census, dynamo_snapshot, take_census_round
+from .memory import combine_memory, measured_cuda, take_memory_census_round
+from .phases import PhaseClock
+from .rounds import (ThreadCpuReader, agreed_max, capture_cuda_graph, pinned_to, refuse_uncapturable, repeated, replay,
+                     time_round_cpu, time_round_cuda)
+from .variants import STEP as STEP  # the workload's own name among the variant rounds
+from .variants import interleave_variants, variants_of
 
 
 # The stopping rule's first look at the rounds, and how much the count grows between looks.
@@ -50,13 +36,8 @@ AUTO_MIN_ROUND_S = 1e-3
 AUTO_MAX_OPS = 1024
 AUTO_MAX_ROUND_S = 1.0
 AUTO_PROBE_ROUNDS = 5
-# The census counts at least this many ops, each apart: a step whose collectives differ between
-# steps (one every other step) shows as such instead of as whichever phase one op happened to be.
-CENSUS_MIN_OPS = 2
 # z for the 95% distribution-free interval of the median (order statistics).
 _Z95 = 1.959964
-# The name of the workload's own rounds among the variant rounds (RankSession.time_variants).
-STEP = "step"
 
 
 @dataclass(frozen=True)
@@ -118,6 +99,23 @@ def median_is_precise(values: list[float], precision: float) -> bool:
     return median > 0 and (median - low) <= precision * median and (high - median) <= precision * median
 
 
+def rounds_until_precise(timed_round: Callable[[], float], rounds: int, first_look: int | None, precision: float,
+                         agree: Callable[[list[float]], list[float]] = list) -> list[float]:
+    """The stopping rule: up to ``rounds`` calls of ``timed_round``; with ``first_look``, fewer once
+    the median of ``agree(times)`` (the cross-rank maxima: every rank takes the same decision) is
+    known to ``precision``, looked at after ``first_look`` rounds, then at PRECISION_GROWTH times as
+    many each time."""
+    times: list[float] = []
+    look = rounds if first_look is None else first_look
+    while len(times) < rounds:
+        for _ in range(min(look, rounds) - len(times)):
+            times.append(timed_round())
+        if len(times) >= rounds or median_is_precise(agree(times), precision):
+            break
+        look = math.ceil(len(times) * PRECISION_GROWTH)
+    return times
+
+
 @dataclass
 class RankMeasurement:
     """What one rank sends back: its recorded round times and its own metrics.
@@ -134,72 +132,6 @@ class RankMeasurement:
     # Per name (the workload's own interleaved rounds under STEP, each variant under its name):
     # this rank's times of the variant rounds (RankSession.time_variants); empty when none ran.
     variant_times: dict[str, list[float]] = field(default_factory=dict)
-
-
-class ThreadCpuReader:
-    """Reads the CPU the opening thread last ran on (Linux /proc): the file is opened once and each
-    read is one pread, so sampling it after every round costs a single system call. Where /proc
-    cannot tell, every read returns None."""
-
-    def __init__(self):
-        try:
-            self._fd: int | None = os.open("/proc/thread-self/stat", os.O_RDONLY)
-        except OSError:
-            self._fd = None
-
-    def read(self) -> int | None:
-        if self._fd is None:
-            return None
-        try:
-            return int(os.pread(self._fd, 1024, 0).rsplit(b")", 1)[1].split()[36])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def _barrier(ctx) -> None:
-    import torch.distributed as dist
-
-    if ctx.backend == "nccl":
-        dist.barrier(device_ids=[ctx.device.index])
-    else:
-        dist.barrier()
-
-
-def _time_round_cpu(ctx, run_round, state) -> float:
-    _barrier(ctx)
-    start = time.perf_counter()
-    run_round(state)
-    return time.perf_counter() - start
-
-
-def _time_round_cuda(ctx, run_round, state) -> float:
-    import torch
-
-    _barrier(ctx)
-    torch.cuda.synchronize(ctx.device)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    run_round(state)
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / 1000.0
-
-
-def _repeated(run_round, ops: int):
-    """``run_round`` ``ops`` times back to back, as one call (one timed region)."""
-    if ops == 1:
-        return run_round
-
-    def ops_back_to_back(state):
-        for _ in range(ops):
-            run_round(state)
-
-    return ops_back_to_back
 
 
 def choose_ops_per_round(round_time, share: float = AUTO_OVERHEAD_SHARE, max_ops: int = AUTO_MAX_OPS,
@@ -230,32 +162,26 @@ def choose_ops_per_round(round_time, share: float = AUTO_OVERHEAD_SHARE, max_ops
     return max(1, min(chosen, max_ops, 1 << int(math.log2(fits)))), fixed, per_op
 
 
-def _agreed_max(ctx, values: list[float]) -> list[float]:
-    """Element-wise maximum of ``values`` over all ranks (every rank gets the same list)."""
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
-
-
 class RankSession:
     """One workload on one rank: set-up, warm-up, blocks of recorded rounds, finish.
 
     :func:`measure_workload` runs all of it in one task; A/B mode (:mod:`ddpbench.gates.ab`) runs the
     steps as separate tasks, so that blocks of two sides' rounds can alternate while each side's
-    state stays alive in its ranks. The engine never knows what the workload does.
+    state stays alive in its ranks. The engine never knows what the workload does. The session
+    coordinates; a round's mechanics (timers, CUDA graphs, pinning) are in :mod:`.rounds`, the census
+    rounds in :mod:`.census` and :mod:`.memory`, the variant rounds in :mod:`.variants`, and where
+    the untimed seconds go in a :class:`~.phases.PhaseClock`.
     """
 
     def __init__(self, ctx, workload, plan: RoundPlan):
         self.ctx, self.workload, self.plan = ctx, workload, plan
         self.on_cuda = ctx.device_type == "cuda"
-        self._time_round = _time_round_cuda if self.on_cuda else _time_round_cpu
-        self._agree = _agreed_max  # every rank's element-wise max (the stopping rule's input)
-        self.pin_cores = ctx.core is not None and workload.pin_to_core
-        self.phases: dict[str, float] = {"engine_setup_s": 0.0, "engine_warmup_s": 0.0,
-                                         "engine_between_rounds_s": 0.0, "engine_check_s": 0.0}
+        self._time_round = time_round_cuda if self.on_cuda else time_round_cpu
+        self._agree = agreed_max  # every rank's element-wise max (the stopping rule's input)
+        # The core this rank stays on while it measures (workloads with processes of their own opt
+        # out through pin_to_core = False); None: wherever the OS puts it.
+        self.core = ctx.core if ctx.core is not None and workload.pin_to_core else None
+        self.clock = PhaseClock("setup", "warmup", "between_rounds", "check")
         self.state = None
         self._set_up = False
         self._peak_reset = False
@@ -267,234 +193,116 @@ class RankSession:
         self.memory_census: dict[str, Any] | None = None  # the memory census's record (plan.memory_census)
         self._dynamo_at_start = None
         self.variant_times: dict[str, list[float]] = {}
-        if plan.cuda_graphs and not self.on_cuda:
-            raise ValueError("CUDA graph mode captures GPU work; this case runs on the CPU")
-        if plan.cuda_graphs and not getattr(workload, "cuda_graph_safe", False):
-            raise ValueError(f"{type(workload).__name__} cannot be captured in a CUDA graph (its rounds "
-                             f"do more than GPU work); run it without --dist-cuda-graphs")
+        if plan.cuda_graphs:
+            refuse_uncapturable(workload, self.on_cuda)
 
     def _round(self) -> float:
         """One timed round of this session's ops; returns the time per op."""
         if self._graph is not None:
-            return self._time_round(self.ctx, _replay, self._graph) / self.ops_per_round
-        return self._time_round(self.ctx, _repeated(self.workload.run_round, self.ops_per_round),
+            return self._time_round(self.ctx, replay, self._graph) / self.ops_per_round
+        return self._time_round(self.ctx, repeated(self.workload.run_round, self.ops_per_round),
                                 self.state) / self.ops_per_round
 
     def _choose_ops_per_round(self) -> None:
         """``ops_per_round="auto"``: the count at which the round's fixed cost is at most
         AUTO_OVERHEAD_SHARE of it (every rank takes the same decision: agreed maxima)."""
-        import statistics as st
 
         def round_time(k: int) -> float:
-            run = _repeated(self.workload.run_round, k)
+            run = repeated(self.workload.run_round, k)
             times = [self._time_round(self.ctx, run, self.state) for _ in range(AUTO_PROBE_ROUNDS)]
-            return st.median(self._agree(self.ctx, times))
+            return statistics.median(self._agree(self.ctx, times))
 
         self.ops_per_round, self.fixed_cost_s, _ = choose_ops_per_round(round_time)
 
     def _capture(self) -> None:
-        """Capture ops_per_round ops into a CUDA graph (warmed up on a side stream first, as CUDA
-        graph capture requires)."""
-        import torch
-
-        stream = torch.cuda.Stream(self.ctx.device)
-        stream.wait_stream(torch.cuda.current_stream(self.ctx.device))
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                self.workload.run_round(self.state)
-        torch.cuda.current_stream(self.ctx.device).wait_stream(stream)
-        torch.cuda.synchronize(self.ctx.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            _repeated(self.workload.run_round, self.ops_per_round)(self.state)
-        torch.cuda.synchronize(self.ctx.device)
-        self._graph = graph
-
-    @contextlib.contextmanager
-    def _on_own_core(self):
-        """Rank r stays on its core while it measures (workloads with processes of their own opt
-        out through pin_to_core = False); the previous affinity comes back afterwards."""
-        if not self.pin_cores:
-            yield
-            return
-        from ..pool.ranks import set_process_affinity
-
-        previous = sorted(os.sched_getaffinity(0))
-        set_process_affinity([self.ctx.core])
-        try:
-            yield
-        finally:
-            set_process_affinity(previous)
-
-    def _take_census(self) -> None:
-        """One untimed round of ``ops_per_round`` ops, and at least two, under the collective
-        census, on every rank (each rank counts what it issues), each op's collectives kept apart:
-        a step whose collectives differ from one step to the next (one every other step) is marked
-        ``varies_between_steps`` and left unjudged, whatever phase the round began in. The
-        workload's ``census_details`` adds what only it knows (DDP's buckets)."""
-        from .census import take_census
-
-        phase_start = time.perf_counter()
-        record = take_census(lambda: self.workload.run_round(self.state), ops_per_round=self.ops_per_round,
-                             ops_counted=max(self.ops_per_round, CENSUS_MIN_OPS),
-                             count_kernel_launches=self.on_cuda, dynamo_at_start=self._dynamo_at_start)
-        census_details = getattr(self.workload, "census_details", None)  # optional: duck-typed workloads lack it
-        details = (census_details(self.state) if census_details is not None else None) or {}
-        if details.get("ddp_buckets") is not None:
-            record["ddp_buckets"] = [int(b) for b in details["ddp_buckets"]]
-        if details.get("incomplete"):  # why part of the step escapes the count: the gates do not judge it
-            record["incomplete"] = "; ".join(filter(None, [str(details["incomplete"]), record.get("incomplete")]))
-        self.census = record
-        self.phases["engine_census_s"] = time.perf_counter() - phase_start
-
-    def _take_memory_census(self) -> None:
-        """One untimed step (one ``run_round``, whatever ``ops_per_round``) under the memory census,
-        on every rank: what the workload's ``memory_census_targets`` names (its modules,
-        optimizers, tensors) counts from the start, every tensor the step makes as it is made."""
-        from .memory import discover_targets, take_memory_census
-
-        phase_start = time.perf_counter()
-        targets_of = getattr(self.workload, "memory_census_targets", None)  # duck-typed workloads lack it
-        targets = list(targets_of(self.state) if targets_of is not None else discover_targets(self.state))
-        incomplete = (self.census or {}).get("incomplete")
-        try:
-            self.memory_census = take_memory_census(lambda: self.workload.run_round(self.state), targets,
-                                                    device=getattr(self.ctx, "device", None),
-                                                    incomplete=incomplete)
-        except Exception as exc:
-            raise RuntimeError(f"the memory census of {type(self.workload).__name__}'s step failed on rank "
-                               f"{self.ctx.rank}: {type(exc).__name__}: {exc} (--dist-memory-census=off "
-                               f"runs the case without it)") from exc
-        census_details = getattr(self.workload, "census_details", None)
-        if self.census is None and census_details is not None:  # steps on threads the tracker cannot see
-            incomplete = (census_details(self.state) or {}).get("incomplete")
-            if incomplete:
-                self.memory_census["incomplete"] = str(incomplete)
-        self.phases["engine_memory_census_s"] = time.perf_counter() - phase_start
+        self._graph = capture_cuda_graph(self.ctx, self.workload.run_round, self.state, self.ops_per_round)
 
     def _build(self, warmup: int) -> list[float]:
         """Set the workload up and run ``warmup`` unrecorded rounds; returns their per-op times."""
-        clock = time.perf_counter
         if self.plan.census and self._dynamo_at_start is None:
-            from .census import dynamo_snapshot
-
             self._dynamo_at_start = dynamo_snapshot() or {"frames": 0, "graph_breaks": 0}
-        phase_start = clock()
-        self.state = self.workload.setup(self.ctx)
-        self._set_up = True
-        self._graph = None
-        self.phases["engine_setup_s"] += clock() - phase_start
-        phase_start = clock()
-        times = [self._round() for _ in range(warmup)]
-        self.phases["engine_warmup_s"] += clock() - phase_start
-        return times
+        with self.clock.phase("setup"):
+            self.state = self.workload.setup(self.ctx)
+            self._set_up = True
+            self._graph = None
+        with self.clock.phase("warmup"):
+            return [self._round() for _ in range(warmup)]
 
     def start(self) -> None:
-        """Set-up, warm-up and (with "auto") the ops per round; leaves the fastest warm-up round
-        (max over ranks, all its ops) as the estimate."""
-        with self._on_own_core():
+        """Set-up, warm-up, (with "auto") the ops per round and the censuses; leaves the fastest
+        warm-up round (max over ranks, all its ops) as the estimate."""
+        with pinned_to(self.core):
             # Choosing the round count or the ops per round needs at least one timed warm-up round.
             auto = self.plan.ops_per_round == "auto"
             times = self._build(max(self.plan.warmup, 1 if self.plan.rounds == 0 or auto else 0))
-            phase_start = time.perf_counter()
             if auto:
-                self._choose_ops_per_round()
-                times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
-            self.phases["engine_warmup_s"] += time.perf_counter() - phase_start
+                with self.clock.phase("warmup"):
+                    self._choose_ops_per_round()
+                    times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
             if self.plan.census:  # before any capture: a graph's replay dispatches no collective
-                self._take_census()
+                with self.clock.phase("census"):
+                    self.census = take_census_round(self.workload, self.state, ops_per_round=self.ops_per_round,
+                                                    count_kernel_launches=self.on_cuda,
+                                                    dynamo_at_start=self._dynamo_at_start)
             if self.plan.memory_census:  # likewise: a graph's replay allocates nothing the tracker sees
-                self._take_memory_census()
-            phase_start = time.perf_counter()
-            if self.plan.cuda_graphs:
-                self._capture()
-                times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
-            if times:
-                # The fastest warm-up round estimates a round best: one stall must not cut the count.
-                self.round_estimate_s = self._agree(self.ctx, [min(times)])[0] * self.ops_per_round
-            self.phases["engine_warmup_s"] += time.perf_counter() - phase_start
+                with self.clock.phase("memory_census"):
+                    self.memory_census = take_memory_census_round(self.workload, self.state, self.ctx, self.census)
+            with self.clock.phase("warmup"):
+                if self.plan.cuda_graphs:
+                    self._capture()
+                    times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
+                if times:
+                    # The fastest warm-up round estimates a round best: one stall must not cut the count.
+                    self.round_estimate_s = self._agree(self.ctx, [min(times)])[0] * self.ops_per_round
 
     def refresh(self, warmup: int = 1) -> None:
         """Tear the workload's state down and build it anew (untimed), then ``warmup`` unrecorded
         rounds: A/B mode does this before every block, so that what one set-up happened to get
         (where its buffers landed, which side set up first) varies from block to block instead of
         biasing a whole side."""
-        with self._on_own_core():
-            phase_start = time.perf_counter()
-            self.close()
-            self.phases["engine_setup_s"] += time.perf_counter() - phase_start
+        with pinned_to(self.core):
+            with self.clock.phase("setup"):
+                self.close()
             self._build(warmup)
             if self.plan.cuda_graphs:
                 self._capture()
 
-    def record(self, rounds: int, stop_when_precise: bool = False) -> tuple[list[float], list]:
+    def record(self, rounds: int, stop_when_precise: bool = False) -> tuple[list[float], list | None]:
         """Up to ``rounds`` recorded rounds; with ``stop_when_precise``, fewer once the median of
-        the cross-rank maxima is known to the plan's precision (all ranks take the same decision)."""
-        import torch
+        the cross-rank maxima is known to the plan's precision (all ranks take the same decision).
+        Returns the times per op and this rank's CPU after each round (None where unknown)."""
+        with contextlib.closing(ThreadCpuReader()) as cpu, pinned_to(self.core):
+            if self.on_cuda and not self._peak_reset:  # peak memory over all recorded rounds
+                import torch
 
-        cpu = ThreadCpuReader()
-        try:
-            with self._on_own_core():
-                if self.on_cuda and not self._peak_reset:  # peak memory over all recorded rounds
-                    torch.cuda.reset_peak_memory_stats(self.ctx.device)
-                    self._peak_reset = True
-                times: list[float] = []
-                cpus: list = []
-                look = max(PRECISION_FIRST_LOOK, self.plan.min_rounds) if stop_when_precise else rounds
-                phase_start = time.perf_counter()
-                while len(times) < rounds:
-                    for _ in range(min(look, rounds) - len(times)):
-                        times.append(self._round())
-                        cpus.append(cpu.read())
-                    if len(times) >= rounds:
-                        break
-                    if median_is_precise(self._agree(self.ctx, times), self.plan.precision):
-                        break
-                    look = math.ceil(len(times) * PRECISION_GROWTH)
-                # The untimed part of the recorded phase: barriers, CUDA syncs, the stopping rule.
-                timed = sum(times) * self.ops_per_round
-                self.phases["engine_between_rounds_s"] += max(0.0, time.perf_counter() - phase_start - timed)
-                return times, (cpus if None not in cpus else None)
-        finally:
-            cpu.close()
+                torch.cuda.reset_peak_memory_stats(self.ctx.device)
+                self._peak_reset = True
+            cpus: list = []
+
+            def timed_round() -> float:
+                elapsed = self._round()
+                cpus.append(cpu.read())
+                return elapsed
+
+            first_look = max(PRECISION_FIRST_LOOK, self.plan.min_rounds) if stop_when_precise else None
+            with self.clock.phase("between_rounds") as phase:
+                times = rounds_until_precise(timed_round, rounds, first_look, self.plan.precision,
+                                             lambda values: self._agree(self.ctx, values))
+                # The phase is the untimed part: barriers, CUDA syncs, the stopping rule.
+                phase.discount(sum(times) * self.ops_per_round)
+        return times, (cpus if None not in cpus else None)
 
     def time_variants(self, rounds: int) -> dict[str, list[float]]:
-        """``rounds`` rounds of each of the workload's variants (``Workload.variants``) and as many
-        more of the workload itself (under :data:`STEP`), interleaved: round group i runs each of
-        them once, the order rotated by one from group to group, so that drift and "who runs
-        first" hit all alike. Each variant is set up (and warmed up one round) first and torn down
-        after; the times are per op, as the recorded rounds'. None of it joins the recorded rounds."""
-        variants = dict(self.workload.variants() or {}) if rounds > 0 else {}
+        """``rounds`` rounds of each of the workload's variants and as many more of the workload
+        itself (:func:`.variants.interleave_variants`); the times are per op, as the recorded
+        rounds'. None of it joins the recorded rounds."""
+        variants = variants_of(self.workload, rounds)
         if not variants:
             return {}
-        if STEP in variants:
-            raise ValueError(f"{type(self.workload).__name__}.variants() names a variant {STEP!r}: that name "
-                             f"is the workload's own rounds; rename the variant")
-        clock = time.perf_counter
-        states: dict[str, Any] = {}
-        times: dict[str, list[float]] = {STEP: [], **{name: [] for name in variants}}
-        with self._on_own_core():
-            phase_start = clock()
-            timed = 0.0
-            try:
-                for name, variant in variants.items():
-                    states[name] = variant.setup(self.ctx)
-                runs = {STEP: (self.workload.run_round, self.state),
-                        **{name: (variant.run_round, states[name]) for name, variant in variants.items()}}
-                names = list(runs)
-                for name in names[1:]:  # one warm-up round each (the workload itself is warm)
-                    self._time_round(self.ctx, _repeated(runs[name][0], self.ops_per_round), runs[name][1])
-                for i in range(rounds):
-                    for name in names[i % len(names):] + names[:i % len(names)]:
-                        run, state = runs[name]
-                        elapsed = self._time_round(self.ctx, _repeated(run, self.ops_per_round), state)
-                        times[name].append(elapsed / self.ops_per_round)
-                        timed += elapsed
-            finally:
-                for name, state in states.items():
-                    variants[name].teardown(state)
-            # The variants' set-up, warm-up and teardown (their timed rounds are not the engine's).
-            self.phases["engine_variants_s"] = clock() - phase_start - timed
+        with pinned_to(self.core), self.clock.phase("variants") as phase:
+            times, timed = interleave_variants(self.ctx, (self.workload.run_round, self.state), variants, rounds,
+                                               self.ops_per_round, self._time_round)
+            phase.discount(timed)  # the phase is the variants' set-up, warm-up and teardown
         self.variant_times = times
         return times
 
@@ -502,38 +310,38 @@ class RankSession:
         """Metrics, the variant rounds (``variant_rounds``, :meth:`time_variants`: after the
         metrics, so that a variant's memory is not the case's), the workload's check (untimed),
         teardown; returns this rank's metrics."""
-        import torch
-
         metrics: dict[str, Any] = {}
-        measured: tuple[int, int] | None = None  # CUDA: the allocator's peaks over the recorded rounds
+        peaks: tuple[int, int] | None = None  # CUDA: the allocator's peaks over the recorded rounds
         try:
-            with self._on_own_core():  # the rank's own metrics and check see the placement the rounds had
+            with pinned_to(self.core):  # the rank's own metrics and check see the placement the rounds had
                 if self.on_cuda:
-                    measured = (int(torch.cuda.max_memory_allocated(self.ctx.device)),
-                                int(torch.cuda.max_memory_reserved(self.ctx.device)))
-                    metrics["peak_memory_bytes"] = measured[0]
-                phase_start = time.perf_counter()
-                metrics.update(self.workload.rank_metrics(self.state) or {})
-                variants_start = time.perf_counter()
-                self.time_variants(variant_rounds)
-                phase_start += time.perf_counter() - variants_start  # not the check's time
-                if check:  # a check may report what it measured while checking (e.g. its peak memory)
-                    metrics.update(check_outcome(self.workload, self.workload.check(self.state), self.ctx.rank))
-                self.phases["engine_check_s"] = time.perf_counter() - phase_start
+                    import torch
+
+                    peaks = (int(torch.cuda.max_memory_allocated(self.ctx.device)),
+                             int(torch.cuda.max_memory_reserved(self.ctx.device)))
+                    metrics["peak_memory_bytes"] = peaks[0]
+                with self.clock.phase("check"):
+                    metrics.update(self.workload.rank_metrics(self.state) or {})
+                    self.time_variants(variant_rounds)  # a phase of its own, not the check's
+                    if check:  # a check may report what it measured while checking (e.g. its peak memory)
+                        metrics.update(check_outcome(self.workload, self.workload.check(self.state), self.ctx.rank))
         finally:
             self.close()
         # Where a case's untimed seconds go (max over ranks in extra_info); see docs/results.md, "Harness overhead per case".
-        metrics.update({key: round(value, 6) for key, value in self.phases.items()})
-        metrics["pinned_cores"] = self.pin_cores  # each rank on a core of its own while measuring
-        metrics["ops_per_round"] = self.ops_per_round
+        metrics.update(self.clock.metrics())
+        metrics.update(self._engine_metrics(peaks))
+        return metrics
+
+    def _engine_metrics(self, peaks: tuple[int, int] | None) -> dict[str, Any]:
+        """What the engine itself reports beside the workload's metrics: placement, ops per round,
+        the census records, what "auto" measured, CUDA graph mode."""
+        metrics: dict[str, Any] = {"pinned_cores": self.core is not None,  # each rank on a core of its own
+                                   "ops_per_round": self.ops_per_round}
         if self.census is not None:
             metrics["census"] = self.census
-        if self.memory_census is not None:
-            metrics["memory"] = self.memory_census
-            if measured is not None and self._peak_reset:  # the allocator's peaks over the recorded rounds beside it
-                from .memory import measured_cuda
-
-                metrics["memory"] = measured_cuda(self.memory_census, *measured)
+        if self.memory_census is not None:  # the allocator's peaks over the recorded rounds beside it
+            measured = peaks is not None and self._peak_reset
+            metrics["memory"] = measured_cuda(self.memory_census, *peaks) if measured else self.memory_census
         if self.fixed_cost_s is not None:
             metrics["round_fixed_cost_s"] = self.fixed_cost_s
         if self.plan.cuda_graphs:
@@ -573,10 +381,6 @@ def check_outcome(workload, result, rank: int) -> dict[str, Any]:
                              f"returning False; it passes returning None or True.)")
     raise TypeError(f"{name}() returned {type(result).__name__} {result!r:.80}: a check returns None or "
                     f"True (passed), False (a wrong result), or a dict of numbers it measured")
-
-
-def _replay(graph) -> None:
-    graph.replay()
 
 
 def measure_workload(ctx, workload, plan: RoundPlan) -> RankMeasurement:
@@ -631,14 +435,10 @@ def combine_rank_metrics(per_rank_metrics: list[dict[str, Any]]) -> dict[str, An
     """Numbers: the maximum over ranks (peak memory, open fds...); the census: rank 0's, marked
     ``ranks_disagree`` where ranks counted other collectives; the memory census: rank 0's with every
     rank's peak (:func:`ddpbench.engine.memory.combine_memory`); anything else: rank 0's."""
-    from .census import combine_census
-
     combined: dict[str, Any] = {}
     if any("census" in metrics for metrics in per_rank_metrics):
         combined["census"] = combine_census([metrics.get("census") for metrics in per_rank_metrics])
     if any("memory" in metrics for metrics in per_rank_metrics):
-        from .memory import combine_memory
-
         combined["memory"] = combine_memory([metrics.get("memory") for metrics in per_rank_metrics])
     for metrics in per_rank_metrics:
         for key, value in metrics.items():

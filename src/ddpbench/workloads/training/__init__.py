@@ -49,8 +49,10 @@ makes the gradients views into DDP's buckets: the census then shows no bucket co
 Trainer steps on a thread of its own, which the census does not see.
 
 The transformer family (:class:`TransformerTraining`: a GPT-style decoder, DDP knobs and FSDP2, bf16,
-torch.compile) lives in :mod:`.transformer` (workload and check), :mod:`.gpt` (model and token
-data) and :mod:`.metrics` (tokens/s, FLOPs, MFU, memory: the training metrics in one module).
+torch.compile) lives in :mod:`.transformer` (workload and check), :mod:`.transformer_settings` (its
+knobs by section), :mod:`.gpt` (model and token data) and :mod:`.metrics` (tokens/s, FLOPs, MFU,
+memory: the training metrics in one module). Both families share :mod:`.base` (the rank loop's
+step and accumulation, the workload's set-up, metrics and variants).
 """
 
 from .lightning import lightning_unavailable_reason

@@ -9,7 +9,8 @@ import queue
 import threading
 import traceback
 
-from .loops import _Loop, _make_optimizer, _seed_model
+from .base import TrainingLoop
+from .loops import _make_optimizer, _seed_model
 from .models import loss_fn
 
 # Env vars set while a Lightning trainer is attached to the pool's process group.
@@ -41,7 +42,7 @@ def lightning_unavailable_reason() -> str | None:
 class _EndlessBatches:
     """An iterable without __len__ that cycles this rank's micro-batches (Lightning's train data)."""
 
-    def __init__(self, loop: _Loop):
+    def __init__(self, loop: TrainingLoop):
         self.loop = loop
 
     def __iter__(self):
@@ -49,7 +50,7 @@ class _EndlessBatches:
             yield self.loop.next_batch()
 
 
-class _LightningLoop(_Loop):
+class _LightningLoop(TrainingLoop):
     """A Lightning Trainer running one long ``fit`` on a helper thread, paced step by step.
 
     Why a thread: the engine owns the round loop (barrier -> timer -> run_round), while Lightning
@@ -219,7 +220,7 @@ def _make_lightning_module(pl, loop: _LightningLoop):
         def training_step(self, batch, batch_idx):
             x, y = batch
             loss = loss_fn(self.model(x), y)
-            loop._micro_losses.append(float(loss.detach()))
+            loop._micro_losses.append(loop.loss_value(loss))
             loop._micro_batches.append((x, y))
             return loss
 

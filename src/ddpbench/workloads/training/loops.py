@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
+from .base import TrainingLoop
 from .models import build_model, loss_fn
 from .settings import TrainingSettings
 
@@ -21,77 +22,6 @@ def _make_optimizer(workload: TrainingSettings, params):
     import torch
 
     return torch.optim.SGD(params, lr=workload.lr, momentum=workload.momentum)
-
-
-class _Loop:
-    """One rank's training loop; ``step()`` is one optimizer step over ``grad_accum`` micro-batches."""
-
-    def __init__(self, ctx, workload: TrainingSettings, data):
-        self.ctx = ctx
-        self.w = workload
-        self.inputs, self.targets = data
-        self.cursor = 0
-        self.losses: list[float] = []
-        # The (inputs, targets) micro-batches of the last finished optimizer step (Training.check).
-        self.last_step_batches: list = []
-        self.optimizer = None  # the torch optimizer (Training.check reads its momentum buffers)
-        self.skipped = None  # compute-only: what the step's exchanges would have sent (.compute_only)
-        if workload.compute_only:
-            from .compute_only import SkippedCollectives
-
-            self.skipped = SkippedCollectives()
-
-    def next_batch(self):
-        i = self.cursor % self.inputs.shape[0]
-        self.cursor += 1
-        return self.inputs[i], self.targets[i]
-
-    @contextlib.contextmanager
-    def training_on(self, inputs, targets):
-        """Take micro-batches from ``inputs`` / ``targets`` (shaped as the loop's data) until the
-        block ends, then go back to the loop's own data where it left off (Training.check)."""
-        saved = self.inputs, self.targets, self.cursor
-        self.inputs, self.targets, self.cursor = inputs, targets, 0
-        try:
-            yield
-        finally:
-            self.inputs, self.targets, self.cursor = saved
-
-    def module(self):
-        raise NotImplementedError
-
-    def ddp_module(self):
-        """The DistributedDataParallel wrapper this loop trains through, or None."""
-        return None
-
-    def step(self) -> float:
-        """One optimizer step: ``grad_accum`` micro-batches, each loss scaled by 1/grad_accum,
-        then ``_before_optimizer_step`` (where a loop reduces gradients itself) and the step."""
-        accum = self.w.grad_accum
-        if self.skipped is not None:
-            self.skipped.new_step()
-        self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        batches = []
-        for i in range(accum):
-            x, y = self.next_batch()
-            batches.append((x, y))
-            total += self._micro_step(x, y, accum, last=i == accum - 1)
-        self._before_optimizer_step()
-        self.optimizer.step()
-        self.losses.append(total / accum)
-        self.last_step_batches = batches
-        return self.losses[-1]
-
-    def _micro_step(self, x, y, accum: int, last: bool) -> float:
-        """Forward and backward of one micro-batch; returns its (unscaled) loss."""
-        raise NotImplementedError
-
-    def _before_optimizer_step(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _broadcast_from_rank0(tensors) -> None:
@@ -154,7 +84,7 @@ def reduce_gradients(buckets, world_size: int, skipped=None) -> None:
             offset += n
 
 
-class _ManualLoop(_Loop):
+class _ManualLoop(TrainingLoop):
     def __init__(self, ctx, workload, data):
         super().__init__(ctx, workload, data)
         self.model = _seed_model(workload, ctx.rank).to(ctx.device)
@@ -168,7 +98,7 @@ class _ManualLoop(_Loop):
     def _micro_step(self, x, y, accum: int, last: bool) -> float:
         loss = loss_fn(self.model(x), y)
         (loss / accum).backward()  # gradients add up locally across micro-batches
-        return float(loss.detach())
+        return self.loss_value(loss)
 
     def _before_optimizer_step(self) -> None:
         # once per optimizer step; a compute-only variant leaves the all_reduce out
@@ -178,7 +108,7 @@ class _ManualLoop(_Loop):
             reduce_gradients(self.buckets, self.ctx.world_size, skipped=self.skipped)
 
 
-class _DDPLoop(_Loop):
+class _DDPLoop(TrainingLoop):
     def __init__(self, ctx, workload, data):
         from torch.nn.parallel import DistributedDataParallel
 
@@ -196,6 +126,9 @@ class _DDPLoop(_Loop):
     def module(self):
         return self.ddp.module
 
+    def trained_module(self):
+        return self.ddp
+
     def ddp_module(self):
         return self.ddp
 
@@ -204,10 +137,10 @@ class _DDPLoop(_Loop):
         with contextlib.nullcontext() if last else self.ddp.no_sync():
             loss = loss_fn(self.ddp(x), y)
             (loss / accum).backward()
-        return float(loss.detach())
+        return self.loss_value(loss)
 
 
-class _DataParallelLoop(_Loop):
+class _DataParallelLoop(TrainingLoop):
     """Single process, every visible GPU; the data already holds batch_size x GPUs per micro-batch."""
 
     def __init__(self, ctx, workload, data):
@@ -221,11 +154,14 @@ class _DataParallelLoop(_Loop):
     def module(self):
         return self.dp.module
 
+    def trained_module(self):
+        return self.dp
+
     def _micro_step(self, x, y, accum: int, last: bool) -> float:
         out = self.dp(x)
         loss = loss_fn(out, y.to(out.device))
         (loss / accum).backward()
-        return float(loss.detach())
+        return self.loss_value(loss)
 
 
 # The loop of each implementation but Lightning (Training.loops; a subclass may swap one).

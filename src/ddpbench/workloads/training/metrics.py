@@ -163,7 +163,8 @@ def exposed_communication(variant_times: dict[str, list[float]]) -> dict[str, An
     (``engine.timing.median_interval``). Empty when the rounds hold no step and compute-only pair."""
     import statistics
 
-    from ...engine.timing import STEP, median_interval
+    from ...engine.timing import median_interval
+    from ...engine.variants import STEP
     from .. import COMMUNICATION_ONLY, COMPUTE_ONLY
 
     step, compute = variant_times.get(STEP) or [], variant_times.get(COMPUTE_ONLY) or []

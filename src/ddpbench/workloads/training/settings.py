@@ -16,3 +16,4 @@ class TrainingSettings(Protocol):
     momentum: float
     bucket_cap_mb: float
     grad_accum: int
+    compute_only: bool  # the compute-only variant (.compute_only)

@@ -1,75 +1,30 @@
 """The transformer training workload: a GPT-style decoder (:mod:`.gpt`) trained with DDP or FSDP2,
-each knob a parameter; a round is one optimizer step (``grad_accum`` micro-batches, AdamW).
-
-Implementations:
-
-* ``ddp``: :class:`~torch.nn.parallel.DistributedDataParallel` with ``bucket_cap_mb``,
-  ``gradient_as_bucket_view``, ``static_graph``, ``find_unused_parameters`` and a communication
-  hook (``none``, ``fp16`` / ``bf16`` compression, ``powersgd`` rank 1 with error feedback); the
-  first ``grad_accum - 1`` micro-batches under ``no_sync()``; ``precision="bf16"`` runs forward
-  and loss under ``torch.autocast`` (parameters and gradients stay fp32);
-* ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every block, then on the root, with
-  ``reshard_after_forward``; ``precision="bf16"`` is ``MixedPrecisionPolicy(param_dtype=bf16,
-  reduce_dtype=fp32)``; gradient sync only on the last micro-batch
-  (``set_requires_gradient_sync``).
-
-Both: ``compile`` wraps the trained module in ``torch.compile`` (the case is skipped, with
-inductor's reason, where it cannot build); ``activation_checkpointing`` recomputes each block in
-backward (``torch.utils.checkpoint``, non-reentrant).
-
-The check (untimed, after the rounds): one more optimizer step on fresh micro-batches, whose
-averaged gradient on every parameter must match a single-process float64 step on every rank's
-micro-batches of that step, within :func:`gradient_rtol` (set by the precision and the hook's own
-rounding; per parameter and over the whole gradient). PowerSGD's low-rank gradients are not the average by design: there the ranks must agree
-and :data:`POWERSGD_CHECK_STEPS` more steps on one fixed batch must lower its loss.
+each knob a parameter (:mod:`.transformer_settings`); a round is one optimizer step (``grad_accum``
+micro-batches, AdamW). Its check: one more step's averaged gradient against a single-process
+float64 step (PowerSGD: the ranks agree and the loss goes down); docs/design.md, "The families".
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .. import COMMUNICATION_ONLY, COMPUTE_ONLY, Workload
-from .gpt import build_gpt, gpt_config, make_tokens
+from .base import TrainingLoop, TrainingWorkload, check_finite_losses
+from .gpt import build_gpt, make_tokens
 from .metrics import (datasheet_peak_flops, gpt_flops_per_sequence, measure_peak_flops, mfu_info,
-                      parameter_bytes, peak_memory)
+                      parameter_bytes, peak_memory, tokens_per_second)
 from .models import CHECK_DATA_SEED_OFFSET
 from .reference import _full_float32, _gather_cat
+from .transformer_settings import CompileSettings, DDPSettings, FSDPSettings, StepSettings
+# Names importers of this module read (scale/, the planted bugs of tests/broken_workloads.py).
+from .transformer_settings import COMM_HOOKS as COMM_HOOKS
+from .transformer_settings import PRECISIONS as PRECISIONS
+from .transformer_settings import TRANSFORMER_IMPLS as TRANSFORMER_IMPLS
+from .transformer_settings import compile_unavailable_reason as compile_unavailable_reason
 
-TRANSFORMER_IMPLS = ("ddp", "fsdp2")
-PRECISIONS = ("fp32", "bf16")
 POWERSGD_CHECK_STEPS = 12
-
-
-def _register_fp16(ddp, ctx) -> Any:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-
-
-def _register_bf16(ddp, ctx) -> Any:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-
-
-def _register_powersgd(ddp, ctx) -> Any:
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-
-    # start_powerSGD_iter >= 2 is DDP's minimum with error feedback / warm start on.
-    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
-                                        use_error_feedback=True, warm_start=True)
-    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    return state
-
-
-# name -> register(ddp, ctx) (None: DDP's built-in all-reduce); TransformerTraining.comm_hooks.
-COMM_HOOKS: dict[str, Any] = {"none": None, "fp16": _register_fp16, "bf16": _register_bf16,
-                              "powersgd": _register_powersgd}
 # Unit roundoff of the dtype a hook sends gradients in (its own bound on the reduced gradient).
 _HOOK_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 
@@ -91,86 +46,36 @@ def gradient_rtol(precision: str, comm_hook: str, device_type: str) -> tuple[flo
     return base + hook, base + hook
 
 
-@functools.lru_cache(maxsize=None)
-def compile_unavailable_reason() -> str | None:
-    """Why ``torch.compile`` (inductor) cannot build here, found by compiling a tiny function once
-    per process; None when it can."""
-    try:
-        import torch
-
-        fn = torch.compile(lambda x: torch.sin(x) * 2 + 1)
-        fn(torch.randn(8))
-    except Exception as exc:  # noqa: BLE001 - any failure to build is the reason to skip
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"torch.compile cannot build on this machine: {type(exc).__name__}: {first[:300]}"
-    return None
-
-
+# The sections are listed last-first: a dataclass takes its bases' fields from the last base to the
+# first, so the knobs keep their documented order (step, compile, DDP, FSDP2, then the fields below).
 @dataclass(frozen=True)
-class TransformerTraining(Workload):
-    """One transformer training configuration; a round is one optimizer step."""
+class TransformerTraining(TrainingWorkload, FSDPSettings, DDPSettings, CompileSettings, StepSettings):
+    """One transformer training configuration; a round is one optimizer step. The knobs are those
+    of its sections (:mod:`.transformer_settings`), each passed flat."""
 
-    size: str = "cpu-small"
-    impl: str = "ddp"
-    batch_size: int = 0  # sequences per rank and micro-batch; 0: the size's default
-    grad_accum: int = 1
-    precision: str = "fp32"
-    compile: bool = False
-    activation_checkpointing: bool = False
-    # DDP
-    bucket_cap_mb: float = 25.0
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    find_unused_parameters: bool = False
-    comm_hook: str = "none"
-    # FSDP2
-    reshard_after_forward: bool = True
     seed: int = 0
     lr: float = 1e-3
     data_batches: int = 4  # distinct micro-batches per rank, cycled
     measure_peak: bool = True  # the matmul probe in set-up (peak_flops_measured)
     # The compute-only variant (variants()): every exchange hands its data back unreduced (.compute_only).
     compute_only: bool = False
-    comm_hooks: ClassVar[dict] = COMM_HOOKS
     # The rank's loop class (None: _TransformerLoop); a subclass may swap one in (planted bugs).
     loop_class: ClassVar[Any] = None
 
     def __post_init__(self):
-        gpt_config(self.size)
-        if self.impl not in TRANSFORMER_IMPLS:
-            raise ValueError(f"unknown transformer implementation {self.impl!r}; expected one of "
-                             f"{', '.join(TRANSFORMER_IMPLS)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; expected one of {', '.join(PRECISIONS)}")
-        if self.comm_hook not in self.comm_hooks:
-            raise ValueError(f"unknown comm_hook {self.comm_hook!r}; expected one of {', '.join(self.comm_hooks)}")
+        self.check_step_settings()
         for name in ("grad_accum", "data_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.batch_size, int) or self.batch_size < 0:
-            raise ValueError(f"batch_size must be a positive integer (0: the size's default), got {self.batch_size!r}")
-        if not self.bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb!r}")
-        if self.impl == "fsdp2":
-            ddp_only = [name for name, default in (("bucket_cap_mb", 25.0), ("gradient_as_bucket_view", False),
-                                                   ("static_graph", False), ("find_unused_parameters", False),
-                                                   ("comm_hook", "none")) if getattr(self, name) != default]
-            if ddp_only:
-                raise ValueError(f"{', '.join(ddp_only)}: DDP knobs, not FSDP2's")
-        elif not self.reshard_after_forward:
-            raise ValueError("reshard_after_forward is an FSDP2 knob, not DDP's")
+        self.check_ddp_settings()
+        if self.impl == "fsdp2" and self.ddp_knobs_set():
+            raise ValueError(f"{', '.join(self.ddp_knobs_set())}: DDP knobs, not FSDP2's")
+        if self.impl == "ddp" and self.fsdp_knobs_set():
+            raise ValueError(f"{', '.join(self.fsdp_knobs_set())} is an FSDP2 knob, not DDP's")
         if self.compute_only and self.comm_hook == "powersgd":
             raise ValueError("compute_only: PowerSGD's exchanges are interleaved with its own low-rank compute, "
                              "so it has no compute-only form")
-
-    @property
-    def config(self):
-        return gpt_config(self.size)
-
-    @property
-    def micro_batch(self) -> int:
-        return self.batch_size or self.config.batch_size
 
     @property
     def group(self) -> str:  # type: ignore[override]
@@ -204,39 +109,25 @@ class TransformerTraining(Workload):
         return "-".join(self.id_parts)
 
     def skip_reason(self, spec) -> str | None:
-        if self.comm_hook == "bf16" and spec.backend != "nccl":
-            return ("DDP's bf16_compress_hook needs NCCL (torch refuses it on other backends: \"BF16 all "
-                    "reduce communication hook required CUDA 11+ and NCCL 2.10+\")")
-        if self.static_graph and self.grad_accum > 1:
-            return ("DDP static_graph with no_sync() micro-batches fails in torch's reducer "
-                    "(expect_autograd_hooks_ internal assert, torch 2.13)")
-        if self.compile:
-            return compile_unavailable_reason()
-        return None
+        return self.ddp_skip_reason(spec, self.grad_accum) or self.compile_skip_reason()
 
-    def variants(self) -> dict[str, Workload]:
-        """The compute-only step and its collectives replayed alone (docs/design.md, *Exposed
-        communication*); none for PowerSGD, whose exchanges are interleaved with its own compute."""
-        if self.compute_only or self.comm_hook == "powersgd":
-            return {}
-        from .replay import CollectiveReplay
+    def has_compute_only_form(self) -> bool:
+        """None for PowerSGD, whose exchanges are interleaved with its own compute."""
+        return self.comm_hook != "powersgd"
 
-        compute = dataclasses.replace(self, compute_only=True, measure_peak=False)
-        return {COMPUTE_ONLY: compute, COMMUNICATION_ONLY: CollectiveReplay(compute)}
-
-    def skipped_collectives(self, state) -> list[dict[str, Any]]:
-        """The compute-only variant's record of its last step's skipped collectives (census-shaped)."""
-        return state["loop"].skipped.record()
+    def compute_only_variant(self) -> "TransformerTraining":
+        return dataclasses.replace(self, compute_only=True, measure_peak=False)
 
     # -- rank side ------------------------------------------------------------------------------
+
+    def build_loop(self, ctx) -> TrainingLoop:
+        inputs, targets = self.training_data(ctx)
+        return (self.loop_class or _TransformerLoop)(ctx, self, inputs.to(ctx.device), targets.to(ctx.device))
 
     def setup(self, ctx) -> dict[str, Any]:
         import torch
 
-        started = time.perf_counter()
-        inputs, targets = self.training_data(ctx)
-        loop = (self.loop_class or _TransformerLoop)(ctx, self, inputs.to(ctx.device), targets.to(ctx.device))
-        state: dict[str, Any] = {"ctx": ctx, "loop": loop, "setup_seconds": time.perf_counter() - started}
+        state = super().setup(ctx)
         if self.measure_peak:
             dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
             state["peak_flops_measured"] = measure_peak_flops(ctx.device, dtype)
@@ -247,20 +138,9 @@ class TransformerTraining(Workload):
         """(inputs, targets): this rank's ``data_batches`` micro-batches (:func:`.gpt.make_tokens`)."""
         return make_tokens(self.config, self.micro_batch, self.data_batches, self.seed, ctx.rank)
 
-    def run_round(self, state) -> None:
-        state["loop"].step()
-
     def rank_metrics(self, state) -> dict[str, Any]:
-        import torch
-        import torch.distributed as dist
-
         ctx, loop = state["ctx"], state["loop"]
-        last = torch.tensor([loop.losses[-1] if loop.losses else float("nan")], dtype=torch.float64,
-                            device=ctx.device)
-        dist.all_reduce(last)
-        metrics: dict[str, Any] = {"final_loss": float(last.item()) / ctx.world_size,
-                                   "optimizer_steps": len(loop.losses),
-                                   "setup_seconds": round(state["setup_seconds"], 4)}
+        metrics = super().rank_metrics(state)
         metrics.update(parameter_bytes(loop.model))
         metrics.update(peak_memory(ctx.device))
         for key in ("peak_flops_measured", "peak_flops_datasheet"):
@@ -271,11 +151,7 @@ class TransformerTraining(Workload):
     def check(self, state) -> None:
         ctx, loop = state["ctx"], state["loop"]
         who = f"transformer {self.case_id} on rank {ctx.rank}"
-        import math
-
-        bad = [loss for loss in loop.losses if not math.isfinite(loss)]
-        if bad:
-            raise AssertionError(f"{who}: non-finite loss {bad[0]}")
+        check_finite_losses(who, loop.losses)
         if self.comm_hook == "powersgd":
             _check_ranks_agree(who, ctx, loop)
             _check_loss_goes_down(who, self, ctx, loop)
@@ -306,22 +182,14 @@ class TransformerTraining(Workload):
         the census does not see them (on gloo the count varied between runs)."""
         from ...engine.census import ddp_bucket_sizes
 
-        if self.impl != "ddp":
+        ddp = state["loop"].ddp_module()
+        if ddp is None:
             return {}
-        details = {"ddp_buckets": ddp_bucket_sizes(state["loop"].wrapped)}
+        details = {"ddp_buckets": ddp_bucket_sizes(ddp)}
         if self.comm_hook == "powersgd":
             details["incomplete"] = ("PowerSGD issues all_reduces from future callbacks on the backend's "
                                      "threads, which the census does not see")
         return details
-
-    def memory_census_targets(self, state) -> list:
-        """The model as the step runs it (DDP's wrapper, or the model FSDP2 sharded), AdamW and the
-        rank's token batches."""
-        loop = state["loop"]
-        return [loop.wrapped, loop.optimizer, loop.inputs, loop.targets]
-
-    def teardown(self, state) -> None:
-        state.clear()
 
     # -- controller side ------------------------------------------------------------------------
 
@@ -334,14 +202,7 @@ class TransformerTraining(Workload):
                                 "precision": self.precision, "grad_accum": self.grad_accum,
                                 "batch_size": self.micro_batch, "seq_len": self.config.seq_len,
                                 "compile": self.compile, "activation_checkpointing": self.activation_checkpointing}
-        if self.impl == "ddp":
-            info.update(bucket_cap_mb=self.bucket_cap_mb, gradient_as_bucket_view=self.gradient_as_bucket_view,
-                        static_graph=self.static_graph, find_unused_parameters=self.find_unused_parameters,
-                        comm_hook=self.comm_hook)
-        else:
-            info["reshard_after_forward"] = self.reshard_after_forward
-        from .metrics import tokens_per_second
-
+        info.update(self.ddp_info() if self.impl == "ddp" else self.fsdp_info())
         info["tokens_per_step"] = tokens
         info["tokens_per_second"] = round(tokens_per_second(tokens, median_s), 3)
         info["samples_per_second"] = round(sequences / median_s, 3)
@@ -351,54 +212,23 @@ class TransformerTraining(Workload):
         return info
 
 
-class _TransformerLoop:
-    """One rank's model, wrapper, optimizer and data; ``step()`` is one optimizer step."""
+class _TransformerLoop(TrainingLoop):
+    """One rank's GPT, wrapped by DDP or sharded by FSDP2 (the workload's sections say how), AdamW
+    and the rank's token batches; ``step()`` is one optimizer step (:meth:`TrainingLoop.step`)."""
 
     def __init__(self, ctx, w: TransformerTraining, inputs, targets):
         import torch
 
-        self.ctx, self.w = ctx, w
-        self.inputs, self.targets, self.cursor = inputs, targets, 0
-        self.losses: list[float] = []
+        super().__init__(ctx, w, (inputs, targets))
         torch.manual_seed(w.seed * 7919 + 104729 * ctx.rank + 1)  # rank-dependent: DDP must broadcast
         self.model = build_gpt(w.config, w.activation_checkpointing)
         if ctx.device != torch.device("cpu"):  # (on the CPU a no-op that FakeTensorMode refuses)
             self.model = self.model.to(ctx.device)
-        self.hook_state = None
-        self.skipped = None  # compute-only: what the step's exchanges would have sent
-        if w.compute_only:
-            from .compute_only import SkippedCollectives
-
-            self.skipped = SkippedCollectives()
+        self.hook_state = None  # the DDP comm hook's state (PowerSGD's)
         if w.impl == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            device_ids = [ctx.device.index] if ctx.device_type == "cuda" else None
-            self.wrapped = DistributedDataParallel(
-                self.model, device_ids=device_ids, bucket_cap_mb=w.bucket_cap_mb,
-                gradient_as_bucket_view=w.gradient_as_bucket_view, static_graph=w.static_graph,
-                find_unused_parameters=w.find_unused_parameters)
-            register = w.comm_hooks[w.comm_hook]
-            if w.compute_only:
-                from .compute_only import register_compute_only_hook
-
-                register_compute_only_hook(self.wrapped, w.comm_hook, self.skipped)
-            elif register is not None:
-                self.hook_state = register(self.wrapped, ctx)
+            self.wrapped, self.hook_state = w.wrap_ddp(self.model, ctx, self.skipped)
         else:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                  if w.precision == "bf16" else MixedPrecisionPolicy())
-            mesh = self.fsdp_mesh()
-            for block in self.model.blocks:
-                fully_shard(block, reshard_after_forward=w.reshard_after_forward, mp_policy=mp, mesh=mesh)
-            fully_shard(self.model, reshard_after_forward=w.reshard_after_forward, mp_policy=mp, mesh=mesh)
-            self.wrapped = self.model
-            if w.compute_only:
-                from .compute_only import unexchange_fsdp2
-
-                unexchange_fsdp2([*self.model.blocks, self.model], self.skipped)
+            self.wrapped = w.shard_fsdp2(self.model, w.precision, self.fsdp_mesh(), self.skipped)
         self.forward = torch.compile(self.wrapped) if w.compile else self.wrapped
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=w.lr)
 
@@ -407,9 +237,14 @@ class _TransformerLoop:
         simulation under FakeTensorMode hands one built before the mode (ddpbench.scale.memory)."""
         return None
 
-    def loss_value(self, loss) -> float:
-        """A micro-batch's loss as a float (a simulation on fake tensors has no value to read)."""
-        return float(loss.detach())
+    def module(self):
+        return self.model
+
+    def trained_module(self):
+        return self.wrapped
+
+    def ddp_module(self):
+        return self.wrapped if self.w.impl == "ddp" else None
 
     def _autocast(self):
         import torch
@@ -419,41 +254,22 @@ class _TransformerLoop:
         return contextlib.nullcontext()
 
     def _sync(self, last: bool):
+        """Gradient sync on the last micro-batch only: DDP's ``no_sync()`` before it, FSDP2's
+        ``set_requires_gradient_sync``."""
         if self.w.impl == "ddp":
             return contextlib.nullcontext() if last else self.wrapped.no_sync()
         self.wrapped.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    def step(self) -> float:
+    def _micro_step(self, x, y, accum: int, last: bool) -> float:
         import torch.nn.functional as F
 
-        accum = self.w.grad_accum
-        if self.skipped is not None:
-            self.skipped.new_step()
-        self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for i in range(accum):
-            k = self.cursor % self.inputs.shape[0]
-            self.cursor += 1
-            x, y = self.inputs[k], self.targets[k]
-            with self._sync(i == accum - 1):
-                with self._autocast():
-                    logits = self.forward(x)
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-                (loss / accum).backward()
-            total += self.loss_value(loss)
-        self.optimizer.step()
-        self.losses.append(total / accum)
-        return self.losses[-1]
-
-    @contextlib.contextmanager
-    def training_on(self, inputs, targets):
-        saved = self.inputs, self.targets, self.cursor
-        self.inputs, self.targets, self.cursor = inputs, targets, 0
-        try:
-            yield
-        finally:
-            self.inputs, self.targets, self.cursor = saved
+        with self._sync(last):
+            with self._autocast():
+                logits = self.forward(x)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            (loss / accum).backward()
+        return self.loss_value(loss)
 
     def full_parameters(self):
         """(names, float64 CPU copies of the whole parameters), tied ones once (collective for FSDP2)."""

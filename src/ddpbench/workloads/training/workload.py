@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .. import COMMUNICATION_ONLY, COMPUTE_ONLY, Workload
+from .base import TrainingLoop, TrainingWorkload, check_finite_losses
 from .lightning import _LightningLoop, lightning_unavailable_reason
 from .loops import LOOPS
 from .models import CHECK_DATA_SEED_OFFSET, IMPLS, MODELS, SEQ_LEN, flat_parameters, make_data
@@ -20,7 +18,7 @@ COMPUTE_ONLY_IMPLS = ("manual", "ddp")
 
 
 @dataclass(frozen=True)
-class Training(Workload):
+class Training(TrainingWorkload):
     """One training configuration; a round is one optimizer step."""
 
     model: str
@@ -70,25 +68,18 @@ class Training(Workload):
     def samples_per_step_per_rank(self) -> int:
         return self.batch_size * self.grad_accum
 
-    def variants(self) -> dict[str, Workload]:
-        """The compute-only step and its collectives replayed alone, for the implementations whose
-        exchange ddpbench can leave out (``manual``: its all_reduce; ``ddp``: a hook returning each
-        bucket unreduced); none for Lightning and DataParallel."""
-        if self.compute_only or self.impl not in COMPUTE_ONLY_IMPLS:
-            return {}
-        from .replay import CollectiveReplay
+    @property
+    def single_process(self) -> bool:
+        return self.impl == "dataparallel"
 
-        compute = dataclasses.replace(self, compute_only=True)
-        return {COMPUTE_ONLY: compute, COMMUNICATION_ONLY: CollectiveReplay(compute)}
+    def has_compute_only_form(self) -> bool:
+        """``manual``: its all_reduce left out; ``ddp``: a hook returning each bucket unreduced;
+        none for Lightning and DataParallel."""
+        return self.impl in COMPUTE_ONLY_IMPLS
 
-    def skipped_collectives(self, state) -> list[dict[str, Any]]:
-        """The compute-only variant's record of its last step's skipped collectives (census-shaped)."""
-        return state["loop"].skipped.record()
-
-    def setup(self, ctx) -> dict[str, Any]:
+    def build_loop(self, ctx) -> TrainingLoop:
         import torch
 
-        started = time.perf_counter()
         batch = self.batch_size
         if self.impl == "dataparallel":
             if ctx.device_type != "cuda" or ctx.world_size != 1:
@@ -102,35 +93,9 @@ class Training(Workload):
         inputs, targets = make_data(self.model, batch, self.data_batches, self.seed, ctx.rank)
         device = torch.device("cuda", 0) if self.impl == "dataparallel" else ctx.device
         data = (inputs.to(device), targets.to(device))
-        state: dict[str, Any] = {"ctx": ctx}
         if self.impl == "lightning":
-            loop = _LightningLoop(ctx, self, data)
-        else:
-            loop = self.loops[self.impl](ctx, self, data)
-        state["loop"] = loop
-        state["setup_seconds"] = time.perf_counter() - started
-        return state
-
-    def run_round(self, state) -> None:
-        state["loop"].step()
-
-    def rank_metrics(self, state) -> dict[str, Any]:
-        import torch
-        import torch.distributed as dist
-
-        ctx, loop = state["ctx"], state["loop"]
-        # final_loss: the last step's loss averaged over ranks (each rank saw different data).
-        last = torch.tensor([loop.losses[-1] if loop.losses else float("nan")], dtype=torch.float64,
-                            device=ctx.device)
-        if self.impl != "dataparallel":
-            dist.all_reduce(last, op=dist.ReduceOp.SUM)
-            last /= ctx.world_size
-        metrics: dict[str, Any] = {
-            "final_loss": float(last.item()),
-            "optimizer_steps": len(loop.losses),
-            "setup_seconds": round(state["setup_seconds"], 4),
-        }
-        return metrics
+            return _LightningLoop(ctx, self, data)
+        return self.loops[self.impl](ctx, self, data)
 
     def check(self, state) -> None:
         """The losses are finite, every rank holds rank 0's parameters, and one more optimizer step
@@ -142,8 +107,8 @@ class Training(Workload):
         :func:`check_rtol` of its size."""
         ctx, loop = state["ctx"], state["loop"]
         who = f"{self.impl}/{self.model} on rank {ctx.rank}"
-        distributed = self.impl != "dataparallel" and ctx.world_size > 1
-        _check_finite_losses(who, loop.losses)
+        distributed = not self.single_process and ctx.world_size > 1
+        check_finite_losses(who, loop.losses)
         if distributed:
             _check_ranks_agree(who, ctx, loop.module())
         step = self._checked_step(ctx, loop)
@@ -203,19 +168,6 @@ class Training(Workload):
         ddp = state["loop"].ddp_module()
         return {"ddp_buckets": ddp_bucket_sizes(ddp)} if ddp is not None else {}
 
-    def memory_census_targets(self, state) -> list:
-        """The model as the loop trains it (DDP's wrapper where it has one, so that its buckets are
-        named), the optimizer and the rank's micro-batches."""
-        loop = state["loop"]
-        wrapped = getattr(loop, "ddp", None) or getattr(loop, "dp", None) or loop.module()
-        return [wrapped, loop.optimizer, loop.inputs, loop.targets]
-
-    def teardown(self, state) -> None:
-        loop = state.get("loop")
-        if loop is not None:
-            loop.close()
-        state.clear()
-
     def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
         info: dict[str, Any] = {
             "impl": self.impl,
@@ -236,14 +188,6 @@ class Training(Workload):
         if self.model == "lstm":
             info["characters_per_second"] = round(samples * SEQ_LEN / median_s, 1)
         return info
-
-
-def _check_finite_losses(who: str, losses: list[float]) -> None:
-    import math
-
-    bad = [loss for loss in losses if not math.isfinite(loss)]
-    if bad:
-        raise AssertionError(f"{who}: non-finite loss {bad[0]}")
 
 
 def _check_ranks_agree(who: str, ctx, model) -> None:

@@ -75,6 +75,7 @@ def pytest_addhooks(pluginmanager):
 
 
 def pytest_addoption(parser):
+    """ddpbench's options, each defined once in :mod:`ddpbench.option_table`."""
     option_table.add_pytest_options(parser)
 
 

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 BACKENDS = ("gloo", "nccl", "auto")
 # The options that turn A/B mode on (each names a side's code or environment).
 AB_OPTIONS = ("dist_baseline_python", "dist_baseline_path", "dist_baseline_env", "dist_candidate_env")
 MAX_WORLD_SIZE = 64
+DEFAULT_SIZES = "1MB,10MB,100MB"  # the collective cases' message sizes when --dist-sizes is not given
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?B?)\s*$", re.IGNORECASE)
@@ -199,6 +204,25 @@ def parse_percent(text: str, allow_zero: bool = False) -> float:
     return number / 100.0
 
 
+def parse_percent_or_zero(text: str) -> float:
+    """'5%' or '5' -> 0.05, and '0' -> 0.0 (ddpbench compare --threshold, history --min-step)."""
+    return parse_percent(text, allow_zero=True)
+
+
+def parse_confidence(text: str) -> float:
+    """'0.95' or '95%' -> 0.95: a confidence level, between 0 and 1."""
+    percent = text.strip().endswith("%")
+    try:
+        value = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected e.g. 0.95 or 95%, got {text!r}") from None
+    if percent:
+        value /= 100.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie between 0 and 1 (or 0% and 100%), got {text!r}")
+    return value
+
+
 def parse_ops_per_round(text: str) -> int | str:
     """'auto' or a whole number of ops each round launches back to back (1 to 100000)."""
     value = text.strip().lower()
@@ -226,14 +250,14 @@ def name_list(valid, what: str, example: str):
     return parse
 
 
-# Help of the gate options that both gates take (pytest's --dist-ab-* and ddpbench compare's
-# spelling): written once here, so the two cannot drift apart.
-ACCEPT_STRUCTURE_HELP = ("a structural regression (more collectives, bytes, buckets, graph breaks or recompiles "
-                         "per step than the baseline's census) made on purpose: shown as accepted instead of "
-                         "failing the gate")
-ACCEPT_MEMORY_HELP = ("a memory regression (a larger memory census peak, more of a category at the peak, or more "
-                      "kept after the step than the baseline's) made on purpose: shown as accepted instead of "
-                      "failing the gate")
-MEMORY_TOLERANCE_HELP = ("also judge the measured CUDA max allocated (not exact: caching, fragmentation): more "
-                         "than FRACTION (e.g. 0.1) above the baseline's is a memory regression. Default: shown, "
-                         "not judged")
+def argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """``parse`` as an argparse ``type``: the message of the ValueError it raises is the option's error."""
+
+    @functools.wraps(parse)
+    def parse_argument(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse_argument

@@ -22,11 +22,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from . import option_table
 from . import options as opts
 from .devices import GPU_INFO_KEY, cpu_count, cuda_device_count, cuda_probe, gpu_cases_requested, gpu_description
-from .gates.ab.forensics import DEFAULT_PROFILE, PROFILE_MODES
-from .gates.ab.heap import DEFAULT_HEAP, HEAP_MODES
-from .workloads.collective_cases import DEFAULT_SIZES
 
 if TYPE_CHECKING:  # imported where used: a session without a ddpbench case never loads the engine
     from .engine.timing import RoundPlan
@@ -77,140 +75,8 @@ def pytest_addhooks(pluginmanager):
 
 
 def pytest_addoption(parser):
-    from .workloads.collectives import DTYPES, PLACEMENTS, REDUCE_OPS
-
-    cases = parser.getgroup("ddpbench", "ddpbench distributed benchmarks")
-    cases.addoption("--dist-backend", type=opts.parse_backend, default="gloo",
-                    help="gloo (CPU tensors; the GPU cases of every family still use NCCL), nccl "
-                         "(only the NCCL/CUDA cases), or auto (nccl when CUDA is present). Default: gloo")
-    cases.addoption("--dist-world-sizes", type=opts.parse_world_sizes, default=[2],
-                    help="comma list of process counts, e.g. 2,4. Default: 2")
-    cases.addoption("--dist-sizes", type=opts.parse_sizes, default=None,
-                    help=f"collective message sizes, KB/MB/GB suffixes (powers of 1024). "
-                         f"Default: {DEFAULT_SIZES} (plus 1GB under -m slow)")
-    cases.addoption("--dist-dtypes", type=opts.name_list(tuple(DTYPES), "data type", "float32,bfloat16"),
-                    default=None, help=f"collective data types ({', '.join(DTYPES)}); cases gain a "
-                                       f"dtype id part. Default: float32")
-    cases.addoption("--dist-reduce-ops", type=opts.name_list(REDUCE_OPS, "reduction", "sum,max"),
-                    default=None, help="reductions of all_reduce and reduce_scatter (sum, max, min, avg); "
-                                       "cases gain an id part. Default: sum")
-    cases.addoption("--dist-placements", type=opts.name_list(PLACEMENTS, "placement", "out-of-place,in-place"),
-                    default=None, help="collective buffers out-of-place or in-place (as nccl-tests' two "
-                                       "column groups); cases gain an id part. Default: each op's own "
-                                       "(all_reduce and broadcast in place, the others out of place)")
-    cases.addoption("--dist-timeout", type=opts.parse_timeout, default=120.0,
-                    help="seconds a task may run on the ranks before the case fails. Default: 120")
-    cases.addoption("--dist-rounds", type=opts.parse_rounds, default=0,
-                    help="recorded rounds per case; 0 picks enough rounds to fill --dist-min-time. Default: 0")
-    cases.addoption("--dist-warmup", type=opts.parse_warmup, default=2,
-                    help="unrecorded warm-up rounds per case. Default: 2")
-    cases.addoption("--dist-min-time", type=opts.parse_min_time, default=1.0,
-                    help="with --dist-rounds=0: recorded seconds to aim for per case "
-                         "(5 to 1000 rounds), unless --dist-precision stops it earlier. Default: 1.0")
-    cases.addoption("--dist-ops-per-round", type=opts.parse_ops_per_round, default=None, metavar="N|auto",
-                    help="ops each round launches back to back, timed together and recorded per op; "
-                         "auto: enough that the round's fixed cost (timer, launch, barrier exit) is "
-                         "at most 1%% of it. Default: auto for CUDA cases, 1 on the CPU (gloo's ops "
-                         "are synchronous: nothing to hide)")
-    cases.addoption("--dist-exposed-comm", type=opts.parse_exposed_comm, default="auto", metavar="auto|off|N",
-                    help="after a case's rounds, time N rounds each of its workload's compute-only "
-                         "step and its collectives replayed alone, interleaved with N more steps "
-                         "(extra_info compute_s, exposed_comm_s, comm_isolated_s, comm_overlap_pct); "
-                         "auto: as each case asks (the default transformer cases do); off: never. "
-                         "Default: auto")
-    cases.addoption("--dist-cuda-graphs", action="store_true",
-                    help="capture each round's ops in a CUDA graph and replay it between the timing "
-                         "events (nccl-tests -G); CUDA cases only")
-    cases.addoption("--dist-census", choices=("on", "off"), default="on",
-                    help="on: after warm-up, one more untimed round counts every collective a case "
-                         "issues (kind, dtype, bytes, group size; DDP buckets; graph breaks; CUDA "
-                         "kernel launches) into extra_info['census']; off: no extra round. Default: on")
-    cases.addoption("--dist-memory-census", choices=("on", "off"), default="on",
-                    help="on: after warm-up, one more untimed step under torch's memory tracker: the "
-                         "peak of live tensor bytes per rank, what held them at the peak (parameters, "
-                         "gradients, optimizer state, activations, temporaries, DDP buckets, FSDP2 "
-                         "buffers), where it fell and what stays after the step, into "
-                         "extra_info['memory']; off: no extra step. Default: on")
-
-    nodes = parser.getgroup("ddpbench-nodes", "ddpbench across nodes (ranks started by torchrun)")
-    nodes.addoption("--dist-controller", default=None, metavar="HOST:PORT",
-                    help="multi-node: listen on HOST:PORT for ranks started by torchrun "
-                         "(-m ddpbench.worker) instead of spawning local pools")
-    nodes.addoption("--dist-secret-file", default=None, metavar="PATH",
-                    help="with --dist-controller: 0600 file holding the shared secret "
-                         "(default: $DDPBENCH_SECRET)")
-    nodes.addoption("--dist-controller-wait", type=opts.parse_timeout, default=300.0,
-                    help="with --dist-controller: seconds to wait for the workers. Default: 300")
-
-    ab = parser.getgroup("ddpbench-ab", "ddpbench A/B mode (baseline and candidate interleaved in one run)")
-    ab.addoption("--dist-baseline-python", default=None, metavar="PATH",
-                 help="interpreter for the baseline side's ranks (another environment with ddpbench "
-                      "installed, e.g. ../base/.venv/bin/python)")
-    ab.addoption("--dist-baseline-path", action="append", default=None, metavar="DIR",
-                 help="repeatable: first on the baseline ranks' sys.path (the base checkout's root for "
-                      "a flat layout, its src/ for a src layout)")
-    ab.addoption("--dist-baseline-env", action="append", default=None, metavar="KEY=VALUE",
-                 help="repeatable: set in the baseline ranks' environment")
-    ab.addoption("--dist-candidate-env", action="append", default=None, metavar="KEY=VALUE",
-                 help="repeatable: set in the candidate ranks' environment")
-    ab.addoption("--dist-ab-threshold", type=opts.parse_percent, default=0.05, metavar="PCT",
-                 help="smallest slowdown that counts as a regression (it must also be significant). "
-                      "Default: 5%%")
-    ab.addoption("--dist-ab-max-time", type=opts.parse_timeout, default=None, metavar="SECONDS",
-                 help="per case: keep adding pairs of blocks while the verdict is inconclusive, up "
-                      "to this many seconds; with --dist-ab-run-budget, a cap on each case's share. "
-                      "Default: 60 (none with a run budget)")
-    ab.addoption("--dist-ab-run-budget", type=opts.parse_timeout, default=None, metavar="SECONDS",
-                 help="for the whole run: each case may add pairs for its share of what is left (the "
-                      "seconds left over the cases not yet finished), so time the cases that decide "
-                      "early leave goes to the ones still undecided. Default: none (--dist-ab-max-time "
-                      "per case)")
-    ab.addoption("--dist-ab-seed", type=opts.parse_seed, default=None, metavar="N",
-                 help="seed of the blocks' random order; each run draws a new one and records it "
-                      "(header, extra_info ab.seed): give it to repeat a run's order")
-    ab.addoption("--dist-ab-allow-missing", action="store_true",
-                 help="a case that the baseline ran but the candidate lost (crashed, hung) skips "
-                      "instead of failing the run")
-    ab.addoption("--dist-ab-allow-baseline-failure", action="store_true",
-                 help="a case whose baseline side failed (raised, died, hung) while the candidate ran "
-                      "it does not fail the run (its verdict is baseline-failed either way)")
-    ab.addoption("--dist-ab-accept-structure-change", action="store_true", help=opts.ACCEPT_STRUCTURE_HELP)
-    ab.addoption("--dist-ab-accept-memory-change", action="store_true", help=opts.ACCEPT_MEMORY_HELP)
-    ab.addoption("--dist-ab-memory-tolerance", type=opts.parse_memory_tolerance, default=None,
-                 metavar="FRACTION", help=opts.MEMORY_TOLERANCE_HELP)
-    ab.addoption("--dist-ab-fail-on-inconclusive", action="store_true",
-                 help="exit 1 when any case is inconclusive (by default they are counted and exit 0)")
-    ab.addoption("--dist-ab-profile", choices=PROFILE_MODES, default=DEFAULT_PROFILE,
-                 help="after a case's verdict, profile a few rounds on each side with torch.profiler: "
-                      "Chrome traces per side and rank under <benchmark storage>/ab-profiles/, and "
-                      "the ops whose self time grew most beneath the verdict table; regressions: "
-                      "the regressed cases, all: every case. Default: regressions")
-
-    advanced = parser.getgroup("ddpbench-advanced", "ddpbench advanced settings (the defaults are measured "
-                               "choices: docs/design.md)")
-    advanced.addoption("--dist-precision", type=opts.parse_precision, default=0.01,
-                       help="with --dist-rounds=0: stop recording once the median's 95%% interval is "
-                            "within +-this fraction of it (e.g. 1%%; checked after 20 rounds, then every "
-                            "1.5x); 0 records until --dist-min-time is filled. Default: 1%%")
-    advanced.addoption("--dist-pin-cores", choices=("auto", "off"), default=None,
-                       help="off: the OS places the ranks, as in a plain torch.distributed script; "
-                            "auto: each local rank on a core of its own while it measures, when there "
-                            "are enough cores (steadier, but it measures that placement). Default: off")
-    advanced.addoption("--dist-ab-block-time", type=opts.parse_block_time, default=0.1, metavar="SECONDS",
-                       help="A/B: recorded seconds aimed for per block (at least 3 rounds). Default: 0.1")
-    advanced.addoption("--dist-ab-pools-per-side", type=opts.parse_pools_per_side, default=2, metavar="N",
-                       help="A/B: independent pools of ranks per side, taking turns; a regression must show "
-                            "on every pool pair (1: the whole interval must clear the threshold "
-                            "instead). Default: 2")
-    advanced.addoption("--dist-ab-stratify-placement", action="store_true",
-                       help="A/B: compare both blocks of a pair at the pair's own mix of rounds where the "
-                            "ranks shared a CPU and rounds where they did not (the two modes of 1 MB on a "
-                            "small VM), instead of by their plain means; it cannot see a change in how "
-                            "often the ranks share a CPU. Default: off")
-    advanced.addoption("--dist-ab-heap", choices=HEAP_MODES, default=DEFAULT_HEAP,
-                       help="A/B: steady: both sides' ranks run with glibc malloc's thresholds fixed, so "
-                            "every pool allocates alike; adaptive: glibc's defaults, as a plain script. "
-                            "A side's own --dist-*-env setting wins. Default: steady")
+    """ddpbench's options, each defined once in :mod:`ddpbench.option_table`."""
+    option_table.add_pytest_options(parser)
 
 
 def pytest_configure(config):

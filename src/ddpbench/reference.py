@@ -1,6 +1,7 @@
 """The reference page (docs/reference.md), written from the option definitions themselves: every
-pytest option the plugin adds, the markers, and every ``ddpbench`` command with its arguments. The
-README is the manual and links here; tests/test_reference.py fails when the page is not current.
+pytest option the plugin adds (:mod:`ddpbench.option_table`), the markers, and every ``ddpbench``
+command with its arguments (:mod:`ddpbench.commands`). The README is the manual and links here;
+tests/test_reference.py fails when the page is not current.
 
     python -m ddpbench.reference > docs/reference.md
 """
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from .cli import build_parser
+from .option_table import PLUGIN_GROUPS
 
 HEADER = """# ddpbench reference
 
@@ -46,24 +50,14 @@ def _option_form(names: list[str], metavar, choices, takes_value: bool) -> str:
 
 
 def pytest_options_markdown() -> str:
-    """The plugin's option groups as markdown tables (pytest's own Parser, filled by the plugin's
-    pytest_addoption)."""
-    from _pytest.config.argparsing import Parser
-
-    from . import plugin
-
-    parser = Parser(_ispytest=True)
-    plugin.pytest_addoption(parser)
+    """The plugin's option groups (:data:`ddpbench.option_table.PLUGIN_GROUPS`) and markers as
+    markdown tables."""
     lines = ["## pytest options", ""]
-    for group in parser._groups:
-        if not group.options:
-            continue
-        title = getattr(group._arggroup, "title", None) or group.name
-        lines += [f"### {title}", "", "| option | meaning |", "|---|---|"]
+    for group in PLUGIN_GROUPS:
+        lines += [f"### {group.title}", "", "| option | meaning |", "|---|---|"]
         for option in group.options:
-            attrs = option.attrs()  # the argparse action's fields: a flag takes no value (nargs 0)
-            form = _option_form(option.names(), attrs.get("metavar"), attrs.get("choices"), attrs.get("nargs") != 0)
-            lines.append(f"| {form} | {_help(attrs.get('help'))} |")
+            form = _option_form([option.pytest_flag], option.metavar, option.choices, option.takes_value)
+            lines.append(f"| {form} | {_help(option.help)} |")
         lines.append("")
     lines += ["## Markers", "", "| marker | meaning |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(text)} |" for name, text in MARKERS]
@@ -80,10 +74,8 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def commands_markdown() -> str:
     """Each ``ddpbench`` command: its description and a table of its arguments."""
-    from .cli import _parser
-
     lines = ["## Commands", ""]
-    for name, sub in _subcommands(_parser()).items():
+    for name, sub in _subcommands(build_parser()).items():
         lines += [f"### ddpbench {name}", ""]
         if sub.description:
             lines += [_cell(sub.description), ""]

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ..devices import cuda_device_count
-from ..options import format_size, parse_sizes
+from ..options import DEFAULT_SIZES, format_size, parse_sizes
 from .collectives import rank_memory_bytes
 
 if TYPE_CHECKING:
     from ..pool import PoolSpec
 
-DEFAULT_SIZES = "1MB,10MB,100MB"
 SLOW_SIZES = (1024**3,)  # 1 GB: collected with the `slow` marker when --dist-sizes is not given
 
 

@@ -1,0 +1,237 @@
+"""Every pytest option the plugin adds, and each option a ``ddpbench`` command shares with the
+plugin or another command, defined once: its flags, parser, default and help. The plugin and the
+commands register them from here (:func:`add_pytest_options`, :func:`add_command_options`), and
+docs/reference.md is written from here (:mod:`ddpbench.reference`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import options as opts
+from .gates.ab.forensics import DEFAULT_PROFILE, PROFILE_MODES
+from .gates.ab.heap import DEFAULT_HEAP, HEAP_MODES
+from .workloads.collectives import DTYPES, PLACEMENTS, REDUCE_OPS
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. ``pytest_flag``: how the plugin spells it (``--dist-...``), None when only
+    commands take it; ``command_flag``: how the ``ddpbench`` commands that take it spell it,
+    None when only the plugin does. The rest are argparse's keyword arguments, which pytest's
+    ``addoption`` takes as they are."""
+
+    pytest_flag: str | None
+    help: str
+    command_flag: str | None = None
+    type: Callable[[str], Any] | None = None
+    default: Any = None
+    action: str | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def takes_value(self) -> bool:
+        return self.action != "store_true"
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``argparse``'s ``add_argument`` and pytest's ``addoption``."""
+        fields = {"type": self.type, "action": self.action, "metavar": self.metavar, "choices": self.choices}
+        kwargs = {key: value for key, value in fields.items() if value is not None}
+        if self.takes_value:  # a flag's default is False (argparse's own)
+            kwargs["default"] = self.default
+        kwargs["help"] = self.help
+        return kwargs
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    """A group of the plugin's options, as ``pytest --help`` and docs/reference.md list them."""
+
+    name: str
+    title: str
+    options: tuple[Option, ...]
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared by ddpbench compare and the A/B mode's own gate (pytest's --dist-ab-*)
+# ----------------------------------------------------------------------------------------------
+
+ALLOW_MISSING = Option(
+    "--dist-ab-allow-missing", command_flag="--allow-missing", action="store_true",
+    help="a case the baseline has and the current run lost (A/B: the candidate; crashed, hung, removed) is "
+         "listed but does not fail the gate; an A/B run skips it instead of failing")
+ALLOW_BASELINE_FAILURE = Option(
+    "--dist-ab-allow-baseline-failure", command_flag="--allow-baseline-failure", action="store_true",
+    help="A/B: a case whose baseline side failed (raised, died, hung) while the candidate ran it is listed "
+         "(its verdict is baseline-failed either way) but does not fail the gate")
+ACCEPT_STRUCTURE_CHANGE = Option(
+    "--dist-ab-accept-structure-change", command_flag="--accept-structure-change", action="store_true",
+    help="a structural regression (more collectives, bytes, buckets, graph breaks or recompiles per step than "
+         "the baseline's census) made on purpose: shown as accepted instead of failing the gate")
+ACCEPT_MEMORY_CHANGE = Option(
+    "--dist-ab-accept-memory-change", command_flag="--accept-memory-change", action="store_true",
+    help="a memory regression (a larger memory census peak, more of a category at the peak, or more kept "
+         "after the step than the baseline's) made on purpose: shown as accepted instead of failing the gate")
+MEMORY_TOLERANCE = Option(
+    "--dist-ab-memory-tolerance", command_flag="--memory-tolerance", type=opts.parse_memory_tolerance,
+    default=None, metavar="FRACTION",
+    help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): more than FRACTION "
+         "(e.g. 0.1) above the baseline's is a memory regression. Default: shown, not judged")
+FAIL_ON_INCONCLUSIVE = Option(
+    "--dist-ab-fail-on-inconclusive", command_flag="--fail-on-inconclusive", action="store_true",
+    help="exit 1 when a case is inconclusive (neither a change nor the same within the threshold); by "
+         "default they are counted and exit 0")
+
+#: The gate's options in both spellings, in the order both list them.
+GATE_OPTIONS = (ALLOW_MISSING, ALLOW_BASELINE_FAILURE, ACCEPT_STRUCTURE_CHANGE, ACCEPT_MEMORY_CHANGE,
+                MEMORY_TOLERANCE, FAIL_ON_INCONCLUSIVE)
+
+# ----------------------------------------------------------------------------------------------
+# Shared by the ddpbench commands that read saved runs (compare, report, history)
+# ----------------------------------------------------------------------------------------------
+
+DEFAULT_STORAGE = ".benchmarks"
+STORAGE = Option(None, command_flag="--storage", default=DEFAULT_STORAGE,
+                 help="pytest-benchmark storage folder (default .benchmarks)")
+
+# ----------------------------------------------------------------------------------------------
+# The plugin's groups
+# ----------------------------------------------------------------------------------------------
+
+CASES = OptionGroup("ddpbench", "ddpbench distributed benchmarks", (
+    Option("--dist-backend", type=opts.parse_backend, default="gloo",
+           help="gloo (CPU tensors; the GPU cases of every family still use NCCL), nccl "
+                "(only the NCCL/CUDA cases), or auto (nccl when CUDA is present). Default: gloo"),
+    Option("--dist-world-sizes", type=opts.parse_world_sizes, default=[2],
+           help="comma list of process counts, e.g. 2,4. Default: 2"),
+    Option("--dist-sizes", type=opts.parse_sizes, default=None,
+           help=f"collective message sizes, KB/MB/GB suffixes (powers of 1024). "
+                f"Default: {opts.DEFAULT_SIZES} (plus 1GB under -m slow)"),
+    Option("--dist-dtypes", type=opts.name_list(tuple(DTYPES), "data type", "float32,bfloat16"), default=None,
+           help=f"collective data types ({', '.join(DTYPES)}); cases gain a dtype id part. Default: float32"),
+    Option("--dist-reduce-ops", type=opts.name_list(REDUCE_OPS, "reduction", "sum,max"), default=None,
+           help="reductions of all_reduce and reduce_scatter (sum, max, min, avg); cases gain an id part. "
+                "Default: sum"),
+    Option("--dist-placements", type=opts.name_list(PLACEMENTS, "placement", "out-of-place,in-place"),
+           default=None,
+           help="collective buffers out-of-place or in-place (as nccl-tests' two column groups); cases gain "
+                "an id part. Default: each op's own (all_reduce and broadcast in place, the others out of "
+                "place)"),
+    Option("--dist-timeout", type=opts.parse_timeout, default=120.0,
+           help="seconds a task may run on the ranks before the case fails. Default: 120"),
+    Option("--dist-rounds", type=opts.parse_rounds, default=0,
+           help="recorded rounds per case; 0 picks enough rounds to fill --dist-min-time. Default: 0"),
+    Option("--dist-warmup", type=opts.parse_warmup, default=2,
+           help="unrecorded warm-up rounds per case. Default: 2"),
+    Option("--dist-min-time", type=opts.parse_min_time, default=1.0,
+           help="with --dist-rounds=0: recorded seconds to aim for per case (5 to 1000 rounds), unless "
+                "--dist-precision stops it earlier. Default: 1.0"),
+    Option("--dist-ops-per-round", type=opts.parse_ops_per_round, default=None, metavar="N|auto",
+           help="ops each round launches back to back, timed together and recorded per op; auto: enough "
+                "that the round's fixed cost (timer, launch, barrier exit) is at most 1%% of it. Default: "
+                "auto for CUDA cases, 1 on the CPU (gloo's ops are synchronous: nothing to hide)"),
+    Option("--dist-exposed-comm", type=opts.parse_exposed_comm, default="auto", metavar="auto|off|N",
+           help="after a case's rounds, time N rounds each of its workload's compute-only step and its "
+                "collectives replayed alone, interleaved with N more steps (extra_info compute_s, "
+                "exposed_comm_s, comm_isolated_s, comm_overlap_pct); auto: as each case asks (the default "
+                "transformer cases do); off: never. Default: auto"),
+    Option("--dist-cuda-graphs", action="store_true",
+           help="capture each round's ops in a CUDA graph and replay it between the timing events "
+                "(nccl-tests -G); CUDA cases only"),
+    Option("--dist-census", choices=("on", "off"), default="on",
+           help="on: after warm-up, one more untimed round counts every collective a case issues (kind, "
+                "dtype, bytes, group size; DDP buckets; graph breaks; CUDA kernel launches) into "
+                "extra_info['census']; off: no extra round. Default: on"),
+    Option("--dist-memory-census", choices=("on", "off"), default="on",
+           help="on: after warm-up, one more untimed step under torch's memory tracker: the peak of live "
+                "tensor bytes per rank, what held them at the peak (parameters, gradients, optimizer "
+                "state, activations, temporaries, DDP buckets, FSDP2 buffers), where it fell and what "
+                "stays after the step, into extra_info['memory']; off: no extra step. Default: on"),
+))
+
+NODES = OptionGroup("ddpbench-nodes", "ddpbench across nodes (ranks started by torchrun)", (
+    Option("--dist-controller", default=None, metavar="HOST:PORT",
+           help="multi-node: listen on HOST:PORT for ranks started by torchrun (-m ddpbench.worker) "
+                "instead of spawning local pools"),
+    Option("--dist-secret-file", default=None, metavar="PATH",
+           help="with --dist-controller: 0600 file holding the shared secret (default: $DDPBENCH_SECRET)"),
+    Option("--dist-controller-wait", type=opts.parse_timeout, default=300.0,
+           help="with --dist-controller: seconds to wait for the workers. Default: 300"),
+))
+
+AB = OptionGroup("ddpbench-ab", "ddpbench A/B mode (baseline and candidate interleaved in one run)", (
+    Option("--dist-baseline-python", default=None, metavar="PATH",
+           help="interpreter for the baseline side's ranks (another environment with ddpbench installed, "
+                "e.g. ../base/.venv/bin/python)"),
+    Option("--dist-baseline-path", action="append", default=None, metavar="DIR",
+           help="repeatable: first on the baseline ranks' sys.path (the base checkout's root for a flat "
+                "layout, its src/ for a src layout)"),
+    Option("--dist-baseline-env", action="append", default=None, metavar="KEY=VALUE",
+           help="repeatable: set in the baseline ranks' environment"),
+    Option("--dist-candidate-env", action="append", default=None, metavar="KEY=VALUE",
+           help="repeatable: set in the candidate ranks' environment"),
+    # ddpbench compare's --threshold (10%) is its own option: two saved runs are noisier than
+    # interleaved blocks, so it gates at a larger change.
+    Option("--dist-ab-threshold", type=opts.parse_percent, default=0.05, metavar="PCT",
+           help="smallest slowdown that counts as a regression (it must also be significant). Default: 5%%"),
+    Option("--dist-ab-max-time", type=opts.parse_timeout, default=None, metavar="SECONDS",
+           help="per case: keep adding pairs of blocks while the verdict is inconclusive, up to this many "
+                "seconds; with --dist-ab-run-budget, a cap on each case's share. Default: 60 (none with a "
+                "run budget)"),
+    Option("--dist-ab-run-budget", type=opts.parse_timeout, default=None, metavar="SECONDS",
+           help="for the whole run: each case may add pairs for its share of what is left (the seconds left "
+                "over the cases not yet finished), so time the cases that decide early leave goes to the "
+                "ones still undecided. Default: none (--dist-ab-max-time per case)"),
+    Option("--dist-ab-seed", type=opts.parse_seed, default=None, metavar="N",
+           help="seed of the blocks' random order; each run draws a new one and records it (header, "
+                "extra_info ab.seed): give it to repeat a run's order"),
+    *GATE_OPTIONS,
+    Option("--dist-ab-profile", choices=PROFILE_MODES, default=DEFAULT_PROFILE,
+           help="after a case's verdict, profile a few rounds on each side with torch.profiler: Chrome "
+                "traces per side and rank under <benchmark storage>/ab-profiles/, and the ops whose self "
+                "time grew most beneath the verdict table; regressions: the regressed cases, all: every "
+                "case. Default: regressions"),
+))
+
+ADVANCED = OptionGroup("ddpbench-advanced",
+                       "ddpbench advanced settings (the defaults are measured choices: docs/design.md)", (
+    Option("--dist-precision", type=opts.parse_precision, default=0.01,
+           help="with --dist-rounds=0: stop recording once the median's 95%% interval is within +-this "
+                "fraction of it (e.g. 1%%; checked after 20 rounds, then every 1.5x); 0 records until "
+                "--dist-min-time is filled. Default: 1%%"),
+    Option("--dist-pin-cores", choices=("auto", "off"), default=None,
+           help="off: the OS places the ranks, as in a plain torch.distributed script; auto: each local "
+                "rank on a core of its own while it measures, when there are enough cores (steadier, but "
+                "it measures that placement). Default: off"),
+    Option("--dist-ab-block-time", type=opts.parse_block_time, default=0.1, metavar="SECONDS",
+           help="A/B: recorded seconds aimed for per block (at least 3 rounds). Default: 0.1"),
+    Option("--dist-ab-pools-per-side", type=opts.parse_pools_per_side, default=2, metavar="N",
+           help="A/B: independent pools of ranks per side, taking turns; a regression must show on every "
+                "pool pair (1: the whole interval must clear the threshold instead). Default: 2"),
+    Option("--dist-ab-stratify-placement", action="store_true",
+           help="A/B: compare both blocks of a pair at the pair's own mix of rounds where the ranks shared "
+                "a CPU and rounds where they did not (the two modes of 1 MB on a small VM), instead of by "
+                "their plain means; it cannot see a change in how often the ranks share a CPU. Default: off"),
+    Option("--dist-ab-heap", choices=HEAP_MODES, default=DEFAULT_HEAP,
+           help="A/B: steady: both sides' ranks run with glibc malloc's thresholds fixed, so every pool "
+                "allocates alike; adaptive: glibc's defaults, as a plain script. A side's own --dist-*-env "
+                "setting wins. Default: steady"),
+))
+
+#: The plugin's options, group by group, in the order ``pytest --help`` lists them.
+PLUGIN_GROUPS = (CASES, NODES, AB, ADVANCED)
+
+
+def add_pytest_options(parser) -> None:
+    """Register the plugin's options with pytest's ``parser`` (its ``pytest_addoption``)."""
+    for group in PLUGIN_GROUPS:
+        pytest_group = parser.getgroup(group.name, group.title)
+        for option in group.options:
+            pytest_group.addoption(option.pytest_flag, **option.kwargs())
+
+
+def add_command_options(parser, options: tuple[Option, ...] | list[Option]) -> None:
+    """Register ``options`` with a ``ddpbench`` command's argparse ``parser``, as it spells them."""
+    for option in options:
+        parser.add_argument(option.command_flag, **option.kwargs())

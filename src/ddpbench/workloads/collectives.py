@@ -502,6 +502,7 @@ class Collective(Workload):
         size_bytes = count * self.element_bytes()
         algbw, busbw = bandwidths_gbps(self.op, size_bytes, world_size, median_s)
         info: dict[str, Any] = {
+            "family": "collectives",  # its section of the report: ddpbench/report/collectives.py
             "op": self.op,
             "size_bytes": size_bytes,
             "algbw_GBps": round(algbw, 6),

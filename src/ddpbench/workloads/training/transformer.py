@@ -330,7 +330,8 @@ class TransformerTraining(Workload):
         sequences = self.micro_batch * self.grad_accum * world_size
         tokens = sequences * self.config.seq_len
         flops = gpt_flops_per_sequence(self.size) * sequences
-        info: dict[str, Any] = {"impl": self.impl, "model": f"gpt-{self.size}", "size": self.size,
+        info: dict[str, Any] = {"family": "transformer",  # its report section: ddpbench/report/transformer.py
+                                "impl": self.impl, "model": f"gpt-{self.size}", "size": self.size,
                                 "precision": self.precision, "grad_accum": self.grad_accum,
                                 "batch_size": self.micro_batch, "seq_len": self.config.seq_len,
                                 "compile": self.compile, "activation_checkpointing": self.activation_checkpointing}

@@ -218,6 +218,7 @@ class Training(Workload):
 
     def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
         info: dict[str, Any] = {
+            "family": "training",  # its section of the report: ddpbench/report/training.py
             "impl": self.impl,
             "model": self.model,
             "grad_accum": self.grad_accum,

@@ -1,28 +1,5 @@
-"""The transformer training workload: a GPT-style decoder (:mod:`.gpt`) trained with DDP or FSDP2,
-each knob a parameter; a round is one optimizer step (``grad_accum`` micro-batches, AdamW).
-
-Implementations:
-
-* ``ddp``: :class:`~torch.nn.parallel.DistributedDataParallel` with ``bucket_cap_mb``,
-  ``gradient_as_bucket_view``, ``static_graph``, ``find_unused_parameters`` and a communication
-  hook (``none``, ``fp16`` / ``bf16`` compression, ``powersgd`` rank 1 with error feedback); the
-  first ``grad_accum - 1`` micro-batches under ``no_sync()``; ``precision="bf16"`` runs forward
-  and loss under ``torch.autocast`` (parameters and gradients stay fp32);
-* ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on every block, then on the root, with
-  ``reshard_after_forward``; ``precision="bf16"`` is ``MixedPrecisionPolicy(param_dtype=bf16,
-  reduce_dtype=fp32)``; gradient sync only on the last micro-batch
-  (``set_requires_gradient_sync``).
-
-Both: ``compile`` wraps the trained module in ``torch.compile`` (the case is skipped, with
-inductor's reason, where it cannot build); ``activation_checkpointing`` recomputes each block in
-backward (``torch.utils.checkpoint``, non-reentrant).
-
-The check (untimed, after the rounds): one more optimizer step on fresh micro-batches, whose
-averaged gradient on every parameter must match a single-process float64 step on every rank's
-micro-batches of that step, within :func:`gradient_rtol` (set by the precision and the hook's own
-rounding; per parameter and over the whole gradient). PowerSGD's low-rank gradients are not the average by design: there the ranks must agree
-and :data:`POWERSGD_CHECK_STEPS` more steps on one fixed batch must lower its loss.
-"""
+"""The transformer training workload: a GPT-style decoder trained with DDP or FSDP2, each knob a
+parameter; a round is one optimizer step (docs/design.md#transformers)."""
 
 from __future__ import annotations
 

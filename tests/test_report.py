@@ -168,7 +168,7 @@ def test_size_labels_match_the_tables_and_points_carry_their_iqr(tmp_path):
 
 
 def test_charts_label_sizes_as_the_tables_and_draw_iqr_bars(tmp_path):
-    plt = report._pyplot()
+    plt = report.pyplot()
     run = load_run(_fixture_run(tmp_path, families=("collectives", "training")))
     groups = report.by_family(run)
     fig = report.collectives_figure(plt, groups["collectives"], "time")

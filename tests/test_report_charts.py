@@ -9,7 +9,7 @@ import pytest
 
 from benchjson import bench, run_doc, write
 from ddpbench import report
-from ddpbench.gates.compare import load_run
+from ddpbench.gates.compare import Case, load_run
 
 ROUNDS = [0.05, 0.06, 0.07]
 IMPL_SPEED = {"manual": 1.0, "ddp": 1.1, "lightning": 0.8}
@@ -55,7 +55,7 @@ def _run(tmp_path, world_sizes=(1, 2), transformer_mfu=True, families=("training
 
 @pytest.fixture
 def plt():
-    pyplot = report._pyplot()
+    pyplot = report.pyplot()
     yield pyplot
     pyplot.close("all")
 
@@ -157,7 +157,7 @@ def test_one_world_size_and_no_mfu_draws_a_sorted_bar_per_configuration(tmp_path
 
 
 def test_configuration_is_the_case_id_without_its_world_size():
-    case = report.Case(name="test_training[gloo-2p-mlp-ddp-accum4-b32]", fullname="x", group=None,
+    case = Case(name="test_training[gloo-2p-mlp-ddp-accum4-b32]", fullname="x", group=None,
                        extra_info={"world_size": 2}, stats={"median": 1.0}, data=None)
     assert report.configuration(case) == ("test_training", "gloo", "mlp", "ddp", "accum4", "b32")
     assert report.line_labels([("t", "gloo", "ddp", "b32"), ("t", "gloo", "manual", "b32")]) == {

@@ -110,7 +110,7 @@ def test_every_place_that_lists_the_verdict_words_knows_each_one():
     assert "not-slower" in bisect.GOOD_VERDICTS
     # The history page gives every verdict a point style; the compare chart a colour.
     css = (SRC / "history" / "page.css").read_text()
-    report_source = (SRC / "report.py").read_text()
+    report_source = (SRC / "report" / "comparison.py").read_text()
     for verdict in timing:
         assert f".pt.{verdict}" in css, verdict
         assert f'"{verdict}": "tab:' in report_source, verdict

@@ -1,19 +1,5 @@
-"""ddpbench: a pytest-benchmark regression suite for PyTorch distributed training.
-
-The public API for benchmarking your own distributed code (README, "A first benchmark"):
-
-* ``Workload`` -- base class of a workload: ``setup(ctx) -> state``, ``run_round(state)`` and the
-  optional ``check``, ``teardown``, ``rank_metrics``, ``extra_info``, ``group``, ``pin_to_core``;
-* ``FunctionWorkload(setup, run_round, check=None, *, teardown=None, name=None, group=None)`` --
-  the same from module-level functions;
-* ``RankContext`` -- what ``setup`` receives on every rank (rank, world_size, backend, device...);
-* ``DistBenchmark`` -- the ``dist_benchmark`` fixture's value; calling it returns a ``CaseResult``;
-* ``PackedTensorDataset`` / ``pack_tensors`` -- one storage for many tensors (cheap to share);
-* ``__version__``.
-
-Everything is imported lazily, so ``import ddpbench`` (and loading the pytest plugin) does not
-import torch.
-"""
+"""ddpbench: a pytest-benchmark regression suite for PyTorch distributed training. The public API is
+imported lazily, so ``import ddpbench`` does not import torch (docs/design.md#the-public-api)."""
 
 _EXPORTS = {
     "Workload": "ddpbench.workloads",

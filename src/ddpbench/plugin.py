@@ -1,17 +1,5 @@
-"""The pytest plugin: options, markers, parametrization and fixtures. It wires pytest to ddpbench
-and decides nothing itself: the engine times (:mod:`ddpbench.engine`), the pools run
-(:mod:`ddpbench.pool`), the gates judge (:mod:`ddpbench.gates`), each family says what its cases
-need (e.g. :mod:`ddpbench.workloads.collective_cases`).
-
-Loaded through the ``pytest11`` entry point, so any pytest run in an environment with ddpbench
-installed has it; a session none of whose tests asks for a ddpbench fixture (and that gives no A/B
-or controller option) imports no torch, probes no CUDA, starts nothing and prints no header line
-(:func:`uses_ddpbench`). ``dist_benchmark(workload)`` (:class:`ddpbench.fixture.DistBenchmark`) runs a
-workload on all ranks of the case's pool and hands the per-round times (max over ranks) to
-pytest-benchmark as the case's rounds, so every pytest-benchmark feature (--benchmark-json,
---benchmark-autosave, --benchmark-compare[-fail], --benchmark-histogram, --benchmark-save-data)
-works on them unchanged.
-"""
+"""The pytest plugin: options, markers, parametrization and fixtures. It wires pytest to ddpbench and
+decides nothing itself (docs/design.md#options-and-the-plugin)."""
 
 from __future__ import annotations
 

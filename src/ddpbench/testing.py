@@ -1,22 +1,5 @@
-"""What only tests and the lab use: nothing here is on a timed path of the product.
-
-* **Slowdown injection**, to measure a gate's power: run pytest with ``-p ddpbench.testing`` and
-  ``DDPBENCH_INJECT_SLOWDOWN="all_reduce:10%"`` (a comma list of ``op:percent``) in the ranks'
-  environment — the whole run's, or one A/B side's through ``--dist-candidate-env``. Every
-  collective case is then wrapped in :class:`SlowedDown`, whose rounds wait for that fraction of
-  the op's own time after the op where the variable names the op; such cases record
-  ``injected_slowdown_pct``. On the CPU the wait is a busy wait (under torch.profiler an op of its
-  own, :data:`INJECTED_OP`). On CUDA the op only launches asynchronous work, so set-up times 20
-  ops back to back: where the GPU is the bottleneck (event time above the host's issue time) the
-  wait is a GPU spin kernel (``torch.cuda._sleep``) queued after the op, ``fraction`` of its event
-  time; where the host is (a small message, whose time is torch's per-call cost) it is the host
-  busy wait, ``fraction`` of the issue time. Never both: a spin kernel's own launch would add
-  ~20% to a host-bound op (measured on an H100: 10% injected read 1.5x). Under
-  ``--dist-cuda-graphs`` only the spin kernel is captured.
-  Never for real measurements.
-* **Rank probes** for the pool and dataset tests: :func:`rank_state`, :func:`set_fd_limit`.
-* **Training steps** outside the engine, for the parity tests: :func:`train_steps`.
-"""
+"""What only tests and the lab use (slowdown injection, rank probes, training steps outside the
+engine): nothing here is on a timed path of the product (docs/design.md#test-knob)."""
 
 from __future__ import annotations
 

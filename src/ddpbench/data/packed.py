@@ -1,26 +1,5 @@
-"""``PackedTensorDataset``: many variable-size tensors in one storage plus an offsets index.
-
-Handing a Python list of N tensors to another process through ``torch.multiprocessing`` shares
-each tensor's storage separately: N shared-memory segments and, under the default
-``file_descriptor`` strategy, N file descriptors in the receiver (and N transfers through the
-sender's resource-sharer thread). Packing the samples into one flat tensor makes the handover
-cost constant: four storages (data, offsets, shapes, ndims) whatever the sample count. Indexing
-returns views into the packed storage, so nothing is copied.
-
-    >>> ds = pack_tensors([torch.zeros(3, 4), torch.ones(5), torch.empty(0)])
-    >>> ds[1]                     # a view, shape (5,)
-    >>> ds.to_list()              # copies back out as a list of tensors
-
-Item access costs what a list's does: every sample's view is made once, when the dataset is built
-or unpickled (one ``unbind`` for samples of one shape, ``split`` otherwise), and ``ds[i]`` returns
-the view from a Python list, as ``list_of_tensors[i]`` returns its tensor. Like a list, it returns
-the same tensor object each time: an in-place metadata change of it (``unsqueeze_``, ``resize_``)
-would show in later accesses, as it would for a list's tensor. The views are not pickled (they
-are rebuilt by the receiver), so a handover still moves four storages.
-
-The samples must share one dtype (pack each dtype separately); shapes and even the number of
-dimensions may differ from sample to sample, and empty samples are fine.
-"""
+"""``PackedTensorDataset``: many variable-size tensors in one storage plus an offsets index, so handing
+it to another process costs four storages whatever the sample count (docs/design.md#packedtensordataset)."""
 
 from __future__ import annotations
 

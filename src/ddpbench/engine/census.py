@@ -1,29 +1,6 @@
 """The collective census: every collective one rank issues while a callable runs, counted by kind,
-dtype, process group (its size and which group) and peer, with each call's payload bytes (the record
-is ``extra_info["census"]``).
-
-Mechanism (docs/design.md, "Collective census"): a TorchDispatchMode that sees the ``c10d`` ops
-(what ``torch.distributed``'s calls, DDP's C++ reducer and FSDP2 dispatch to) and the
-``_c10d_functional`` ops (what compiled graphs and DTensor issue). Every ProcessGroup call goes
-through the dispatcher, so one mode sees the collectives of Python code, of C++ (the reducer), of
-autograd threads (the mode is part of the thread-local state the autograd engine carries over), and
-of every backend alike, the fake process group included. The mode declares itself an infra mode so
-that torch.compile keeps running the compiled code under it (a user mode makes dynamo run the
-frames eagerly, which would census another program).
-
-A Python thread started while the census runs counts too (:meth:`CollectiveCensus.__enter__`
-wraps its ``run`` in a mode of its own). What the mode cannot see is detected instead
-(docs/design.md, "Collective census"): every process group's own sequence number (gloo moves it
-once per operation it runs, a send and a recv included; torch 2.13) is read before and after the
-counted round; a group whose number moved more than the census counted on it had collectives
-issued out of the mode's sight (a thread started before the census, a direct backend call, an op
-the census does not know), and the record is then ``incomplete``, never judged. Ops the mode sees
-but cannot count (``symm_mem::*``, the legacy ``c10d_functional::*``) mark it incomplete too.
-
-Public names (stable: ``ddpbench census`` builds on them): :func:`take_census`,
-:class:`CollectiveCensus`, :func:`combine_census`, :func:`dynamo_snapshot`, :func:`ddp_bucket_sizes`,
-:data:`CENSUS_VERSION`, :data:`CENSUS_METHOD`, :data:`KINDS`.
-"""
+dtype, process group and peer, with each call's payload bytes (``extra_info["census"]``;
+docs/design.md#collective-census)."""
 
 from __future__ import annotations
 

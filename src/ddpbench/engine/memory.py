@@ -1,26 +1,5 @@
-"""The memory census: the peak of live tensor bytes on one rank during one untimed step, what held
-those bytes at the peak (parameters, gradients, optimizer state, activations, temporaries, DDP's
-bucket buffers, FSDP2's unsharded parameters and all-gather / reduce-scatter buffers), where in the
-model the peak fell, and what stays allocated after the step (the record is
-``extra_info["memory"]``; docs/design.md, "Memory census").
-
-Mechanism: torch's own tracker, :class:`torch.distributed._tools.mem_tracker.MemTracker` (a dispatch
-mode that sees every op's output storages, module hooks that say which module and phase runs, and
-optimizer hooks), or :class:`~torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker` for a
-model sharded by FSDP2's ``fully_shard``. Both count storages, not allocator blocks: the figure is
-exact and the same in every run (no caching, no fragmentation, no allocator rounding). On top of
-torch's categories this module labels the tensors a collective is handed that are neither
-parameters nor gradients (DDP's bucket copies, a hand-written loop's flattened buffer) and notes
-the module and phase of the peak.
-
-What the tracker counts: tensors created during the step, and those that already existed and that
-the workload's :meth:`~ddpbench.Workload.memory_census_targets` names (its modules' parameters,
-buffers and gradients, its optimizers' state, tensors it keeps in its state). A tensor that existed
-before the step and is named nowhere is counted from the first op that touches it.
-
-Public names: :func:`take_memory_census`, :func:`combine_memory`, :func:`discover_targets`,
-:data:`MEMORY_VERSION`, :data:`CATEGORIES`.
-"""
+"""The memory census: the peak of live tensor bytes on one rank during one untimed step, what held them
+and where it fell (``extra_info["memory"]``; docs/design.md#memory-census)."""
 
 from __future__ import annotations
 

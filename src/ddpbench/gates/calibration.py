@@ -1,24 +1,5 @@
-"""Machine-drift calibration: a short, fixed local probe recorded with every saved run.
-
-A run saved on a uniformly slower (or faster) machine - another CPU model, frequency scaling, a
-noisy neighbour that stays for the whole run - shifts every case by about the same factor.
-``ddpbench compare`` divides the current/baseline ratios by the ratio of the two runs' probe times
-when they differ by more than a tolerance, and says so.
-
-The correction is bounded (:data:`MAX_CORRECTION`): a probe ratio outside 1/1.25 .. 1.25 means the
-machine changed more than one short probe can speak for (another CPU class, heavy load), so the
-CPU cases it would correct are ``inconclusive`` instead; and a correction never turns a measured
-slowdown into an improvement or a measured speed-up into a regression (:mod:`.compare`).
-
-The probe is a fixed piece of local work shaped like what the CPU cases do: a memcpy of a 4 MiB
-float32 buffer and a small matmul, single-threaded. It is repeated for a bounded time (a few hundred
-ms) and the *minimum* repetition is the machine's speed (transient load only adds time; the minimum
-is the least disturbed estimate). The plugin stores the result at the saved run's top level under
-:data:`CALIBRATION_KEY` (``pytest_benchmark_update_json``), beside ``machine_info`` rather than in
-it: machine_info holds the machine's facts, which pytest-benchmark compares to warn of another
-machine, and a measurement differs on every run. Runs saved before kept it in ``machine_info``
-(:data:`MACHINE_INFO_KEY`); :func:`probe_of` reads both.
-"""
+"""Machine-drift calibration: a short, fixed local probe recorded with every saved run, by which
+``ddpbench compare`` corrects a uniformly slower machine (docs/design.md#machine-drift)."""
 
 from __future__ import annotations
 

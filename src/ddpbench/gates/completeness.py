@@ -1,18 +1,5 @@
-"""Whether a saved run measured everything it set out to: a partial run is never a default baseline.
-
-A run stopped by ``-x`` / ``--maxfail``, one whose pytest crashed (an internal error) and one with
-failed or erroring cases still gets saved by pytest-benchmark, holding only the cases that got
-through. Compared as a baseline, it would silently lack the others (they would read as ``new``,
-which passes). So every saved run records under :data:`RUN_KEY` whether it is complete, and why
-not (written by the plugin's ``pytest_benchmark_update_json`` hook, from pytest's exit status and
-session counters at ``pytest_sessionfinish``, just before pytest-benchmark saves);
-``ddpbench compare`` with no run named skips incomplete runs as the baseline and says so.
-
-A run is complete when pytest's status is OK, no case failed or errored, and the run was not
-stopped early. Skipped and deselected cases do not make a run incomplete (a run without a GPU
-skips the GPU cases by design). Runs saved before this record existed are taken as complete: there
-is nothing to tell otherwise, and saying so is all that can be done.
-"""
+"""Whether a saved run measured everything it set out to: a partial run is never a default baseline
+(docs/design.md#a-partial-run-is-never-a-default-baseline)."""
 
 from __future__ import annotations
 

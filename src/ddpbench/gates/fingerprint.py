@@ -1,25 +1,5 @@
-"""What decides what a case measures, recorded with every saved run and checked before two runs
-are compared: runs are compared only when it matches (an upgraded torch is not a regression).
-
-**Run facts** (:data:`RUN_FACTS`), recorded by the plugin in ``machine_info`` under
-:data:`FINGERPRINT_KEY` (:func:`run_facts`): torch (its full version: ``2.13.0+cpu`` and
-``2.13.0+cu128`` differ), CUDA and NCCL versions, the ddpbench engine (the hash of its source that
-the A/B gate uses, :func:`ddpbench.gates.ab.sides.source_digest`), Python (implementation and
-major.minor), CPU model and the cores the run could use, GPU models. Two runs that differ in one
-are refused (``ddpbench compare`` exits 2 naming each difference and ``--allow-different FACT``).
-The hostname is not a fact: every hosted CI runner has another, and it decides nothing. A new
-Python patch release or kernel is said in a note, not refused.
-
-**Case facts** (:data:`CASE_FACTS`), from each case's ``extra_info``: backend, world size, device,
-nodes, whether ranks were pinned to cores, ops per round (the setting: ``auto`` when the engine
-chose the count, since the chosen count may vary between runs of one setting), CUDA graphs. A case
-whose facts differ is not compared: its verdict is ``inconclusive`` with the difference as its
-reason, unless allowed.
-
-Runs saved before facts were recorded (or by another tool) have no fingerprint: the facts their
-``machine_info`` does hold (Python, CPU model, and GPUs with torch, CUDA and NCCL when ddpbench
-described them) are checked, the rest is named as unknown, and the runs are compared.
-"""
+"""What decides what a case measures, recorded with every saved run and checked before two runs are
+compared (docs/design.md#comparable-runs)."""
 
 from __future__ import annotations
 

@@ -1,34 +1,4 @@
-"""The memory verdict: two memory census records (the peak of live tensor bytes in one step, what
-held them, where it fell, what stays after the step) compared exactly.
-
-A case's memory census (``extra_info["memory"]``; in A/B mode the candidate's, the baseline's in
-``extra_info["ab"]["memory_baseline"]``) counts tensor storages, not allocator blocks, so it is the
-same to the byte in every run of the same code: comparing two needs no statistics, like the
-structural verdict (:mod:`.structure`).
-
-The rule (:func:`compare_memory`): the judged figures are the peak (the largest over ranks), each
-category's bytes at the peak (parameters, gradients, optimizer state, activations, temporaries,
-DDP buckets, FSDP2's buffers...) and the bytes that stay allocated after the step. More of any is a
-``regression`` (a tensor kept alive across steps shows as more after the step, more at the peak or
-both); only less is an ``improvement``; identical is ``same``; a mixed change (one figure up,
-another down) is a ``regression`` too, until a person accepts it. The peak's total decides where it
-changed, what held it is shown beside (a lower peak is what lets a job fit, whichever category
-grew: activation checkpointing lowers the peak and moves it to where more gradients exist, an
-improvement; ``gradient_as_bucket_view`` turns DDP's bucket copy into the gradients themselves,
-an improvement). Where the peak is the same to the byte at the same place (module and phase), its
-categories compare one by one: bytes that moved from one category to another are a regression
-until accepted, since something else now holds the peak. The line names what grew and
-where the peak now falls: ``peak +8.0 MiB: activations +8.0 MiB, at blocks.0 backward``.
-
-The measured CUDA figures (``memory.measured``: the caching allocator's max allocated over the
-recorded rounds) are not exact (caching, fragmentation, allocator rounding, other streams): they
-are shown, and judged only when the user sets a tolerance (``--memory-tolerance`` /
-``--dist-ab-memory-tolerance``): more than that share above the baseline's is a regression.
-
-A side without a record, a record of another version or method (MemTracker vs FSDPMemTracker),
-of another device, or one marked ``incomplete`` is ``not counted``: the other verdicts stand alone.
-A record whose fields do not hold what the format says is a :class:`~.structure.CensusError`.
-"""
+"""The memory verdict: two memory census records compared exactly (docs/design.md#the-memory-verdict)."""
 
 from __future__ import annotations
 

@@ -1,38 +1,5 @@
-"""The gates' statistics, on scipy.stats: one module for both gates.
-
-**A/B (paired blocks).** The unit is a *pair*: one block of baseline rounds and one block of
-candidate rounds run next to each other (in either order), each block summarised by its mean
-round (``ab.engine.SideRounds.block_means``); each pair becomes the log of candidate / baseline.
-Pair i runs on pool pair ``pool_pair_of[i]`` (baseline pool k with candidate pool k). Over the
-pairs: the Hodges-Lehmann location of the log ratios as the ratio (each pool pair gets its own
-too); a percentile-bootstrap interval of it, resampling within each pool pair (fixed seed); the
-two-sided Wilcoxon signed-rank p (exact for small samples), as Chromium's Pinpoint decides.
-:func:`decide` gives ``regression`` when p is below the look's level (:func:`sequential_levels`,
-or :func:`level_for_last_look` when the time cap ends the case: the case keeps its alpha however
-many looks it takes), the interval lies above 1, and the ratio, every pool pair's ratio
-(``pool_pair_share`` of the threshold) and the block minima's ratio all lie above 1 + threshold
-(one pool pair: the whole interval must); ``improvement`` mirrors it; ``same`` when the whole
-interval lies within [1 / (1 + t), 1 + t]; ``not-slower`` when only its upper end does (a slowdown of
-t or more is ruled out, which is the question a gate asks, while the lower end leaves open whether
-the candidate is faster); ``inconclusive`` otherwise, stating the slowdown it rules out
-(:func:`slowdown_ruled_out`). ``same`` and ``not-slower`` end a case's looks, so each look's chance
-of reading them at a true slowdown of t is spent too (:func:`stop_levels`): the ratio's exact
-signed-rank upper bound at the look's stop level (:func:`signed_rank_upper_bound`) must lie within
-1 + t as well as the interval's upper end. Why each condition is there: docs/design.md, *Gates*; the figures:
-docs/results.md.
-
-**Stored runs (independent samples).** The ratio of the medians of two runs' rounds, a
-percentile-bootstrap interval of it (each run resampled on its own; fixed seed) and the two-sided
-Mann-Whitney p (normal approximation with tie and continuity corrections), as asv does; from
-summary statistics alone, a normal interval from the IQR and round counts. :func:`decide_unpaired`
-gives ``regression`` when the ratio is above 1 + threshold, the interval above 1 and p below
-1 - confidence; ``improvement`` mirrors it; ``same``, ``not-slower`` and ``inconclusive`` as above.
-
-**Too little to tell.** One value says nothing about the noise around it: with fewer than
-:data:`MIN_VALUES` rounds on a side (stored runs), or pairs on a pool pair (A/B), the interval is
-unbounded, (0, inf), so the verdict is ``inconclusive``, never ``same`` (JSON writes the missing
-bound as null).
-"""
+"""The gates' statistics, on scipy.stats: paired blocks for A/B (docs/design.md#the-ab-verdict),
+independent samples for stored runs (docs/design.md#stored-run-gate)."""
 
 from __future__ import annotations
 

@@ -1,33 +1,5 @@
-"""The structural verdict: two census records (what one step of a case launches) compared exactly.
-
-A case's census (``extra_info["census"]``; in A/B mode the candidate's, the baseline's in
-``extra_info["ab"]["census_baseline"]``) counts, per step and rank, the collectives by (kind,
-dtype, group size, group, peer) with their payload bytes, DDP's bucket sizes, torch.compile's graph
-breaks and recompiles, and on CUDA the kernel launches. It is counted on untimed steps, so comparing
-two of them needs no statistics: a structural change is exact, instant and noise-free.
-
-The rule (:func:`compare_census`): every judged figure is compared as a multiset (order never
-matters). More of anything (a collective's calls or bytes, buckets or their bytes, graph breaks,
-recompiles, ranks that disagree on the collectives) is a ``regression``; only fewer is an
-``improvement``; identical is ``same``. A change that is neither more nor fewer (the same calls and
-bytes split into other sizes) is a ``regression`` too, and so is a mixed change (one figure up,
-another down): a structure that changed in a way no rule ranks is stopped until a person accepts
-it. CUDA kernel launches are reported but not judged: which kernels cuBLAS and cuDNN pick (split-K
-GEMMs add a reduction kernel, ``cudnn.benchmark`` picks by timing) depends on the library and the
-device as much as on the code, so their count is not exact enough to fail a gate on.
-
-Bytes that depend on the data (an entry's ``data_dependent_bytes``: an object collective's pickle,
-an all_to_all's caller-given splits) are not judged: the entry's calls are, and the line says its
-bytes were not.
-
-A side without a census (an older run or engine), a census of a version this ddpbench does not read,
-two of different versions (version 1 tells neither groups nor peers apart and never checked for
-unseen collectives, so a version-1 record is only compared with another), one marked ``incomplete``
-(collectives issued out of the census's sight: its workload says so, or a process group's sequence
-number moved more than it counted), one whose collectives ``varies_between_steps``, or two counted
-by different methods is ``not counted``: the timing verdict then stands alone. A census whose fields
-do not hold what the format says is a :class:`CensusError` naming the field.
-"""
+"""The structural verdict: two census records (what one step of a case launches) compared exactly
+(docs/design.md#the-structural-verdict)."""
 
 from __future__ import annotations
 

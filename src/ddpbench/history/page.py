@@ -15,14 +15,14 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING
 
-from ..report import SECTIONS
+from ..report import FAMILY_TABLES
 from .series import FAMILIES, Point, RunRecord, Series
 from .steps import shown_commit
 
 if TYPE_CHECKING:
     from . import History
 
-FAMILY_TITLES = {key: title for key, title, _ in SECTIONS}
+FAMILY_TITLES = {table.name: table.title for table in FAMILY_TABLES}
 LEGEND = (
     '<span><svg width="14" height="10"><circle cx="7" cy="5" r="3" fill="#0969da"/></svg> run median</span>'
     '<span><svg width="14" height="10"><rect width="14" height="10" fill="rgba(9,105,218,0.18)"/></svg> '

@@ -1,17 +1,5 @@
-"""Saved runs -> series of points: one series per (machine, backend, case), points in commit order.
-
-A series never mixes machines or backends: a step between two machines' runs would be a machine
-change, not a code change. A machine is its hardware (machine_info's node, CPU brand and GPU
-models); a new Python, torch or CUDA stays inside a series, because such changes are what a history
-should show.
-
-Runs are ordered by commit time (pytest-benchmark's ``commit_info["time"]``, the commit's ISO time),
-else by the run's own ``datetime``, ties by the run's datetime: the order the code changed in, not
-the order the runs happened to be saved in.
-
-A point is the case's median over its raw rounds with their interquartile range; a run saved
-without ``--benchmark-save-data`` gives the median pytest-benchmark stored and no spread.
-"""
+"""Saved runs -> series of points: one series per (machine, backend, case), points in commit order
+(docs/design.md#series)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""Change points in a series: where a case's typical time moved to a new level and stayed there.
-
-Detection is ruptures' ``KernelCPD(kernel="linear", min_size=2)`` (penalised least squares, exact,
-in C) on the log of the run medians, so that a step is a ratio whatever a case's scale. The penalty
-per change point is the Wild Binary Segmentation threshold written as a penalty:
-``pen = 2 * C**2 * sigma**2 * log(n)`` with ``C = 1.3``, i.e. a change counts when its CUSUM
-statistic exceeds ``C * sigma * sqrt(2 log n)`` (Fryzlewicz 2014, "Wild binary segmentation for
-multiple change-point detection", Ann. Statist. 42(6), and the constant of his ``wbs`` package);
-splitting a segment lowers its least-squares cost by exactly that statistic squared. ``sigma`` is
-estimated as there: the median absolute deviation of successive differences over sqrt(2), which
-steps do not inflate. Why not plain BIC (``sigma**2 log n``): on pure noise it finds a false change
-in most long series, and a page holds a hundred of them.
-
-A change is reported as a step only when the medians of the segments on either side differ by at
-least ``min_step`` (relative); smaller changes are merged away, smallest first, so each step's
-before / after medians are those of the segments that remain.
-"""
+"""Change points in a series: where a case's typical time moved to a new level and stayed there
+(docs/design.md#change-points)."""
 
 from __future__ import annotations
 

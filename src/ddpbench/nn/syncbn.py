@@ -1,42 +1,5 @@
-"""SyncBatchNorm modules users import: a hand-written fused one and a naive one.
-
-:class:`FusedSyncBatchNorm` is a drop-in replacement for ``torch.nn.SyncBatchNorm`` that also runs
-on CPU with gloo (torch's refuses CPU tensors). One training step issues exactly two collectives:
-
-* forward: ONE all-reduce of a packed float64 vector ``[sum x, sum of squares about each rank's
-  own mean + n_r * mean_r**2, count]`` (2C + 1 values);
-* backward: ONE all-reduce of ``[sum dy, sum dy * (x - mean) * invstd]`` (2C values).
-
-Numerics (the |mean| >> std case). Each rank computes its local mean and its local M2 (sum of
-squared deviations about the *local* mean) with two-pass reductions (``torch.var_mean`` on CUDA;
-``torch.batch_norm_update_stats`` + ``torch.sum`` on CPU, see :func:`_local_sums`), accurate
-whatever the mean. Ranks are combined with Chan's parallel formula in
-its sum form, ``M2 = sum_r (M2_r + n_r mean_r**2) - n mean**2``, evaluated in float64: its
-cancellation error is about eps64 * (mean/std)**2 relative to the variance, i.e. 1e-10 at
-mean/std = 1e3, below float32's resolution for any mean/std < 5e8. The naive formula
-``E[x**2] - E[x]**2`` in the input's float32 loses about eps32 * (mean/std)**2 -- the whole
-variance once mean/std reaches ~3e3 (tests/test_syncbn_module.py shows both).
-
-Memory. The forward saves only the input (already alive), the per-channel mean and variance; the
-output is one fused ``batch_norm`` (inference-form) kernel; the backward produces the input
-gradient with one ``native_batch_norm_backward`` kernel plus two in-place per-channel updates: its
-peak is plain ``torch.nn.BatchNorm1d``'s (figures: docs/results.md, "SyncBatchNorm variants").
-
-In a group of one rank (or without a process group) it is plain ``F.batch_norm`` in training
-mode, as ``torch.nn.SyncBatchNorm`` falls back to: nothing to synchronise.
-
-Semantics follow ``torch.nn.SyncBatchNorm``: the weight and bias gradients are *local* (the sums
-over this rank's batch; DDP all-reduces them like any parameter gradient), running statistics are
-updated from the global batch statistics (unbiased variance), eval mode with running statistics
-uses them and does no communication, and a module without running statistics uses the local batch
-statistics in eval mode (no communication either). Every rank of the group must call forward and
-backward the same number of times (they are collectives); a rank may hold fewer samples or none.
-
-:class:`NaiveSyncBatchNorm` is the straightforward version the issue's report measured: one
-all-reduce per statistic (count, sum, sum of squares) in the forward, autograd through
-``torch.distributed.nn.functional.all_reduce`` (two more in the backward) and every intermediate
-kept by autograd. It is exact for well-scaled data and is the benchmark's baseline.
-"""
+"""SyncBatchNorm modules users import: a hand-written fused one (two all-reduces a step, CPU and CUDA)
+and a naive one (docs/design.md#fusedsyncbatchnorm)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,5 @@
-"""Persistent rank processes: start them once, run tasks on all of them, notice when they break.
-
-A :class:`RankPool` owns ``world_size`` spawned processes that have joined one process group. A
-task is a picklable callable ``task(ctx, *args, **kwargs)``; :meth:`RankPool.run` runs it on every
-rank and returns the per-rank return values in rank order. The pool knows nothing about
-benchmarks.
-
-Failure handling, in the order a caller sees it:
-
-* a task raises on some rank -> :class:`TaskFailed` with each failing rank's traceback; if the
-  other ranks finished the pool stays usable, otherwise they are stuck in a collective waiting
-  for the failed rank and the pool is torn down;
-* a rank process dies -> :class:`TaskFailed` naming the dead ranks and their exit status;
-* a task runs past its timeout -> :class:`TaskFailed` naming the stuck ranks, with a faulthandler
-  stack dump of where each one was.
-
-A pool that hit a death or a timeout is killed (every rank and the rank's own children, by pid)
-and reports ``alive == False``; :class:`PoolRegistry` then starts a fresh one on the next request.
-Rank processes ignore SIGINT (the controlling process decides when they stop) and exit by
-themselves if their parent disappears.
-"""
+"""Persistent rank processes: start them once, run tasks on all of them, notice when they break
+(docs/design.md#the-rank-pool)."""
 
 from .base import (FAILURE_GRACE_S, SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError, RankContext,
                    SendRefused, TaskError, TaskFailed, sticky_device_error)

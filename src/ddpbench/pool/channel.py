@@ -1,21 +1,5 @@
 """The multi-node channel between the controller and a torchrun worker: authenticated, then every
-message signed.
-
-Opening a connection: multiprocessing's HMAC challenge-response with the shared secret, in both
-directions; then each side sends a fresh random nonce and both derive the connection's own key,
-HMAC-SHA256(secret, nonces). From then on every message, both ways, travels as
-HMAC-SHA256(key, direction, sequence number, pickle) followed by the pickle, and the receiver
-unpickles nothing whose tag does not verify (:class:`ForgedMessage`, and the connection closes).
-Why: the challenge-response proves who opened the connection, not who writes into it afterwards,
-and the task channel carries pickles, which run code when loaded; anyone on the path could
-otherwise inject one into an authenticated stream. The sequence number refuses a replayed,
-dropped or reordered message, the direction byte a reflected one, the nonces a message replayed
-from another connection. Messages are signed, not encrypted: tasks and results cross the network
-in the clear (README, *Across nodes*, says what that leaves to the network).
-
-Each step of opening a connection has a time limit enforced by kernel socket timeouts, so a peer
-that accepts and never answers cannot hold either side (:class:`HandshakeTimeout`).
-"""
+message signed (docs/design.md#the-controller-and-its-signed-channel)."""
 
 from __future__ import annotations
 

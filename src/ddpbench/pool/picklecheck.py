@@ -1,19 +1,5 @@
-"""Why a workload cannot reach the rank processes, in words a user can act on.
-
-The ranks are separate processes (spawned by the pool, or started by torchrun on other nodes). A
-task and its arguments reach them pickled: objects by value, but functions and classes *by
-reference* -- the rank imports the module and looks the name up. The classic mistakes:
-
-* a lambda, or a function or class defined inside another function (the test function): pickle
-  cannot name it, so the controller cannot send it. :func:`unpicklable_message` finds the part of
-  the task that does not pickle and says what it is and how to fix it.
-* a module the ranks cannot import (not on their ``sys.path``, e.g. one loaded from a file path by
-  importlib, or a package missing on another node): the controller pickles it fine and the ranks
-  cannot load it. :class:`TaskUnpickler` turns that into :class:`LoadFailure`, and
-  :func:`load_failure_message` into a message naming the object and the fix.
-
-No torch here: the plugin and ``ddpbench.FunctionWorkload`` use it in the controller.
-"""
+"""Why a workload cannot reach the rank processes, in words a user can act on
+(docs/design.md#shipping-tasks)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""``ddpbench census``: the collective census of one training step at world sizes no machine here
-has, by simulation (one process standing for rank 0 of N on torch's fake process group).
-
-For each world size: every collective one rank issues in one optimizer step of the transformer
-family (kind, dtype, count, payload bytes; :mod:`ddpbench.engine.census`'s record), the
-training state that rank holds (parameters, gradients, optimizer state; FSDP2's shards shrink
-with N) and its peak memory over the step (:mod:`.memory`). Counts and bytes only: no timing, no
-overlap (docs/design.md, "The census at scale").
-
-Modules: :mod:`.fakepg` (the simulated world), :mod:`.step` (one step's census on any rank, real
-or simulated), :mod:`.memory` (one step's peak memory, real or simulated), :mod:`.output` (table,
-JSON, chart), :mod:`.command` (the command line).
-"""
+"""``ddpbench census``: the collective census of one training step at world sizes no machine here has,
+by simulation (docs/design.md#the-census-at-scale)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""One process standing for rank 0 of N: torch's fake process group, with the one fix DDP needs.
-
-torch's ``fake`` backend (:mod:`torch.testing._internal.distributed.fake_pg`) completes every
-collective at once without talking to anyone, so one process can build and step a model as rank 0
-of a 1024-rank job. The collectives still go through torch.distributed's Python API, the
-``ProcessGroup`` and the c10d dispatcher ops, as gloo's and NCCL's do; only the backend at the
-bottom is a stand-in, so whatever counts collectives above it sees what a real rank issues.
-
-The fix: a fake collective's ``Work`` carries a future whose value is None, and DDP reads the
-reduced bucket out of that value (``expected the hook result is either a Tensor or a TensorList
-found None`` in its reducer). While the group is up, an asynchronous ``dist.all_reduce`` returns a
-``Work`` whose future holds the tensor (the collective itself has run, through the fake backend),
-and DDP's built-in all-reduce is replaced by torch's own Python twin of it
-(:func:`~torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook`: one all_reduce
-of each bucket's buffer, as the reducer's C++ hook issues), see :mod:`.step`.
-"""
+"""One process standing for rank 0 of N: torch's fake process group, with the one fix DDP needs
+(docs/design.md#one-process-as-rank-0-of-n)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,5 @@
-"""Per-rank peak memory of one training step of the transformer family, counted tensor by tensor,
-on a real rank or simulated as rank 0 of N.
-
-:func:`memory_census` runs on any rank: the workload's own ``setup``, ``warmup_steps`` optimizer
-steps, then one more step under torch's memory tracker (``torch.distributed._tools``): every
-tensor storage alive during the step, by category, and the peak of their sum with its breakdown and
-where it fell (the innermost module and the phase). FSDP2 runs under ``FSDPMemTracker``, which
-labels sharded and unsharded parameters and the all-gather and reduce-scatter buffers; DDP under
-``MemTracker`` (DDP's bucket buffers fall among temporaries: the tracker cannot tell them apart; the
-record gives their total beside).
-
-:func:`simulate_memory` runs it as rank 0 of N on torch's fake process group: FSDP2 under
-FakeTensorMode (no tensor holds real memory, so 1024 ranks of GPT-2 cost seconds; the DeviceMesh is
-built before the mode, as ``fully_shard`` needs), DDP with real tensors (DDP's reducer needs real
-storage; a DDP rank's memory does not depend on N). Rank 0 holds the most: FSDP2 pads every rank's
-shard of a parameter to ``ceil(rows / N)`` rows, rank 0's share, so no rank holds more.
-
-Counted: tensor storages (what the caching allocator is asked for, before its rounding). Not
-counted: the allocator's caching and fragmentation, the communication library's own buffers,
-kernel workspaces (docs/design.md, "The census at scale").
-"""
+"""Per-rank peak memory of one training step of the transformer family, counted tensor by tensor, on a
+real rank or simulated as rank 0 of N (docs/design.md#per-rank-peak-memory)."""
 
 from __future__ import annotations
 

@@ -232,9 +232,9 @@ def chart_unavailable() -> str | None:
 def write_chart(result: ScaleCensus, path: str | Path) -> Path:
     """Two panels over the world size (log2): each collective's payload bytes per step and rank,
     and the state each rank holds; call counts in the legend."""
-    from ..report import _pyplot
+    from ..report.charts import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     sizes = [row["world_size"] for row in result.rows]
     memory_rows = _memory_rows(result)
     fig, axes = plt.subplots(1, 3 if memory_rows else 2, figsize=(16 if memory_rows else 11, 4.2))

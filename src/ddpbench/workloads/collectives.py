@@ -1,34 +1,5 @@
 """Collective workloads: all_reduce, all_gather, reduce_scatter and broadcast, one entry each in
-:data:`COLLECTIVES` (as nccl-tests' ``testColl``: buffers, data and expected result, bandwidth
-factor, one op). Adding an op is adding one entry.
-
-Sizes and bandwidths follow NVIDIA nccl-tests: ``size_bytes`` is the size of the full vector (the
-all_gather output, the reduce_scatter input), algbw = size / time, and busbw = algbw times a factor
-that makes the number comparable with the hardware's link bandwidth whatever the rank count:
-all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, broadcast 1.
-
-Each case has a data type (``dtype``: float32 by default; float64, float16, bfloat16, int32,
-int64, int8, uint8), a reduction (``reduce_op``: sum by default; max, min, avg) for the ops that
-reduce, and a placement as nccl-tests' two column groups: ``out-of-place`` (the op writes a buffer
-of its own) or ``in-place`` (all_gather's input is the rank's chunk of its output, reduce_scatter's
-output the rank's chunk of its input). torch.distributed's all_reduce and broadcast only exist
-in place. The default placement is each op's own: all_reduce and broadcast in place, all_gather
-and reduce_scatter out of place. What a backend cannot do is a skip with the reason
-(:meth:`Collective.skip_reason`): gloo averages floating types only.
-
-After the timed rounds (untimed, as nccl-tests' ``#wrong`` check) every rank re-fills its input with
-its known data, poisons the buffer the op must write (NaN, or a value no pattern holds for integer
-types), runs the op once more and compares with the expected result: exactly for sum, max and min,
-within the type's rounding for avg. Rank r's data at global element index i is
-``T1_r[i mod 65521] + T2_r[i mod 65537]``: two tables of small random integers per rank
-(:func:`pattern_tables`), so the pattern repeats only every 65521 * 65537 (about 4.3e9) elements,
-more than any buffer holds: a shard taken from the wrong place, a rank's data missing or counted
-twice, or an op that wrote nothing all show. The tables' range is chosen per type and world size
-so that every sum over ranks is an exact integer in that type (integer types wrap alike on both
-sides of the comparison). Every fill is two broadcast copies of the tables (copy speed, no index
-tensor), and the expected sum over ranks is the tiling of the tables' sums.
-
-"""
+:data:`COLLECTIVES` (docs/design.md#collectives)."""
 
 from __future__ import annotations
 
@@ -502,6 +473,7 @@ class Collective(Workload):
         size_bytes = count * self.element_bytes()
         algbw, busbw = bandwidths_gbps(self.op, size_bytes, world_size, median_s)
         info: dict[str, Any] = {
+            "family": "collectives",  # its section of the report: ddpbench/report/collectives.py
             "op": self.op,
             "size_bytes": size_bytes,
             "algbw_GBps": round(algbw, 6),

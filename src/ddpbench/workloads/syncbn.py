@@ -205,6 +205,7 @@ class SyncBNCase(Workload):
 
     def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
         info: dict[str, Any] = {
+            "family": "syncbn",  # its section of the report: ddpbench/report/syncbn.py
             "variant": self.variant,
             "batch_size": self.batch_size,
             "hidden_dim": self.hidden_dim,

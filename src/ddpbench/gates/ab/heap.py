@@ -1,19 +1,5 @@
-"""The heap settings both sides' ranks run with in A/B mode (``--dist-ab-heap``).
-
-glibc's malloc adapts to each process's own history: freeing a large block (a tensor, gloo's
-flattened buffers) raises its mmap threshold to that size, and the top of the heap goes back to
-the kernel once more than a trim threshold lies free there. So two identical rank processes need
-not serve a case's buffers alike (one faults in thousands of fresh pages a round, its twin none),
-and a pool of such processes can sit off its twin for a whole case.
-
-``steady`` (the default) fixes the thresholds (setting any of them in the environment also turns
-glibc's adaptation off): blocks under 32 MiB, glibc's largest mmap threshold, come from the heap,
-whose top is never given back; larger blocks are mapped fresh each time. Identical pools then drift
-apart less (figures: docs/results.md, "What set identical pools apart"), though not every process
-faults alike. The cost is memory: a rank keeps its largest heap for its life. ``adaptive`` leaves
-glibc's defaults, as a plain script has them. Other C libraries ignore these variables; a value a
-side sets itself (``--dist-*-env``) wins.
-"""
+"""The heap settings both sides' ranks run with in A/B mode (``--dist-ab-heap``;
+docs/design.md#the-heap-both-sides-run-with)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """A side of an A/B run: what its ranks run with (an interpreter, environment overrides, sys.path
-entries), checked before rounds start.
-
-Two checks keep a verdict from comparing other code than each side names:
-
-* **Engine identity** (:func:`probe`): each side's ddpbench is identified by a hash of its source
-  files and the rank protocol it speaks (``ddpbench.rank_process.RANK_PROTOCOL``). Different
-  engines are allowed (a pull request may change ddpbench itself: each side's ranks then run their
-  own) and said so; different protocols are refused, since the controller could not drive the
-  other side's ranks.
-* **Where the code under test comes from** (:func:`resolve_modules`): a probe started exactly as
-  the side's ranks are (:class:`ddpbench.pool.RankLaunch`: interpreter, environment, import path)
-  reports the file each workload module resolves to. A baseline that names other paths or another
-  interpreter but resolves every one of them to the candidate's files would silently run the
-  candidate's code: :func:`check_modules_differ` refuses it.
-
-The pool only learns "start ranks with this interpreter and this environment" from a side
-(:class:`ddpbench.pool.RankLaunch`); what the two sides mean is decided here and in
-:mod:`ddpbench.gates.ab.engine`.
-"""
+entries), its engine and where it imports the code under test from, checked before rounds start
+(docs/design.md#what-a-side-is)."""
 
 from __future__ import annotations
 

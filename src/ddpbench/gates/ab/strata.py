@@ -1,24 +1,5 @@
 """Block summaries that compare like with like where the ranks' placement sets a round's time
-(``--dist-ab-stratify-placement``, off by default).
-
-At 1 MB on a 2-vCPU VM a round takes one of two times about 3x apart, depending on whether the OS
-put the ranks on one CPU or on two (docs/results.md, *Where the 1 MB modes come from*), and the
-share of shared-CPU rounds moves from block to block. A pair's two blocks then differ by how many
-such rounds each caught as much as by their code. Stratified, each round is put in its stratum by
-where the ranks ran (every rank's main thread on one CPU after the round, or not: the per-round fact
-behind ``ranks_shared_cpu_share``), and both blocks of a pair are summarised at the *same* mix, the
-pair's own (direct standardisation): block summary = sum over strata of share x the block's mean
-round in that stratum. A change that slows every round by x moves each stratum's mean by x, so the
-pair's ratio still reads x; what it no longer sees is a change in how often the ranks share a CPU,
-which is one reason it is an option.
-
-The strata come from placement, never from the round times: sorting rounds by time (the split
-``engine.modes.round_modes`` finds) would sort a slower candidate's rounds into the slow mode and
-compare them with the baseline's slow rounds, hiding the change.
-
-Pure functions over round times (seconds) and per-round placement, run in the controller; the
-replay tool (lab/reference/ab_replay.py --stratify-placement) uses the same ones on recorded runs.
-"""
+(``--dist-ab-stratify-placement``; docs/design.md#placement-strata)."""
 
 from __future__ import annotations
 

@@ -299,6 +299,7 @@ class DatasetEpoch(Workload):
         spec = self.spec
         per_rank = spec.num_samples if self.sampler == "shuffle" else -(-spec.num_samples // world_size)
         info = {
+            "family": "datasets",  # its section of the report: ddpbench/report/datasets.py
             "layout": spec.layout,
             "num_samples": spec.num_samples,
             "sample_shape": None if spec.variable else list(spec.shape),

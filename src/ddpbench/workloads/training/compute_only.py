@@ -1,27 +1,5 @@
-"""Compute-only training steps: the same step with every gradient or parameter exchange replaced by
-one that hands the data back unreduced, and records what it would have sent.
-
-A compute-only step keeps all of the step's own work (forward, backward, DDP's bucket copies, a
-compression hook's casts, FSDP2's copy-in / copy-out, the optimizer) and drops only the data's
-crossing between ranks, so ``step - compute-only`` is the time the step waits for communication
-(exposed communication; ``metrics.exposed_communication``). Per implementation:
-
-* DDP, built-in all-reduce: a communication hook (:func:`unreduced_hook`) that returns each
-  bucket's buffer as it is, in a completed future;
-* DDP with the fp16 / bf16 compression hook: :func:`compressed_unreduced_hook`, the hook's own
-  cast, divide and copy back without its all-reduce;
-* FSDP2: :class:`UnexchangedAllGather` / :class:`UnexchangedReduceScatter` through
-  ``set_custom_all_gather`` / ``set_custom_reduce_scatter`` on every ``fully_shard`` module: the
-  same sharding on the same mesh (so the optimizer updates this rank's shard only, as in the real
-  step), each rank's own slot copied, the other ranks' slots left zero (finite numbers: the
-  variant's model trains on nonsense, at the same cost);
-* the hand-written loop: its flatten, divide and copy back without the all_reduce
-  (``loops.reduce_gradients(..., skipped=...)``).
-
-What the exchanges would have sent is kept per step in a :class:`SkippedCollectives`, whose
-:meth:`~SkippedCollectives.record` is census-shaped (per collective kind, dtype and group size, the
-list of each call's bytes): :mod:`.replay` replays it alone for the isolated communication time.
-"""
+"""Compute-only training steps: the same step with every gradient or parameter exchange replaced by one
+that hands the data back unreduced (docs/design.md#exposed-communication)."""
 
 from __future__ import annotations
 

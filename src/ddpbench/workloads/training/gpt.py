@@ -1,16 +1,5 @@
-"""A GPT-style decoder and its synthetic token data (no downloads; deterministic per seed and rank).
-
-The model: learned token and position embeddings, ``layers`` pre-LayerNorm blocks (causal
-self-attention through :func:`torch.nn.functional.scaled_dot_product_attention` with
-``is_causal=True``, then a 4x MLP with GELU, each with a residual), a final LayerNorm and an output
-head tied to the token embedding (nanoGPT's shape, no dropout so a step is deterministic).
-
-The data: token sequences from a fixed random "successor" chain (the same on every rank, set by
-``seed``): the next token is ``successor[token]`` with probability :data:`FOLLOW_PROBABILITY`,
-else uniform. A model that learns the successor table drives the loss from ``ln(vocab)`` towards
-the chain's entropy, so the loss really goes down. Each rank draws its own sequences (``(seed,
-rank)``). Memory is O(vocab), so GPT-2's 50k vocabulary needs no vocab x vocab table.
-"""
+"""A GPT-style decoder and its synthetic token data, deterministic per seed and rank
+(docs/design.md#transformers)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The transformer training workload: a GPT-style decoder (:mod:`.gpt`) trained with DDP or FSDP2,
-each knob a parameter (:mod:`.transformer_settings`); a round is one optimizer step (``grad_accum``
-micro-batches, AdamW). Its check: one more step's averaged gradient against a single-process
-float64 step (PowerSGD: the ranks agree and the loss goes down); docs/design.md, "The families".
-"""
+"""The transformer training workload: a GPT-style decoder trained with DDP or FSDP2, each knob a
+parameter (its knobs by section: transformer_settings.py); a round is one optimizer step (docs/design.md#transformers)."""
 
 from __future__ import annotations
 
@@ -198,7 +195,8 @@ class TransformerTraining(TrainingWorkload, FSDPSettings, DDPSettings, CompileSe
         sequences = self.micro_batch * self.grad_accum * world_size
         tokens = sequences * self.config.seq_len
         flops = gpt_flops_per_sequence(self.size) * sequences
-        info: dict[str, Any] = {"impl": self.impl, "model": f"gpt-{self.size}", "size": self.size,
+        info: dict[str, Any] = {"family": "transformer",  # its report section: ddpbench/report/transformer.py
+                                "impl": self.impl, "model": f"gpt-{self.size}", "size": self.size,
                                 "precision": self.precision, "grad_accum": self.grad_accum,
                                 "batch_size": self.micro_batch, "seq_len": self.config.seq_len,
                                 "compile": self.compile, "activation_checkpointing": self.activation_checkpointing}

@@ -170,6 +170,7 @@ class Training(TrainingWorkload):
 
     def extra_info(self, world_size: int, median_s: float) -> dict[str, Any]:
         info: dict[str, Any] = {
+            "family": "training",  # its section of the report: ddpbench/report/training.py
             "impl": self.impl,
             "model": self.model,
             "grad_accum": self.grad_accum,

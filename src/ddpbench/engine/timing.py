@@ -317,7 +317,7 @@ class RankSession:
         if not self.pin_cores:
             yield
             return
-        from ..pool.ranks import set_process_affinity
+        from ..pool.pinning import set_process_affinity
 
         previous = sorted(os.sched_getaffinity(0))
         set_process_affinity([self.ctx.core])

@@ -18,13 +18,18 @@ A pool that hit a death or a timeout is killed (every rank and the rank's own ch
 and reports ``alive == False``; :class:`PoolRegistry` then starts a fresh one on the next request.
 Rank processes ignore SIGINT (the controlling process decides when they stop) and exit by
 themselves if their parent disappears.
+
+Run by the controller: :mod:`.base`, :mod:`.local` (pools on this machine), :mod:`.rank_launch`
+(their ranks in another interpreter), :mod:`.external` (ranks torchrun started). Run in a rank:
+:mod:`.local_rank` (a local pool's), :mod:`ddpbench.worker` (torchrun's), :mod:`.task_loop` (both).
 """
 
 from .base import (FAILURE_GRACE_S, SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError, RankContext,
                    SendRefused, TaskError, TaskFailed, sticky_device_error)
-from .launch import RANK_BOOTSTRAP, RankLaunch, project_folders
 from .local import PoolRegistry, RankPool
-from .ranks import cores_available, serve_tasks, set_process_affinity, should_pin
+from .pinning import cores_available, set_process_affinity, should_pin
+from .rank_launch import RANK_BOOTSTRAP, RankLaunch, project_folders
+from .task_loop import serve_tasks
 
 __all__ = ["FAILURE_GRACE_S", "SIGNAL_POLL_S", "PoolBase", "PoolError", "PoolRegistry", "PoolSpec",
            "PoolStartError", "RANK_BOOTSTRAP", "RankContext", "RankLaunch", "RankPool", "SendRefused",

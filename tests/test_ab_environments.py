@@ -61,7 +61,7 @@ def _report(ctx):
 def test_two_venvs_of_one_python_are_two_environments(tmp_path):
     base = _venv(tmp_path / "base", str(SRC.parent), SHARED_PACKAGES, packages=_tinypkg(1))
     head = _venv(tmp_path / "head", str(SRC.parent), SHARED_PACKAGES, packages=_tinypkg(2))
-    from ddpbench.pool.launch import interpreter_environment
+    from ddpbench.pool.rank_launch import interpreter_environment
 
     assert os.path.realpath(base) == os.path.realpath(head)  # one binary...
     assert interpreter_environment(str(base))[0] == str(tmp_path / "base")  # ...two environments

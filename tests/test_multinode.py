@@ -465,7 +465,7 @@ def test_a_pool_matching_no_case_names_the_fix_for_world_size_or_backend():
 
 
 def test_the_worker_picks_the_interface_that_reaches_the_controller_unless_told():
-    from ddpbench.pool.worker import AUTO_SOURCE, choose_socket_interface, interface_of
+    from ddpbench.worker import AUTO_SOURCE, choose_socket_interface, interface_of
 
     lo = loopback_interface()
     assert interface_of("127.0.0.1") == lo and interface_of("::ffff:127.0.0.1") == lo

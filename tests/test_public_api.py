@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import pathlib
+import pickle
 import subprocess
 import sys
 
@@ -23,6 +24,23 @@ def test_the_public_names_resolve_and_are_listed():
     assert (ddpbench.Workload, ddpbench.FunctionWorkload, ddpbench.RankContext, ddpbench.CaseResult,
             ddpbench.DistBenchmark) == (Workload, FunctionWorkload, RankContext, CaseResult, DistBenchmark)
     assert issubclass(FunctionWorkload, Workload)
+
+
+def _setup(ctx):
+    return None
+
+
+def _round(state):
+    pass
+
+
+def test_workloads_pickle_by_the_public_module_path():
+    """Workloads travel pickled to the ranks, and an A/B baseline's ranks may run an older ddpbench,
+    which has ``ddpbench.workloads.FunctionWorkload`` but no ``ddpbench.workloads.base``."""
+    payload = pickle.dumps(ddpbench.FunctionWorkload(_setup, _round))
+    assert b"ddpbench.workloads.base" not in payload and b"ddpbench.workloads" in payload
+    assert type(pickle.loads(payload)) is ddpbench.FunctionWorkload
+    assert ddpbench.Workload.__module__ == ddpbench.FunctionWorkload.__module__ == "ddpbench.workloads"
 
 
 def test_import_ddpbench_the_plugin_and_the_api_do_not_import_torch():

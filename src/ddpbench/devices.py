@@ -85,6 +85,6 @@ def gpu_description() -> dict | None:
 
 
 def cpu_count() -> int:
-    from .pool.ranks import cores_available  # not at import: the plugin loads this module in every session
+    from .pool.pinning import cores_available  # not at import: the plugin loads this module in every session
 
     return len(cores_available()) or os.cpu_count() or 1

@@ -13,6 +13,7 @@ import pytest
 from . import option_table
 from . import options as opts
 from .devices import GPU_INFO_KEY, cpu_count, cuda_device_count, cuda_probe, gpu_cases_requested, gpu_description
+from .session_state import session_state
 
 if TYPE_CHECKING:  # imported where used: a session without a ddpbench case never loads the engine
     from .engine.timing import RoundPlan
@@ -25,8 +26,6 @@ _INTERRUPTED = int(pytest.ExitCode.INTERRUPTED)
 #: parameters that pytest_generate_tests gives).
 CASE_FIXTURES = frozenset({"dist_benchmark", "dist_pool", "dist_pools", "dist_spec", "dist_message_size",
                            "dist_dtype", "dist_reduce_op", "dist_placement", "dist_round_plan"})
-#: Whether this session uses ddpbench: set once its tests are collected (unset before).
-USES_DDPBENCH = pytest.StashKey[bool]()
 
 
 def is_case(item) -> bool:
@@ -36,8 +35,8 @@ def is_case(item) -> bool:
 
 def _explicitly_asked(config) -> bool:
     """An A/B or multi-node option: the user asked for ddpbench whatever the tests are."""
-    return (getattr(config, "_ddpbench_ab", None) is not None
-            or getattr(config, "_ddpbench_controller", None) is not None)
+    state = session_state(config)
+    return state.ab is not None or state.controller is not None
 
 
 def uses_ddpbench(config, items=None) -> bool:
@@ -48,7 +47,7 @@ def uses_ddpbench(config, items=None) -> bool:
         return True
     if items is not None:
         return any(is_case(item) for item in items)
-    return bool(config.stash.get(USES_DDPBENCH, False))
+    return session_state(config).uses_ddpbench
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,18 +71,18 @@ def pytest_configure(config):
         from .pool.external import SecretError, load_secret, parse_address
 
         try:
-            config._ddpbench_controller = (parse_address(config.getoption("dist_controller")),
-                                           load_secret(config.getoption("dist_secret_file")))
+            session_state(config).controller = (parse_address(config.getoption("dist_controller")),
+                                                load_secret(config.getoption("dist_secret_file")))
         except (ValueError, SecretError) as exc:
             raise pytest.UsageError(f"--dist-controller: {exc}") from None
         if config.getoption("numprocesses", None):
             raise pytest.UsageError("--dist-controller serves one external pool: run without -n (xdist)")
     _check_path_options_written_with_equals(config)
-    config._ddpbench_ab = None
+    session_state(config).ab = None
     if any(config.getoption(name, None) for name in opts.AB_OPTIONS):
         from .gates.ab.session import ABSession
 
-        config._ddpbench_ab = ABSession.from_options(config)
+        session_state(config).ab = ABSession.from_options(config)
     _check_compare_target(config)
     if config.getoption("benchmark_compare", None):
         config.pluginmanager.register(SessionCompare(), "ddpbench-session-compare")
@@ -174,7 +173,7 @@ def header_lines(config) -> list[str]:
     if max(world_sizes) > cores:
         lines.append(f"ddpbench: WARNING: {max(world_sizes)} ranks outnumber the {cores} CPU cores; "
                      f"ranks time-slice and CPU timings of those cases are pessimistic")
-    ab = getattr(config, "_ddpbench_ab", None)
+    ab = session_state(config).ab
     if ab is not None:
         lines += ab.header_lines(world_sizes, cores, pin_cores(config))
     return lines
@@ -290,16 +289,17 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """Before any rank starts: every selected collective size must fit in memory (unless the run
     only lists the cases: --collect-only), and in A/B mode each side must import its own code."""
-    session.config.stash[USES_DDPBENCH] = uses_ddpbench(session.config, session.items)
-    if getattr(session.config, "_ddpbench_controller", None):
+    state = session_state(session.config)
+    state.uses_ddpbench = uses_ddpbench(session.config, session.items)
+    if state.controller:
         return  # multi-node: the nodes' memory is not this machine's
-    if not session.config.stash[USES_DDPBENCH]:
+    if not state.uses_ddpbench:
         return  # no ddpbench case: nothing to check (and psutil stays unimported)
     import psutil
 
     from .workloads.collective_cases import check_memory, smallest_gpu_free_bytes
 
-    ab = getattr(session.config, "_ddpbench_ab", None)
+    ab = state.ab
     pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else 1
     if not session.config.getoption("collectonly", False):  # listing cases allocates nothing
         check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
@@ -319,7 +319,7 @@ def dist_pools(request):
 
     With --dist-controller: the one pool of ranks that torchrun started on the nodes.
     """
-    controller = getattr(request.config, "_ddpbench_controller", None)
+    controller = session_state(request.config).controller
     if controller is not None:
         from .pool.external import ExternalPoolRegistry
 
@@ -368,7 +368,7 @@ def dist_pool(dist_pools, dist_spec, request):
     from .pool import PoolError
     from .pool.external import ExternalPoolRegistry, PoolMatchesNoCase, PoolUnavailable
 
-    ab = getattr(request.config, "_ddpbench_ab", None)
+    ab = session_state(request.config).ab
     try:
         if ab is not None:  # the case's own pool is the candidate's first
             return dist_pools.get(dist_spec, ab.candidate.launch, 0, owner="candidate")
@@ -428,7 +428,7 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools,
     hook = request.config.hook.pytest_ddpbench_prepare_workload
     return DistBenchmark(benchmark, dist_pool, dist_spec, dist_round_plan,
                          request.config.getoption("dist_timeout"),
-                         ab=getattr(request.config, "_ddpbench_ab", None), pools=dist_pools,
+                         ab=session_state(request.config).ab, pools=dist_pools,
                          exposed_comm=request.config.getoption("dist_exposed_comm", "auto"),
                          case_id=request.node.nodeid,
                          prepare=lambda workload, spec: hook(workload=workload, spec=spec))
@@ -465,7 +465,7 @@ def pytest_runtest_call(item):
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    ab = getattr(session.config, "_ddpbench_ab", None)
+    ab = session_state(session.config).ab
     if ab is not None:
         ab.record_verdicts()  # each case's saved verdict is the one the run decides and exits on
     if ab is not None and exitstatus == pytest.ExitCode.OK and ab.exit_status():
@@ -484,7 +484,7 @@ def pytest_sessionfinish(session, exitstatus):
         storage.install(bench_session, save_errors.append)
         # pytest-benchmark saves in its own pytest_sessionfinish, inside this one: what the run
         # says about itself (pytest_benchmark_update_json) is known by then
-        session.config._ddpbench_run_end = (session, exitstatus)
+        session_state(session.config).run_end = (session, exitstatus)
     yield
     for message in save_errors:
         session.config.get_terminal_writer().line(f"ddpbench: ERROR: {message}", red=True, bold=True)
@@ -504,7 +504,7 @@ def _failed_cases(config) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    ab = getattr(config, "_ddpbench_ab", None)
+    ab = session_state(config).ab
     if ab is None:
         return
     terminalreporter.write_sep("-", "ddpbench A/B")
@@ -517,12 +517,12 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     """Every run says whether it is complete (:mod:`ddpbench.gates.completeness`); A/B runs list
     the cases the candidate lost: they have no benchmark entry of their own, and ``ddpbench compare
     RUN.json`` must still see them; a session that uses ddpbench stores its calibration probe."""
-    ab = getattr(config, "_ddpbench_ab", None)
-    if ab is not None:
+    state = session_state(config)
+    if state.ab is not None:
         from .gates.verdicts import LOST_CASES_KEY
 
-        output_json[LOST_CASES_KEY] = ab.lost_cases()
-    end = getattr(config, "_ddpbench_run_end", None)
+        output_json[LOST_CASES_KEY] = state.ab.lost_cases()
+    end = state.run_end
     if end is not None:
         from .gates.completeness import RUN_KEY, record
 
@@ -541,18 +541,13 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
 # to warn of another machine), the calibration probe's measurement beside it
 # ----------------------------------------------------------------------------------------------
 
-_MACHINE_FACTS = pytest.StashKey[dict]()
-_CALIBRATION = pytest.StashKey[dict]()
-_COMPARED_MACHINE_INFO = pytest.StashKey[dict]()  # this machine's, as --benchmark-compare compared it
-
-
 def machine_facts(config, machine_info: dict) -> dict:
     """ddpbench's additions to a run's machine_info, worked out once per session: the GPUs and the
     facts that decide what the cases measure (:mod:`ddpbench.gates.fingerprint`). Facts only: two
     sessions on one machine with one install add the same, so pytest-benchmark's "machine_info is
     different" warning means what it says."""
-    facts = config.stash.get(_MACHINE_FACTS, None)
-    if facts is None:
+    state = session_state(config)
+    if state.machine_facts is None:
         from .gates.fingerprint import FINGERPRINT_KEY, run_facts
 
         facts = {}
@@ -566,8 +561,8 @@ def machine_facts(config, machine_info: dict) -> dict:
             facts[FINGERPRINT_KEY] = run_facts(machine_info)
         except Exception as exc:  # never lose a run's results over it: compare then says it is unknown
             facts[FINGERPRINT_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
-        config.stash[_MACHINE_FACTS] = facts
-    return facts
+        state.machine_facts = facts
+    return state.machine_facts
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -592,7 +587,7 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
         saved.pop(MACHINE_INFO_KEY, None)  # the loaded copy only; the saved file is as it was
         if FINGERPRINT_KEY in saved or GPU_INFO_KEY in saved:
             machine_info.update(machine_facts(config, machine_info))
-    config.stash[_COMPARED_MACHINE_INFO] = machine_info
+    session_state(config).compared_machine_info = machine_info
     yield
 
 
@@ -615,7 +610,7 @@ class SessionCompare:
 def _print_session_verdicts(terminalreporter, config, bench_session) -> None:
     from .gates.session_compare import print_verdicts
 
-    machine_info = dict(config.stash.get(_COMPARED_MACHINE_INFO, {}))
+    machine_info = dict(session_state(config).compared_machine_info or {})
     machine_info.update(machine_facts(config, machine_info))
     doc = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bench_session.benchmarks,
                                                      include_data=True, machine_info=machine_info,
@@ -627,13 +622,13 @@ def calibration_probe(config) -> dict:
     """The machine-drift calibration probe (:mod:`ddpbench.gates.calibration`), run once per
     session (a few hundred ms), for ``ddpbench compare`` to normalise a uniformly slower or faster
     machine."""
-    probe = config.stash.get(_CALIBRATION, None)
-    if probe is None:
+    state = session_state(config)
+    if state.calibration is None:
         from .gates.calibration import run_probe
 
         try:
             probe = run_probe()
         except Exception as exc:  # never lose a run's results over the probe
             probe = {"error": f"{type(exc).__name__}: {exc}"}
-        config.stash[_CALIBRATION] = probe
-    return probe
+        state.calibration = probe
+    return state.calibration

@@ -1,5 +1,7 @@
 """Entry point of a rank started by :class:`ddpbench.pool.RankLaunch` (A/B sides): another
-interpreter or environment than the controller's. It runs the same rank main as a spawned rank.
+interpreter or environment than the controller's. It runs the same rank main as a spawned rank
+(:func:`ddpbench.pool.local_rank.run_local_rank`). Its module path never changes: a controller
+starts it by that name in another ddpbench, possibly an older or newer one.
 
 The pool starts it as ``python -c "<ddpbench.pool.RANK_BOOTSTRAP>; main(...)"`` with::
 
@@ -48,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     if authkey:
         current_process().authkey = bytes.fromhex(authkey)
     from .pool.base import PoolSpec
-    from .pool.ranks import _rank_main
+    from .pool.local_rank import run_local_rank
 
-    _rank_main(PoolSpec(args.backend, args.world_size, args.device), args.rank, args.store_dir,
+    run_local_rank(PoolSpec(args.backend, args.world_size, args.device), args.rank, args.store_dir,
                Connection(args.fd), args.parent_pid, args.pg_timeout, args.pin)
     return 0
 

@@ -1,5 +1,5 @@
 """Pools of rank processes on this machine: spawned by multiprocessing, or started by a
-:class:`~ddpbench.pool.launch.RankLaunch` (another interpreter or environment), and the registry
+:class:`~ddpbench.pool.rank_launch.RankLaunch` (another interpreter or environment), and the registry
 that keeps one live pool per shape."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import time
 from multiprocessing.connection import wait
@@ -16,8 +15,9 @@ import psutil
 
 from . import rendezvous
 from .base import SIGNAL_POLL_S, STACK_DUMP_WAIT_S, PoolBase, PoolSpec, PoolStartError, _describe_exit, _live_pools
-from .launch import RANK_MAIN, RankLaunch, project_folders
-from .ranks import _rank_main, should_pin
+from .local_rank import run_local_rank
+from .pinning import should_pin
+from .rank_launch import RankLaunch, project_folders, start_rank_subprocess
 
 
 class RankPool(PoolBase):
@@ -34,12 +34,12 @@ class RankPool(PoolBase):
         try:
             for rank in range(spec.world_size):
                 if launch is not None:
-                    proc, parent_end = _start_rank_subprocess(spec, rank, self._store_dir, pg_timeout_s,
+                    proc, parent_end = start_rank_subprocess(spec, rank, self._store_dir, pg_timeout_s,
                                                               self.pin_cores, launch)
                 else:
                     parent_end, child_end = context.Pipe(duplex=True)
                     proc = context.Process(
-                        target=_rank_main,
+                        target=run_local_rank,
                         args=(spec, rank, self._store_dir, child_end, os.getpid(), pg_timeout_s,
                               self.pin_cores),
                         name=f"ddpbench-rank{rank}",
@@ -180,77 +180,6 @@ class RankPool(PoolBase):
         self._procs, self._conns = [], []
         rendezvous.remove_store_dir(self._store_dir)
         _live_pools.discard(self)
-
-
-class _SubprocessRank:
-    """A rank started with ``python -c`` (RankLaunch), with the attributes of
-    multiprocessing.Process that the pool uses: pid, sentinel, join, exitcode.
-
-    Its sentinel is a pidfd where the OS has them; elsewhere the read end of a pipe whose write
-    end only the rank holds, which reads end-of-file once the rank is gone."""
-
-    def __init__(self, popen: "subprocess.Popen", exit_pipe: int):
-        self._popen = popen
-        self.pid = popen.pid
-        self._exit_pipe: int | None = exit_pipe
-        try:
-            self._pidfd: int | None = os.pidfd_open(popen.pid)  # readable once the process has exited
-        except (AttributeError, OSError):
-            self._pidfd = None
-
-    @property
-    def sentinel(self) -> int:
-        return self._pidfd if self._pidfd is not None else self._exit_pipe
-
-    def join(self, timeout: float | None = None) -> None:
-        try:
-            self._popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-    @property
-    def exitcode(self) -> int | None:
-        return self._popen.poll()
-
-    def close_handles(self) -> None:
-        for name in ("_pidfd", "_exit_pipe"):
-            fd = getattr(self, name)
-            if fd is not None:
-                os.close(fd)
-                setattr(self, name, None)
-
-
-def _start_rank_subprocess(spec: PoolSpec, rank: int, store_dir: str, pg_timeout_s: float,
-                           pin: bool, launch: RankLaunch):
-    """Start one rank with the launch's interpreter, import path and environment; returns (rank,
-    connection)."""
-    import socket as _socket
-    from multiprocessing import current_process
-    from multiprocessing.connection import Connection
-
-    parent_sock, child_sock = _socket.socketpair()
-    exit_read, exit_write = os.pipe()  # the sentinel where there are no pidfds
-    env = launch.environment()
-    # The rank shares tensors with the controller through multiprocessing's resource sharer,
-    # which authenticates with the process's authkey: hand ours over.
-    env["DDPBENCH_RANK_AUTHKEY"] = bytes(current_process().authkey).hex()
-    command = launch.command(
-        RANK_MAIN, "--fd", str(child_sock.fileno()), "--rank", str(rank), "--world-size", str(spec.world_size),
-        "--backend", spec.backend, "--device", spec.device, "--store-dir", store_dir,
-        "--parent-pid", str(os.getpid()), "--pg-timeout", str(pg_timeout_s))
-    if pin:
-        command.append("--pin")
-    try:
-        popen = subprocess.Popen(command, env=env, pass_fds=(child_sock.fileno(), exit_write),
-                                 stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        parent_sock.close()
-        os.close(exit_read)
-        raise PoolStartError(f"ddpbench: cannot start rank {rank} with {command[0]}: {exc}") from exc
-    finally:
-        child_sock.close()
-        os.close(exit_write)
-    return _SubprocessRank(popen, exit_read), Connection(parent_sock.detach())
 
 
 class PoolRegistry:

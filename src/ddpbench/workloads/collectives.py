@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import Workload
+from .base import Workload
 
 PATTERN_PERIODS = (65521, 65537)
 PATTERN_VALUES = 64  # table entries in 0..63 at most: a rank's value is at most 126

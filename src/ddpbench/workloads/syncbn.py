@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..nn.syncbn import FusedSyncBatchNorm, NaiveSyncBatchNorm
-from . import Workload
+from .base import Workload
 
 VARIANTS = ("torch_bn", "torch_syncbn", "fused", "naive")
 TORCH_SYNCBN_CPU_SKIP_REASON = (

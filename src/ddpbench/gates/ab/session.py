@@ -221,7 +221,7 @@ class ABSession:
 
     def check_import_isolation(self) -> None:
         """Ends the run with exit 2 when the baseline's ranks imported anything from inside the
-        candidate's environment (their import guard's log; see ddpbench.pool.launch)."""
+        candidate's environment (their import guard's log; see ddpbench.pool.rank_launch)."""
         try:
             check_import_isolation(self.baseline)
         except ImportIsolationError as exc:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ...identity import DIGEST_SOURCE, source_digest
 from ...pool import RankLaunch
-from ...pool.launch import read_import_guard_log
+from ...pool.rank_launch import read_import_guard_log
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROBE_TIMEOUT_S = 120.0
@@ -112,7 +112,7 @@ class Side:
     # Filled by resolve_modules(): module name -> the file the side's ranks import it from.
     modules: dict = field(default_factory=dict, compare=False, hash=False)
     # Where the ranks' import guard records imports from the candidate's environment (set by
-    # with_import_guard for a side that names another interpreter; see ddpbench.pool.launch).
+    # with_import_guard for a side that names another interpreter; see ddpbench.pool.rank_launch).
     import_guard_log: str | None = None
 
     @property

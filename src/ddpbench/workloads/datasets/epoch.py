@@ -7,7 +7,7 @@ import gc
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import Workload
+from ..base import Workload
 from .checksums import SHAPE_WIDTH, SampleChecksums, fingerprints
 from .handover import _BuiltInRank, _Handover
 from .layouts import BuiltDataset, DatasetSpec, build_dataset

@@ -1,11 +1,8 @@
-"""How a pool's rank processes start when not by plain multiprocessing spawn (A/B sides): the
-interpreter, the import path and the environment of a rank (:class:`RankLaunch`).
-
-Another interpreter means another environment: a venv is its ``sys.prefix``, not its binary (two
-venvs made from one Python link to one executable), so a launch is foreign when the interpreter it
-names runs with another ``sys.prefix`` or another binary than the controller's. A foreign launch's ranks keep their
-own import path and run an import guard (:data:`RANK_BOOTSTRAP`) that records every module they
-import from inside the controller's environment, which is never right."""
+"""How a local pool starts its ranks in another interpreter or environment (A/B sides), run by the
+controller: :class:`RankLaunch` (the interpreter, import path and environment of a rank) and
+:func:`start_rank_subprocess`. The rank runs :data:`RANK_BOOTSTRAP`, then
+:mod:`ddpbench.rank_process` (of the ddpbench that interpreter has); docs/design.md says why a
+foreign launch runs an import guard."""
 
 from __future__ import annotations
 
@@ -13,9 +10,14 @@ import functools
 import json
 import os
 import site
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from multiprocessing import current_process
+from multiprocessing.connection import Connection
+
+from .base import PoolSpec, PoolStartError
 
 
 # Run first by every process a RankLaunch starts (``python -c``), before anything is imported:
@@ -81,6 +83,8 @@ if _guard is not None:
     del _ddpbench_import_guard
 """
 
+# What a launched rank runs after the bootstrap: a module path that every ddpbench has (an A/B
+# baseline may be an older one), with the arguments start_rank_subprocess gives.
 RANK_MAIN = "from ddpbench.rank_process import main\nsys.exit(main(sys.argv[1:]))\n"
 SYS_PATH_ENV = "DDPBENCH_RANK_SYS_PATH"
 IMPORT_GUARD_ENV = "DDPBENCH_IMPORT_GUARD"
@@ -213,3 +217,68 @@ def _unique(entries: list[str]) -> list[str]:
     return list(dict.fromkeys(entries))
 
 
+class SubprocessRank:
+    """A rank started with ``python -c`` (RankLaunch), with the attributes of
+    multiprocessing.Process that the pool uses: pid, sentinel, join, exitcode.
+
+    Its sentinel is a pidfd where the OS has them; elsewhere the read end of a pipe whose write
+    end only the rank holds, which reads end-of-file once the rank is gone."""
+
+    def __init__(self, popen: "subprocess.Popen", exit_pipe: int):
+        self._popen = popen
+        self.pid = popen.pid
+        self._exit_pipe: int | None = exit_pipe
+        try:
+            self._pidfd: int | None = os.pidfd_open(popen.pid)  # readable once the process has exited
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    @property
+    def sentinel(self) -> int:
+        return self._pidfd if self._pidfd is not None else self._exit_pipe
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def close_handles(self) -> None:
+        for name in ("_pidfd", "_exit_pipe"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+
+def start_rank_subprocess(spec: PoolSpec, rank: int, store_dir: str, pg_timeout_s: float,
+                           pin: bool, launch: RankLaunch):
+    """Start one rank with the launch's interpreter, import path and environment; returns (rank,
+    connection)."""
+    parent_sock, child_sock = socket.socketpair()
+    exit_read, exit_write = os.pipe()  # the sentinel where there are no pidfds
+    env = launch.environment()
+    # The rank shares tensors with the controller through multiprocessing's resource sharer,
+    # which authenticates with the process's authkey: hand ours over.
+    env["DDPBENCH_RANK_AUTHKEY"] = bytes(current_process().authkey).hex()
+    command = launch.command(
+        RANK_MAIN, "--fd", str(child_sock.fileno()), "--rank", str(rank), "--world-size", str(spec.world_size),
+        "--backend", spec.backend, "--device", spec.device, "--store-dir", store_dir,
+        "--parent-pid", str(os.getpid()), "--pg-timeout", str(pg_timeout_s))
+    if pin:
+        command.append("--pin")
+    try:
+        popen = subprocess.Popen(command, env=env, pass_fds=(child_sock.fileno(), exit_write),
+                                 stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        parent_sock.close()
+        os.close(exit_read)
+        raise PoolStartError(f"ddpbench: cannot start rank {rank} with {command[0]}: {exc}") from exc
+    finally:
+        child_sock.close()
+        os.close(exit_write)
+    return SubprocessRank(popen, exit_read), Connection(parent_sock.detach())

@@ -1,24 +1,7 @@
-"""Entry point of a rank started by :class:`ddpbench.pool.RankLaunch` (A/B sides): another
-interpreter or environment than the controller's. It runs the same rank main as a spawned rank
-(:func:`ddpbench.pool.local_rank.run_local_rank`). Its module path never changes: a controller
-starts it by that name in another ddpbench, possibly an older or newer one.
+"""Entry point of a rank started by RankLaunch in another interpreter (A/B sides).
 
-The pool starts it as ``python -c "<ddpbench.pool.RANK_BOOTSTRAP>; main(...)"`` with::
-
-    --fd FD --rank R --world-size N --backend gloo --device cpu --store-dir DIR --parent-pid PID
-    --pg-timeout S [--pin]
-
-never by hand: FD is the rank's end of a socket pair to the controller.
-
-:data:`RANK_PROTOCOL` names the contract between a controller and ranks that may run another
-ddpbench (A/B mode's baseline side): these arguments, the task and reply messages of
-``ddpbench.pool.serve_tasks``, the A/B tasks of ``ddpbench.gates.ab.tasks`` with their arguments and
-results (``ddpbench.engine.timing.RoundPlan``, round times, metrics) and what a round means
-(``ddpbench.engine.timing``'s timing rule). Raise it whenever one of them changes in a way the other side
-cannot follow; an A/B run refuses sides whose protocols differ. A ddpbench without it speaks 1.
-
-2: rounds time ``RoundPlan.ops_per_round`` ops and record the time per op; ``RoundPlan`` carries
-``ops_per_round`` and ``cuda_graphs``; the A/B task ``start`` returns ``{estimate_s, ops_per_round}``.
+Its module path and RANK_PROTOCOL are a contract with other ddpbench versions:
+docs/design.md#the-rank-protocol-rank_processpy.
 """
 
 from __future__ import annotations

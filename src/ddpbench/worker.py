@@ -1,24 +1,6 @@
 """A rank started by torchrun that serves a ddpbench controller (multi-node pools).
 
-    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-        -m ddpbench.worker --controller CONTROLLER_HOST:29600
-
-torchrun provides RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, MASTER_ADDR and MASTER_PORT. Once
-torch is imported, this process connects to the controller (pytest run with ``--dist-controller``) with the shared
-secret ($DDPBENCH_SECRET or ``--secret-file``; every message signed, :mod:`ddpbench.pool.channel`)
-and reports its phases there: connected, joining the process group (MASTER_ADDR:MASTER_PORT and
-the interface the transport will use), ready. A rank stuck joining is therefore visible in the
-controller's wait error. Its hello carries its torch version, ddpbench engine hash and rank
-protocol, and the controller refuses a rank whose software differs from its own. It then runs the
-tasks it is sent until the controller says stop or disappears. A port that accepts the connection
-and never answers fails the connection after ``--connect-timeout`` (at most 30 s), naming it.
-
-Interface: gloo (and NCCL) pick their network interface from GLOO_SOCKET_IFNAME /
-NCCL_SOCKET_IFNAME, and without them from the address the hostname resolves to, which is often
-a loopback address (Debian's 127.0.1.1 line, containers) that other nodes cannot reach. When a
-variable is unset, the worker sets it to the interface whose address the kernel used for the
-connection to the controller: the route to the controller is, in the common case, the network
-the nodes share. An explicit variable always wins.
+`torchrun ... -m ddpbench.worker --controller HOST:PORT`; docs/design.md#the-torchrun-worker-workerpy.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 
 from benchjson import MACHINE, bench, run_doc, write
 from ddpbench import cli, report
-from ddpbench.gates.compare import load_run
+from ddpbench.storage.runs import load_run
 
 MB = 1024 * 1024
 # Every case's rounds are skewed (one slow round): mean != median, so each assertion below tells

@@ -15,7 +15,8 @@ from benchjson import bench, run_cli, run_doc, write
 from census_records import census
 from ddpbench import cli
 from ddpbench.gates import verdicts
-from ddpbench.gates.compare import compare_runs, load_run
+from ddpbench.gates.compare import compare_runs
+from ddpbench.storage.runs import load_run
 from ddpbench.gates.structure import CensusError, StructureVerdict, compare_census
 
 MiB = 1 << 20

@@ -13,7 +13,8 @@ import ddpbench
 from benchjson import bench, run_doc, write
 from ddpbench import bisect
 from ddpbench.gates import stats, verdicts
-from ddpbench.gates.compare import compare_runs, load_run
+from ddpbench.gates.compare import compare_runs
+from ddpbench.storage.runs import load_run
 
 SRC = pathlib.Path(ddpbench.__file__).parent
 

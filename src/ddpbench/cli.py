@@ -24,6 +24,7 @@ from pathlib import Path
 from .gates import compare as cmp
 from .gates import verdicts
 from . import history as hist
+from .storage.runs import RunError, choose_runs, load_run, resolve_run, saved_runs
 from . import options as opts
 
 DEFAULT_STORAGE = ".benchmarks"
@@ -275,25 +276,25 @@ def run_compare(args) -> int:
     try:
         base = None
         if args.baseline and args.current:
-            base_path = cmp.resolve_run(args.baseline, args.storage)
-            cur_path = cmp.resolve_run(args.current, args.storage)
+            base_path = resolve_run(args.baseline, args.storage)
+            cur_path = resolve_run(args.current, args.storage)
         elif args.baseline:  # one run given: an A/B run's own verdicts, or compared with the newest run
-            base_path = cmp.resolve_run(args.baseline, args.storage)
-            base = cmp.load_run(base_path)
+            base_path = resolve_run(args.baseline, args.storage)
+            base = load_run(base_path)
             if any(isinstance(c.extra_info.get("ab"), dict) for c in base.cases.values()):
                 return run_ab_verdicts(args, base)
-            runs = cmp.saved_runs(args.storage)
+            runs = saved_runs(args.storage)
             if not runs:
-                raise cmp.CompareError(f"only a baseline was given and {args.storage} has no saved run "
+                raise RunError(f"only a baseline was given and {args.storage} has no saved run "
                                        f"to compare it with; name the current run too")
             cur_path = runs[-1]
         else:
-            selection = cmp.choose_runs(args.storage)
+            selection = choose_runs(args.storage)
             base_path, cur_path = selection.baseline, selection.current
         if base_path.resolve() == cur_path.resolve():
-            raise cmp.CompareError(f"baseline and current are the same file: {base_path}")
-        base = base or cmp.load_run(base_path)
-        cur = cmp.load_run(cur_path)
+            raise RunError(f"baseline and current are the same file: {base_path}")
+        base = base or load_run(base_path)
+        cur = load_run(cur_path)
         result = cmp.compare_runs(base, cur, threshold=args.threshold, confidence=args.confidence,
                                   calibration=args.calibration, allow_different=set().union(*args.allow_different),
                                   accept_structure_change=args.accept_structure_change,
@@ -302,7 +303,7 @@ def run_compare(args) -> int:
         if not (args.baseline or args.current):
             result.selection = selection.lines
             result.preamble += selection.lines
-    except cmp.CompareError as exc:
+    except RunError as exc:
         return _error("compare", str(exc))
     status = _print_report(args, result)
     if args.chart:
@@ -331,16 +332,16 @@ def run_report(args) -> int:
         return _error("report", problem)
     try:
         if args.run:
-            path = cmp.resolve_run(args.run, args.storage)
+            path = resolve_run(args.run, args.storage)
         else:
-            runs = cmp.saved_runs(args.storage)
+            runs = saved_runs(args.storage)
             if not runs:
-                raise cmp.CompareError(f"no saved run in {args.storage}; run `make bench` (or pytest "
+                raise RunError(f"no saved run in {args.storage}; run `make bench` (or pytest "
                                        f"benchmarks/ --benchmark-autosave) first, or name a JSON file")
             path = runs[-1]
-        run = cmp.load_run(path)
+        run = load_run(path)
         text = report.markdown_report(run)
-    except (cmp.CompareError, report.ReportError) as exc:
+    except (RunError, report.ReportError) as exc:
         return _error("report", str(exc))
     print(text)
     if args.output:
@@ -372,7 +373,7 @@ def run_history(args) -> int:
     try:
         history = hist.build_history(args.storage, args.files, since=args.since, cases=args.case,
                                      min_step=args.min_step, skip_unreadable=args.skip_unreadable)
-    except cmp.CompareError as exc:
+    except RunError as exc:
         return _error("history", str(exc))
     for message in history.skipped:
         print(f"ddpbench history: warning: {message}", file=sys.stderr)

@@ -273,7 +273,7 @@ def _check_compare_target(config) -> None:
         return
     from pytest_benchmark.utils import get_machine_id
 
-    from .gates.compare import compare_target_problem
+    from .storage.runs import compare_target_problem
 
     problem = compare_target_problem(str(config.getoption("benchmark_storage", "file://./.benchmarks")),
                                      get_machine_id(), compare)

@@ -33,10 +33,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .gates.compare import Case, Comparison, Run
 from .options import format_size, usual_device
+from .storage.runs import Case, Run
 from .workloads.collectives import COLLECTIVES, bandwidths_gbps
+
+if TYPE_CHECKING:
+    from .gates.compare import Comparison
 
 
 class MatplotlibMissing(RuntimeError):

@@ -58,6 +58,7 @@ from . import fingerprint, stats, verdicts
 from .calibration import MAX_CORRECTION, MAX_PROBE_SPREAD, drift_factor, overload, probe_spread, within_correction
 from .memory import MEMORY_KEY, compare_memory
 from .structure import CENSUS_KEY, NOT_COUNTED, CensusError, StructureVerdict, compare_census
+from .verdict_words import Verdict
 from .verdicts import MEMORY_COLUMN, STRUCTURE_COLUMN, CaseVerdict, Column, GateReport
 
 DEFAULT_THRESHOLD = 0.10
@@ -219,7 +220,7 @@ def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: floa
     of the module docstring."""
     if correction.refused:
         verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio, lo, hi, p
-        verdict.verdict, verdict.reason = "inconclusive", correction.refused
+        verdict.verdict, verdict.reason = Verdict.INCONCLUSIVE, correction.refused
         return
     factor = correction.factor
     verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio / factor, lo / factor, hi / factor, p
@@ -229,10 +230,10 @@ def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: floa
     verdict.calibrated, verdict.calibration_factor = True, factor
     verdict.details.update(raw_ratio=ratio, raw_ci=[lo, hi])
     measured = "slower" if lo > 1 else "faster" if hi < 1 else None
-    if (measured, verdict.verdict) in (("slower", "improvement"), ("faster", "regression")):
+    if (measured, verdict.verdict) in (("slower", Verdict.IMPROVEMENT), ("faster", Verdict.REGRESSION)):
         verdict.reason = (f"measured {measured} (raw {ratio:.3f} [{lo:.3f}, {hi:.3f}]); the probe's "
                           f"÷{factor:.3f} would read {verdict.verdict}")
-        verdict.verdict = "inconclusive"
+        verdict.verdict = Verdict.INCONCLUSIVE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,16 +299,17 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
             f"no raw round times in {', '.join(missing)} (saved without --benchmark-save-data): verdicts "
             f"fall back to the summary stats (median, IQR, rounds) and are less reliable")
 
-    unlike: set[str] = set()
+    unlike: set[str] = set()  # the facts that kept cases from being compared
+    not_compared = 0  # cases whose facts differ and that difference is not allowed
     for fullname, bcase in base.cases.items():
         if fullname not in cur.cases:
-            result.cases.append(CaseVerdict(bcase.name, "missing", fullname, baseline_median_s=bcase.median))
+            result.cases.append(CaseVerdict(bcase.name, Verdict.MISSING, fullname, baseline_median_s=bcase.median))
     for fullname, ccase in cur.cases.items():
         bcase = base.cases.get(fullname)
         if bcase is None:
-            result.cases.append(CaseVerdict(ccase.name, "new", fullname, current_median_s=ccase.median))
+            result.cases.append(CaseVerdict(ccase.name, Verdict.NEW, fullname, current_median_s=ccase.median))
             continue
-        verdict = CaseVerdict(ccase.name, "inconclusive", fullname,
+        verdict = CaseVerdict(ccase.name, Verdict.INCONCLUSIVE, fullname,
                               baseline_median_s=bcase.median, current_median_s=ccase.median)
         if bcase.data and ccase.data:
             verdict.method = "bootstrap+mann-whitney"
@@ -324,25 +326,23 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         by_probe = ccase.calibrated_by_probe and bcase.calibrated_by_probe
         _corrected(verdict, ratio, lo, hi, p, correction if by_probe else Correction(), threshold, confidence)
         differ = fingerprint.case_differences(bcase.extra_info, ccase.extra_info)
-        if differ:
-            refused = [d for d in differ if d.fact not in allowed]
-            what = "; ".join(d.describe() for d in differ)
-            if refused:
-                unlike.update(d.fact for d in refused)
-                verdict.verdict, verdict.reason = "inconclusive", f"unlike: {what}"
-            else:
-                verdict.reason = f"unlike, allowed: {what}"
-        if verdict.reason and verdict.reason.startswith("unlike: "):
+        refused = [d for d in differ if d.fact not in allowed]
+        what = "; ".join(d.describe() for d in differ)
+        if refused:  # unlike: not compared, its census and memory census not counted
+            unlike.update(d.fact for d in refused)
+            not_compared += 1
+            verdict.verdict, verdict.reason = Verdict.INCONCLUSIVE, f"unlike: {what}"
             verdict.structure = StructureVerdict(NOT_COUNTED, "the cases are unlike")
             verdict.memory = StructureVerdict(NOT_COUNTED, "the cases are unlike")
         else:
+            if differ:
+                verdict.reason = f"unlike, allowed: {what}"
             verdict.judge_structure(_structure(base, cur, bcase, ccase), accept_structure_change)
             verdict.judge_memory(_memory(base, cur, ccase, bcase, memory_tolerance), accept_memory_change)
         result.cases.append(verdict)
     if unlike:
-        count = sum(1 for c in result.cases if (c.reason or "").startswith("unlike: "))
         result.warnings.append(
-            f"{count} case(s) not compared: what decides their measurement differs between the runs "
+            f"{not_compared} case(s) not compared: what decides their measurement differs between the runs "
             f"(see each case); --allow-different {','.join(sorted(unlike))} compares them anyway")
     if not any(MEMORY_KEY in case.extra_info for run in (base, cur) for case in run.cases.values()):
         result.columns.remove(MEMORY_COLUMN)  # runs saved before the memory census: their table as it was

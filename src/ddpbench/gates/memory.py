@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from .structure import NOT_COUNTED, StructureVerdict, bad_field, read_both, size_text
+from .verdict_words import Verdict
 
 MEMORY_KEY = "memory"  # extra_info key of a case's memory census (the candidate's in A/B mode)
 BASELINE_MEMORY_KEY = "memory_baseline"  # extra_info["ab"] key of the A/B baseline's memory census
@@ -167,7 +168,7 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
             notes.append(text + (" (shown, not judged)" if tolerance is None else f", within {tolerance * 100:g}%"))
     if up and down:
         parts.append("mixed: some figures up, some down (a regression)")
-    verdict = "regression" if up else "improvement" if down else "same"
+    verdict = Verdict.REGRESSION if up else Verdict.IMPROVEMENT if down else Verdict.SAME
     return StructureVerdict(verdict, "; ".join(parts + notes))
 
 

@@ -35,12 +35,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .verdict_words import COMPONENT_VERDICTS, Verdict
+
 CENSUS_KEY = "census"  # extra_info key of a case's census (the candidate's in A/B mode)
 BASELINE_CENSUS_KEY = "census_baseline"  # extra_info["ab"] key of the A/B baseline's census
 CENSUS_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
-NOT_COUNTED = "not counted"
-STRUCTURE_VERDICTS = ("regression", "improvement", "same", NOT_COUNTED)
+NOT_COUNTED = Verdict.NOT_COUNTED
+STRUCTURE_VERDICTS = COMPONENT_VERDICTS
 
 
 class CensusError(ValueError):
@@ -57,7 +59,7 @@ class StructureVerdict:
     """A case's structural verdict: one of :data:`STRUCTURE_VERDICTS`, the line naming each
     change (or why it was not counted), and whether a regression was accepted as made on purpose."""
 
-    verdict: str
+    verdict: Verdict
     line: str = ""
     accepted: bool = False
 
@@ -65,11 +67,12 @@ class StructureVerdict:
         if self.verdict not in STRUCTURE_VERDICTS:
             raise ValueError(f"unknown structural verdict {self.verdict!r}; expected one of "
                              f"{', '.join(STRUCTURE_VERDICTS)}")
+        object.__setattr__(self, "verdict", Verdict(self.verdict))  # the word, as a member
 
     @property
     def fails(self) -> bool:
         """A structural regression nobody accepted: it fails the gate whatever the timing says."""
-        return self.verdict == "regression" and not self.accepted
+        return self.verdict is Verdict.REGRESSION and not self.accepted
 
     def cell(self) -> str:
         """The report's "structure" column."""
@@ -363,12 +366,13 @@ def compare_census(baseline: Any, current: Any, current_label: str = "current",
         changes.parts.append("mixed: some figures up, some down (a regression)")
     elif changes.unranked and not changes.up and not changes.down:
         changes.parts.append("neither more nor fewer (a regression until accepted)")
-    verdict = ("regression" if changes.up or changes.unranked else "improvement" if changes.down else "same")
+    verdict = (Verdict.REGRESSION if changes.up or changes.unranked else Verdict.IMPROVEMENT if changes.down
+               else Verdict.SAME)
     return StructureVerdict(verdict, "; ".join(changes.parts + unjudged))
 
 
 def accept(verdict: StructureVerdict) -> StructureVerdict:
     """The verdict with a regression accepted as made on purpose (an option of the gate)."""
-    if verdict.verdict != "regression":
+    if verdict.verdict is not Verdict.REGRESSION:
         return verdict
     return StructureVerdict(verdict.verdict, verdict.line, accepted=True)

@@ -1,7 +1,7 @@
 """The gates' one vocabulary, one verdict type and one report.
 
 Both gates (stored runs: :mod:`.compare`; A/B: :mod:`.ab`) judge each case with one word of
-:data:`VERDICTS` and put it in a :class:`CaseVerdict`; a run's verdicts make a
+:data:`VERDICTS` (a :class:`~.verdict_words.Verdict`) and put it in a :class:`CaseVerdict`; a run's verdicts make a
 :class:`GateReport`, printed by :func:`format_text` (terminal), :func:`format_markdown` (a pull
 request comment) or :func:`format_json`, and turned into the exit status by
 :meth:`GateReport.gate_status`: 1 for a regression or a case the baseline has and the current
@@ -54,25 +54,18 @@ from typing import Any, Callable
 from .memory import BASELINE_MEMORY_KEY, MEMORY_KEY, compare_memory
 from .structure import BASELINE_CENSUS_KEY, CENSUS_KEY, STRUCTURE_VERDICTS, CensusError, StructureVerdict, \
     accept, compare_census
-from .stats import VERDICTS as TIMING_VERDICTS
 from .stats import slowdown_ruled_out
+from .verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
 
 # Most urgent first: the order of a report's rows and counts.
-VERDICTS = ("regression", "missing", "baseline-failed", "improvement", "inconclusive", "not-slower", "same",
-            "new")
-FAILING = ("regression", "missing", "baseline-failed")
+VERDICTS = CASE_VERDICTS
 # The verdicts a timing comparison gives (not-slower included): only a case so judged gets a
 # structural verdict too.
 TIMED = TIMING_VERDICTS
-assert set(STRUCTURE_VERDICTS) <= set(TIMED) | {"not counted"}  # one vocabulary
 
 # The key of a pytest-benchmark JSON run under which an A/B run lists the cases that have no
 # benchmark entry of their own: lost on the candidate side (crashed, hung).
 LOST_CASES_KEY = "ddpbench_ab_lost"
-
-_MARKDOWN_VERDICT = {"regression": "❌ **regression**", "missing": "❌ **missing**",
-                     "baseline-failed": "❌ **baseline-failed**", "improvement": "✅ improvement",
-                     "inconclusive": "⚠️ inconclusive", "not-slower": "✅ not-slower"}
 
 
 class VerdictError(ValueError):
@@ -84,7 +77,7 @@ class CaseVerdict:
     """One case's verdict, with the figures behind it (``current`` is A/B's candidate)."""
 
     name: str
-    verdict: str
+    verdict: Verdict
     fullname: str | None = None
     baseline_median_s: float | None = None
     current_median_s: float | None = None
@@ -100,7 +93,7 @@ class CaseVerdict:
     reason: str | None = None  # why a case is missing or new
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
-    timing_verdict: str | None = None  # the timing's own verdict, once the components decided ``verdict``
+    timing_verdict: Verdict | None = None  # the timing's own verdict, once the components decided ``verdict``
     memory: StructureVerdict | None = None  # the memory censuses compared (ddpbench.gates.memory)
     failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide)
 
@@ -109,7 +102,7 @@ class CaseVerdict:
         """What an inconclusive case still shows: the smallest slowdown (a fraction) its interval
         rules out. None for other verdicts, for an unbounded interval, and for a case made
         inconclusive for a ``reason`` (figures that cannot be compared: nothing is ruled out)."""
-        if self.verdict != "inconclusive" or self.reason:
+        if self.verdict is not Verdict.INCONCLUSIVE or self.reason:
             return None
         # An A/B look that did not reach its stop level rules out only what its stop bound does
         # (stats.PairedResult.upper_end; null: too few pairs for any bound at that level).
@@ -121,6 +114,9 @@ class CaseVerdict:
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
+        self.verdict = Verdict(self.verdict)  # a saved word as its member
+        if self.timing_verdict is not None:
+            self.timing_verdict = Verdict(self.timing_verdict)
         if self.fullname is None:
             self.fullname = self.name
 
@@ -153,7 +149,7 @@ class CaseVerdict:
         there: the first look's level is below the smallest p its pairs can give, so the timing
         could never have read ``regression``. Its slowdown was not measured."""
         stopped = self.details.get("stopped_by_structure") or self.details.get("stopped_by_memory")
-        return bool(stopped) and self.timing_verdict == "inconclusive"
+        return bool(stopped) and self.timing_verdict is Verdict.INCONCLUSIVE
 
 
 # The components beside the timing that can fail a case, as the decided verdict's note names them.
@@ -173,16 +169,16 @@ def component_failures(case: CaseVerdict) -> list[str]:
     if case.memory is not None and case.memory.fails:
         failures.append(MEMORY_FAILS)
     accepted = [judged for judged in (case.structure, case.memory)
-                if judged is not None and judged.accepted and judged.verdict == "regression"]
+                if judged is not None and judged.accepted and judged.verdict is Verdict.REGRESSION]
     if not failures and accepted and case.timing_unmeasured:
         failures.append(TIMING_UNMEASURED)
     return failures
 
 
-def decide(timing_verdict: str, failed_by: list[str]) -> str:
+def decide(timing_verdict: Verdict, failed_by: list[str]) -> Verdict:
     """The verdict a gate decides and exits on: ``regression`` when any component failed the case
     (``failed_by``), else the timing's own verdict."""
-    return "regression" if failed_by else timing_verdict
+    return Verdict.REGRESSION if failed_by else timing_verdict
 
 
 def record_decision(ab: dict[str, Any], case: CaseVerdict) -> None:
@@ -233,7 +229,7 @@ class GateReport:
     footer: list[str] = field(default_factory=list)  # e.g. A/B's sides
     columns: list[Column] = field(default_factory=list)
 
-    def count(self, verdict: str) -> int:
+    def count(self, verdict: Verdict) -> int:
         return sum(1 for case in self.cases if case.verdict == verdict)
 
     def counts(self) -> dict[str, int]:
@@ -241,13 +237,14 @@ class GateReport:
 
     @property
     def regressions(self) -> list[CaseVerdict]:
-        return [case for case in self.cases if case.verdict == "regression"]
+        return [case for case in self.cases if case.verdict is Verdict.REGRESSION]
 
     def structural(self, accepted: bool) -> list[str]:
         """The cases whose structure regressed: accepted as made on purpose (and passing on their
         timing), or not."""
         return [c.fullname or c.name for c in self.cases
-                if c.structure is not None and c.structure.verdict == "regression" and c.structure.accepted == accepted
+                if c.structure is not None and c.structure.verdict is Verdict.REGRESSION
+                and c.structure.accepted == accepted
                 and TIMING_UNMEASURED not in c.failed_by]
 
     def unmeasured(self) -> list[str]:
@@ -258,7 +255,7 @@ class GateReport:
     def memory_regressions(self, accepted: bool) -> list[str]:
         """The cases whose memory census regressed: accepted as made on purpose, or not."""
         return [c.fullname or c.name for c in self.cases
-                if c.memory is not None and c.memory.verdict == "regression" and c.memory.accepted == accepted]
+                if c.memory is not None and c.memory.verdict is Verdict.REGRESSION and c.memory.accepted == accepted]
 
     def sorted_cases(self) -> list[CaseVerdict]:
         order = {v: i for i, v in enumerate(VERDICTS)}
@@ -269,12 +266,11 @@ class GateReport:
         rule = f"threshold {self.threshold * 100:g}%, " if self.threshold is not None else ""
         judged = [("accepted" if c.structure.accepted else c.structure.verdict) for c in self.cases
                   if c.structure is not None]
-        structure = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
-                              if judged.count(v))
+        shown = (Verdict.REGRESSION, "accepted", *STRUCTURE_VERDICTS[1:])
+        structure = ", ".join(f"{judged.count(v)} {v}" for v in shown if judged.count(v))
         judged = [("accepted" if c.memory.accepted else c.memory.verdict) for c in self.cases
                   if c.memory is not None]
-        memory = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
-                           if judged.count(v))
+        memory = ", ".join(f"{judged.count(v)} {v}" for v in shown if judged.count(v))
         return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; ratio = {self.current_label} / "
                 f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else "")
                 + (f"; memory: {memory}" if memory else ""))
@@ -290,9 +286,9 @@ class GateReport:
         accept_change = f"{option_prefix}accept-structure-change"
         accept_memory = f"{option_prefix}accept-memory-change"
         status, lines = 0, []
-        if self.count("regression"):
+        if self.count(Verdict.REGRESSION):
             status = 1
-            lines.append(f"{self.count('regression')} regression(s): exit status 1")
+            lines.append(f"{self.count(Verdict.REGRESSION)} regression(s): exit status 1")
         for accepted, names in ((False, self.structural(False)), (True, self.structural(True))):
             if not names:
                 continue
@@ -321,12 +317,12 @@ class GateReport:
                          f"accepted after the run ({shown}): their timing was not measured, so they cannot pass. "
                          f"Run the A/B gate again with --dist-ab-accept-structure-change to time them in full")
         for verdict, allowed, option, cause in (
-                ("missing", allow_missing, allow,
+                (Verdict.MISSING, allow_missing, allow,
                  f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
-                ("baseline-failed", allow_baseline_failure, allow_failed,
+                (Verdict.BASELINE_FAILED, allow_baseline_failure, allow_failed,
                  f"failed on the baseline side ({{names}}): nothing to compare the {self.current_label} with, "
                  f"and a broken baseline is not a new case")):
-            cases = [c.fullname or c.name for c in self.cases if c.verdict == verdict]
+            cases = [c.fullname or c.name for c in self.cases if c.verdict is verdict]
             if not cases:
                 continue
             names = ", ".join(cases[:5]) + (" ..." if len(cases) > 5 else "")
@@ -336,7 +332,7 @@ class GateReport:
             else:
                 status = 1
                 lines.append(f"{what}. Exit status 1 ({option} accepts them)")
-        inconclusive = self.count("inconclusive")
+        inconclusive = self.count(Verdict.INCONCLUSIVE)
         if inconclusive:
             if fail_on_inconclusive:
                 status = 1
@@ -428,7 +424,7 @@ def format_text(report: GateReport) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines.append("  ".join(cell.ljust(w) for cell, w in zip(rows[0], widths)).rstrip())
     for row, case in zip(rows[1:], report.sorted_cases()):
-        flag = "  <<" if case.verdict in FAILING else ""
+        flag = "  <<" if case.verdict.fails else ""
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + flag)
     return "\n".join(lines + report.footer)
 
@@ -448,7 +444,7 @@ def format_markdown(report: GateReport) -> str:
     for case in report.sorted_cases():
         row = _row(report, case)
         row[0] = f"`{row[0]}`"
-        row[-1] = _MARKDOWN_VERDICT.get(case.verdict, case.verdict) + _resolution(case) + _verdict_note(case)
+        row[-1] = case.verdict.markdown + _resolution(case) + _verdict_note(case)
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     if report.footer:
         lines.append("")
@@ -474,7 +470,7 @@ def _ab_problem(ab: dict[str, Any]) -> str | None:
     def show(value) -> str:
         return repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
 
-    verdict = ab.get("verdict", "inconclusive")
+    verdict = ab.get("verdict", Verdict.INCONCLUSIVE)
     if verdict not in VERDICTS:
         return f"ab.verdict is {show(verdict)}, not one of {', '.join(VERDICTS)}"
     timing = ab.get("timing_verdict")
@@ -529,7 +525,7 @@ def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, 
     # The timing's own verdict: ``timing_verdict`` beside the decided one (record_decision), or, in
     # a run saved before the decided verdict was saved, ``verdict`` itself. The components are
     # judged anew, so a reader's --accept-structure-change applies.
-    case = CaseVerdict(name, ab.get("timing_verdict") or ab.get("verdict", "inconclusive"), name,
+    case = CaseVerdict(name, ab.get("timing_verdict") or ab.get("verdict", Verdict.INCONCLUSIVE), name,
                        baseline_median_s=(ab.get("baseline") or {}).get("median_s"),
                        current_median_s=candidate_median_s, ratio=ab.get("ratio"), ci_low=low, ci_high=high,
                        p_value=ab.get("p_value"), method="paired-blocks" if "pairs" in ab else None,

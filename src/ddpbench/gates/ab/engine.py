@@ -24,6 +24,7 @@ from . import schedule
 from .. import stats
 from ..memory import compare_memory
 from ..structure import CensusError, compare_census
+from ..verdict_words import Verdict
 from . import strata
 from . import tasks
 
@@ -420,7 +421,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             # can only take chances to reject away, never add one (docs/design.md, *The looks' levels*).
             # A cap that ends the planned looks early leaves no time for an extra look either.
             # A structural or memory regression decided the case at set-up: its first look is enough.
-            if (result.verdict != "inconclusive" or cap_ends_planned or not next_fits or stopped_by_structure
+            if (result.verdict != Verdict.INCONCLUSIVE or cap_ends_planned or not next_fits or stopped_by_structure
                     or stopped_by_memory):
                 break
         metrics = case.finish()
@@ -445,7 +446,7 @@ def _structural_regression(censuses: dict[str, Any]) -> str | None:
         verdict = compare_census(censuses.get(schedule.BASELINE), censuses.get(schedule.CANDIDATE), "candidate")
     except CensusError:
         return None
-    return (verdict.line or verdict.verdict) if verdict.verdict == "regression" else None
+    return (verdict.line or verdict.verdict) if verdict.verdict is Verdict.REGRESSION else None
 
 
 def _memory_regression(memories: dict[str, Any]) -> str | None:
@@ -455,4 +456,4 @@ def _memory_regression(memories: dict[str, Any]) -> str | None:
         verdict = compare_memory(memories.get(schedule.BASELINE), memories.get(schedule.CANDIDATE), "candidate")
     except CensusError:
         return None
-    return (verdict.line or verdict.verdict) if verdict.verdict == "regression" else None
+    return (verdict.line or verdict.verdict) if verdict.verdict is Verdict.REGRESSION else None

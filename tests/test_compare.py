@@ -17,6 +17,7 @@ from ddpbench import cli
 from ddpbench.gates import calibration
 from ddpbench.gates import compare as cmp
 from ddpbench.gates import stats
+from ddpbench.storage import records
 from ddpbench.storage.runs import Case, Run, load_run
 
 ROUNDS = 30
@@ -133,16 +134,16 @@ def test_summary_stats_fallback_gives_verdicts_and_says_so(tmp_path):
 def test_probe_measures_something_and_is_stored_in_the_expected_shape():
     probe = calibration.run_probe(max_seconds=0.05)
     assert probe["min_s"] > 0 and probe["median_s"] >= probe["min_s"] and probe["repeats"] >= 5
-    assert calibration.probe_of({calibration.MACHINE_INFO_KEY: probe}) == probe
-    assert calibration.probe_of({}) is None
-    assert calibration.probe_of({calibration.MACHINE_INFO_KEY: {"error": "x"}}) is None
+    assert records.probe_of({records.MACHINE_INFO_KEY: probe}) == probe
+    assert records.probe_of({}) is None
+    assert records.probe_of({records.MACHINE_INFO_KEY: {"error": "x"}}) is None
 
 
 def test_the_probe_is_read_beside_machine_info_and_inside_it_in_older_runs(tmp_path):
     rng = np.random.default_rng(11)
     older = run_doc([bench("a", sample(rng, 0.01))], probe_s=0.001)  # machine_info, as ddpbench kept it
     newer = run_doc([bench("a", sample(rng, 0.012))], include_probe=False)
-    newer[calibration.CALIBRATION_KEY] = dict(older["machine_info"]["ddpbench_calibration"], min_s=0.0012,
+    newer[records.CALIBRATION_KEY] = dict(older["machine_info"]["ddpbench_calibration"], min_s=0.0012,
                                               median_s=0.0012 * 1.1)
     base, cur = (load_run(write(tmp_path / name, doc)) for name, doc in (("old.json", older), ("new.json", newer)))
     assert base.calibration["min_s"] == 0.001 and cur.calibration["min_s"] == 0.0012

@@ -232,11 +232,9 @@ def run_ab_verdicts(args, run) -> int:
     """``ddpbench compare AB_RUN.json``: the verdicts an A/B run measured (exit 1 on a regression
     or a case the candidate lost)."""
     try:
-        cases = [verdicts.ab_verdict(case.fullname, case.extra_info["ab"], case.median,
-                                     case.extra_info.get(verdicts.CENSUS_KEY), args.accept_structure_change,
-                                     case.extra_info.get(verdicts.MEMORY_KEY), args.accept_memory_change,
-                                     args.memory_tolerance)
-                 for case in run.cases.values() if isinstance(case.extra_info.get("ab"), dict)]
+        cases = [verdicts.ab_verdict(case.fullname, case.ab, case.median, case.census, args.accept_structure_change,
+                                     case.memory, args.accept_memory_change, args.memory_tolerance)
+                 for case in run.cases.values() if case.ab is not None]
         cases += [verdicts.ab_verdict(str(lost.get("name", "?")), lost["ab"], None)
                   for lost in run.lost_ab_cases if isinstance(lost, dict) and isinstance(lost.get("ab"), dict)]
         profiles = _profiles(run)
@@ -286,7 +284,7 @@ def run_compare(args) -> int:
             runs = saved_runs(args.storage)
             if not runs:
                 raise RunError(f"only a baseline was given and {args.storage} has no saved run "
-                                       f"to compare it with; name the current run too")
+                               f"to compare it with; name the current run too")
             cur_path = runs[-1]
         else:
             selection = choose_runs(args.storage)
@@ -337,11 +335,11 @@ def run_report(args) -> int:
             runs = saved_runs(args.storage)
             if not runs:
                 raise RunError(f"no saved run in {args.storage}; run `make bench` (or pytest "
-                                       f"benchmarks/ --benchmark-autosave) first, or name a JSON file")
+                               f"benchmarks/ --benchmark-autosave) first, or name a JSON file")
             path = runs[-1]
         run = load_run(path)
         text = report.markdown_report(run)
-    except (RunError, report.ReportError) as exc:
+    except RunError as exc:
         return _error("report", str(exc))
     print(text)
     if args.output:

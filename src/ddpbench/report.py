@@ -47,56 +47,8 @@ class MatplotlibMissing(RuntimeError):
     pass
 
 
-class ReportError(ValueError):
-    """A run whose figures the tables cannot show: the message names the case and the field."""
-
-
-# extra_info keys the tables group, sort or label by: each must be one plain value.
-_PLAIN_KEYS = ("backend", "device", "variant", "impl", "model", "layout", "data_source", "worker_start",
-               "sharing_strategy", "dtype", "reduce_op", "placement", "persistent_workers", "batch_size",
-               "hidden_dim", "grad_accum", "num_samples", "num_workers", "ops_per_round")
-
-
 def _positive_whole(value) -> bool:
     return _is_number(value) and value > 0 and float(value).is_integer()
-
-
-def _case_problem(case: Case) -> str | None:
-    """What in a case the report could not show, or None."""
-    info = case.extra_info
-    for key in _PLAIN_KEYS:
-        if key in info and not (info[key] is None or isinstance(info[key], (str, int, float, bool))):
-            return f"extra_info.{key} is {type(info[key]).__name__} {info[key]!r:.60}, expected one plain value"
-    if "op" in info and not (isinstance(info["op"], str) and info["op"]):
-        return f"extra_info.op is {info['op']!r:.60}, expected a collective's name"
-    if "size_bytes" in info and not _positive_whole(info["size_bytes"]):
-        return f"extra_info.size_bytes is {info['size_bytes']!r:.60}, expected a whole number of bytes above 0"
-    if info.get("world_size") is not None and not _positive_whole(info["world_size"]):
-        return f"extra_info.world_size is {info['world_size']!r:.60}, expected a whole number of ranks above 0"
-    memory = info.get("memory")
-    if memory is not None and not (isinstance(memory, dict) and (memory.get("incomplete") is not None or (
-            _whole(memory.get("max_peak_bytes", memory.get("peak_bytes")))
-            and isinstance(memory.get("at_peak", {}), dict)
-            and all(_whole(v) for v in memory.get("at_peak", {}).values())))):
-        return f"extra_info.memory is {memory!r:.60}, expected a memory census (peak_bytes, at_peak bytes)"
-    if not case.data:
-        for key in ("mean", "q1", "q3"):  # the tables and charts divide by them
-            value = case.stats.get(key)
-            if value is not None and not (_is_number(value) and value > 0):
-                return f"stats.{key} is {value!r:.60}, expected a time in seconds above 0"
-    return None
-
-
-def check_run(run: Run) -> None:
-    """Raise :class:`ReportError` naming each case (up to five) whose figures the tables cannot
-    show, with the field and what it holds: a damaged or hand-edited run is named, not a
-    traceback. (Medians above 0 and round times are checked when the run is read.)"""
-    problems = [f"{case.fullname}: {problem}" for case in run.cases.values()
-                for problem in [_case_problem(case)] if problem]
-    if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise ReportError(f"{run.path}: " + "; ".join(problems[:5]) + more
-                          + ". The file is damaged or was edited: restore it or rerun those cases")
 
 
 def _pyplot():
@@ -146,10 +98,6 @@ def _num(value, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
 
 def _mem(value) -> str:
     return _num(value, "{:.1f} MB", 1 / 2**20)
-
-
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _census_peak(info: dict) -> str:
@@ -495,8 +443,7 @@ def _with_provenance(text: str, line: str) -> str:
 
 
 def markdown_report(run: Run) -> str:
-    """The run's tables; :class:`ReportError` when a case holds what they cannot show."""
-    check_run(run)
+    """The run's tables (its cases' figures were checked when it was read)."""
     groups = by_family(run)
     parts = [f"# ddpbench report: {run.label}"]
     if run.datetime:
@@ -727,9 +674,7 @@ def _save(plt, fig, path: Path) -> Path:
 
 
 def write_charts(run: Run, out_dir: str | Path) -> list[Path]:
-    """Write the run's PNG charts into ``out_dir``; raises :class:`MatplotlibMissing`, and
-    :class:`ReportError` when a case holds what they cannot show."""
-    check_run(run)
+    """Write the run's PNG charts into ``out_dir``; raises :class:`MatplotlibMissing`."""
     plt = _pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,10 @@ The probe is a fixed piece of local work shaped like what the CPU cases do: a me
 float32 buffer and a small matmul, single-threaded. It is repeated for a bounded time (a few hundred
 ms) and the *minimum* repetition is the machine's speed (transient load only adds time; the minimum
 is the least disturbed estimate). The plugin stores the result at the saved run's top level under
-:data:`CALIBRATION_KEY` (``pytest_benchmark_update_json``), beside ``machine_info`` rather than in
+``ddpbench_calibration`` (``pytest_benchmark_update_json``), beside ``machine_info`` rather than in
 it: machine_info holds the machine's facts, which pytest-benchmark compares to warn of another
-machine, and a measurement differs on every run. Runs saved before kept it in ``machine_info``
-(:data:`MACHINE_INFO_KEY`); :func:`probe_of` reads both.
+machine, and a measurement differs on every run. Runs saved before kept it in ``machine_info``;
+:func:`ddpbench.storage.records.probe_of` reads both.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import os
 import time
 from typing import Any
 
-CALIBRATION_KEY = "ddpbench_calibration"  # the run's top level
-MACHINE_INFO_KEY = CALIBRATION_KEY  # where older runs kept it: machine_info["ddpbench_calibration"]
 PROBE_KIND = "memcpy-4MiB+matmul-128-float32-1thread"
 PROBE_VERSION = 1
 
@@ -71,22 +69,6 @@ def run_probe(max_seconds: float = 0.3, max_repeats: int = 200, min_repeats: int
         "loadavg_1m": load_1m,
         "cpu_count": os.cpu_count(),
     }
-
-
-def probe_of(doc: dict | None) -> dict | None:
-    """The probe a run document recorded, at its top level or (runs saved before the probe left
-    machine_info) in its ``machine_info``; None without a usable one (other tools, a failed probe)."""
-    if not isinstance(doc, dict):
-        return None
-    probe = doc.get(CALIBRATION_KEY)
-    if probe is None and isinstance(doc.get("machine_info"), dict):
-        probe = doc["machine_info"].get(MACHINE_INFO_KEY)
-    if not isinstance(probe, dict):
-        return None
-    value = probe.get("min_s")
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        return None
-    return probe
 
 
 # A probe whose median repetition is more than this multiple of its fastest ran on a busy machine:

@@ -35,8 +35,8 @@ Python, CPU or GPUs differ are refused (:class:`CompareError`, exit 2) unless th
 allowed (``allow_different``); a case whose own facts (backend, world size, pinning, ops per round,
 CUDA graphs...) differ is ``inconclusive`` with the difference as its reason. With no run named,
 :func:`ddpbench.storage.runs.choose_runs` takes the newest saved run as the current one and, as the
-baseline, the newest *complete* run (:mod:`.completeness`) of the same machine and branch, and says
-which runs it passed over.
+baseline, the newest *complete* run (:class:`~ddpbench.storage.records.Completeness`) of the same
+machine and branch, and says which runs it passed over.
 
 Each compared case also gets a structural verdict (:mod:`.structure`): the two runs' census
 records of the case compared exactly. A structural regression makes the case a ``regression``
@@ -53,11 +53,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..storage.runs import Case, Run, RunError
+from ..storage.runs import Run, RunError
 from . import fingerprint, stats, verdicts
 from .calibration import MAX_CORRECTION, MAX_PROBE_SPREAD, drift_factor, overload, probe_spread, within_correction
-from .memory import MEMORY_KEY, compare_memory
-from .structure import CENSUS_KEY, NOT_COUNTED, CensusError, StructureVerdict, compare_census
+from ..storage.records import MEMORY_KEY
+from .memory import compare_memory
+from .structure import NOT_COUNTED, StructureVerdict, compare_census
 from .verdict_words import Verdict
 from .verdicts import MEMORY_COLUMN, STRUCTURE_COLUMN, CaseVerdict, Column, GateReport
 
@@ -241,39 +242,16 @@ def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: floa
 # ----------------------------------------------------------------------------------------------
 
 
-def _structure(base: Run, cur: Run, bcase: Case, ccase: Case) -> StructureVerdict:
-    """The case's census in both runs compared; :class:`CompareError` naming the run, the case
-    and the field when one cannot be read."""
-    try:
-        return compare_census(bcase.extra_info.get(CENSUS_KEY), ccase.extra_info.get(CENSUS_KEY))
-    except CensusError as exc:
-        run = base if exc.side == "baseline" else cur
-        raise CompareError(f"{run.path}: {ccase.fullname}: extra_info {exc}. The file is damaged or was "
-                           f"edited: restore it or rerun the case") from None
-
-
-def _memory(base: Run, cur: Run, ccase: Case, bcase: Case, tolerance: float | None) -> StructureVerdict:
-    """The case's memory census in both runs compared; :class:`CompareError` naming the run, the
-    case and the field when one cannot be read."""
-    try:
-        return compare_memory(bcase.extra_info.get(MEMORY_KEY), ccase.extra_info.get(MEMORY_KEY),
-                              tolerance=tolerance)
-    except CensusError as exc:
-        run = base if exc.side == "baseline" else cur
-        raise CompareError(f"{run.path}: {ccase.fullname}: extra_info {exc}. The file is damaged or was "
-                           f"edited: restore it or rerun the case") from None
-
-
 def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                  confidence: float = DEFAULT_CONFIDENCE, calibration: str = "auto",
                  seed: int = 0, allow_different: set[str] | frozenset[str] = frozenset(),
                  accept_structure_change: bool = False, accept_memory_change: bool = False,
                  memory_tolerance: float | None = None) -> Comparison:
-    """Each case's verdict, timing, structure and memory; :class:`CompareError` for bad settings, for
-    runs that are not comparable (facts not in ``allow_different`` differ) and for a census that
-    cannot be read. ``accept_structure_change`` / ``accept_memory_change``: structural / memory
-    regressions are shown as accepted, not failing; ``memory_tolerance``: judge the measured CUDA
-    max allocated too (a share of the baseline's)."""
+    """Each case's verdict, timing, structure and memory (the cases' records were read and checked
+    when the runs were); :class:`CompareError` for bad settings and for runs that are not
+    comparable (facts not in ``allow_different`` differ). ``accept_structure_change`` /
+    ``accept_memory_change``: structural / memory regressions are shown as accepted, not failing;
+    ``memory_tolerance``: judge the measured CUDA max allocated too (a share of the baseline's)."""
     if not threshold >= 0:
         raise CompareError(f"--threshold must be >= 0, got {threshold}")
     if not 0 < confidence < 1:
@@ -337,8 +315,9 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         else:
             if differ:
                 verdict.reason = f"unlike, allowed: {what}"
-            verdict.judge_structure(_structure(base, cur, bcase, ccase), accept_structure_change)
-            verdict.judge_memory(_memory(base, cur, ccase, bcase, memory_tolerance), accept_memory_change)
+            verdict.judge_structure(compare_census(bcase.census, ccase.census), accept_structure_change)
+            verdict.judge_memory(compare_memory(bcase.memory, ccase.memory, tolerance=memory_tolerance),
+                                 accept_memory_change)
         result.cases.append(verdict)
     if unlike:
         result.warnings.append(

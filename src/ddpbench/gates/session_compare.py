@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..storage.records import CALIBRATION_KEY
 from ..storage.runs import RunError, load_run, run_of_doc
 from . import compare as cmp
-from .calibration import CALIBRATION_KEY
 
 TITLE = "ddpbench: noise-aware verdicts for the same comparison"
 GATE_LINE = ("ddpbench: informational here (pytest-benchmark's options, such as --benchmark-compare-fail, set "

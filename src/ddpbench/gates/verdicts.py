@@ -39,9 +39,9 @@ Beside it a memory verdict (:mod:`.memory`: the two sides' memory census records
 in the same words), shown in the "memory" column, with the same effect: a memory regression makes
 the case a ``regression`` whatever the timing says, unless accepted (``--accept-memory-change``).
 
-Verdicts read back from a saved run (:func:`ab_verdict`) are checked first: a field that does
-not hold what it should is a :class:`VerdictError` naming the case and the field, never a
-traceback from the formatters.
+Verdicts read back from a saved run (:func:`ab_verdict`) go through the A/B record's reader first
+(:func:`ddpbench.storage.records.read_ab`): a field that does not hold what it should is a
+:class:`VerdictError` naming the case and the field, never a traceback from the formatters.
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .memory import BASELINE_MEMORY_KEY, MEMORY_KEY, compare_memory
-from .structure import BASELINE_CENSUS_KEY, CENSUS_KEY, STRUCTURE_VERDICTS, CensusError, StructureVerdict, \
-    accept, compare_census
+from ..storage.records import BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY, CENSUS_KEY, LOST_CASES_KEY, MEMORY_KEY, \
+    ABRecord, RecordError, read_ab
+from .memory import compare_memory
+from .structure import STRUCTURE_VERDICTS, StructureVerdict, accept, compare_census
 from .stats import slowdown_ruled_out
 from .verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
 
@@ -62,10 +63,6 @@ VERDICTS = CASE_VERDICTS
 # The verdicts a timing comparison gives (not-slower included): only a case so judged gets a
 # structural verdict too.
 TIMED = TIMING_VERDICTS
-
-# The key of a pytest-benchmark JSON run under which an A/B run lists the cases that have no
-# benchmark entry of their own: lost on the candidate side (crashed, hung).
-LOST_CASES_KEY = "ddpbench_ab_lost"
 
 
 class VerdictError(ValueError):
@@ -461,90 +458,37 @@ def format_json(report: GateReport) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def _ab_problem(ab: dict[str, Any]) -> str | None:
-    """What in a case's extra_info["ab"] the report could not use, or None."""
-    def show(value) -> str:
-        return repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-
-    verdict = ab.get("verdict", Verdict.INCONCLUSIVE)
-    if verdict not in VERDICTS:
-        return f"ab.verdict is {show(verdict)}, not one of {', '.join(VERDICTS)}"
-    timing = ab.get("timing_verdict")
-    if timing is not None and timing not in TIMED:
-        return f"ab.timing_verdict is {show(timing)}, not one of {', '.join(TIMED)}"
-    for key, positive in (("ratio", True), ("p_value", False), ("threshold", False), ("wall_s", False),
-                          ("ratio_of_block_minima", True), ("pairs", False), ("stop_bound", True),
-                          ("stop_level", False)):
-        value = ab.get(key)
-        if value is not None and not (_is_number(value) and math.isfinite(value) and (value > 0 or not positive)
-                                      and value >= 0):
-            return f"ab.{key} is {show(value)}, expected {'a positive' if positive else 'a'} number"
-    interval = ab.get("ratio_ci")
-    if interval is not None and not (isinstance(interval, (list, tuple)) and len(interval) == 2
-                                     and all(_is_number(v) for v in interval) and interval[0] <= interval[1]):
-        return f"ab.ratio_ci is {show(interval)}, expected [low, high] numbers or null"
-    per_pool = ab.get("ratio_per_pool_pair")
-    if per_pool is not None and not (isinstance(per_pool, list) and all(_is_number(v) for v in per_pool)):
-        return f"ab.ratio_per_pool_pair is {show(per_pool)}, expected a list of numbers"
-    for side in ("baseline", "candidate"):
-        figures = ab.get(side)
-        if figures is None:
-            continue
-        if not isinstance(figures, dict):
-            return f"ab.{side} is {show(figures)}, expected the side's figures (an object)"
-        median = figures.get("median_s")
-        if median is not None and not (_is_number(median) and 0 < median < math.inf):
-            return (f"ab.{side}.median_s is {show(median)}, expected a time above 0 s"
-                    + (" (a round cannot take no time)" if median == 0 else ""))
-    sides = ab.get("sides")
-    if sides is not None and not (isinstance(sides, dict) and all(isinstance(d, dict) for d in sides.values())):
-        return f"ab.sides is {show(sides)}, expected each side's description (objects)"
-    if ab.get("reason") is not None and not isinstance(ab["reason"], str):
-        return f"ab.reason is {show(ab['reason'])}, expected text"
-    return None
-
-
-def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, census: Any = None,
+def ab_verdict(name: str, ab: dict[str, Any] | ABRecord, candidate_median_s: float | None, census: Any = None,
                accept_structure_change: bool = False, memory: Any = None, accept_memory_change: bool = False,
                memory_tolerance: float | None = None) -> CaseVerdict:
     """A case's A/B verdict from its ``extra_info["ab"]`` (the timing verdict and the baseline's
     census and memory census) and the candidate's ``census`` and ``memory``
-    (``extra_info["census"]`` / ``["memory"]``); :class:`VerdictError` when a field does not hold
-    what it should (a damaged or hand-edited run)."""
-    problem = _ab_problem(ab)
-    if problem:
-        raise VerdictError(f"{name}: extra_info {problem}. The run's file is damaged or was edited: "
-                           f"restore it or run the A/B comparison again")
-    low, high = ab.get("ratio_ci") or [None, None]
-    if candidate_median_s is None:
-        candidate_median_s = (ab.get("candidate") or {}).get("median_s")
-    # The timing's own verdict: ``timing_verdict`` beside the decided one (record_decision), or, in
-    # a run saved before the decided verdict was saved, ``verdict`` itself. The components are
-    # judged anew, so a reader's --accept-structure-change applies.
-    case = CaseVerdict(name, ab.get("timing_verdict") or ab.get("verdict", Verdict.INCONCLUSIVE), name,
-                       baseline_median_s=(ab.get("baseline") or {}).get("median_s"),
-                       current_median_s=candidate_median_s, ratio=ab.get("ratio"), ci_low=low, ci_high=high,
-                       p_value=ab.get("p_value"), method="paired-blocks" if "pairs" in ab else None,
-                       reason=ab.get("reason"), details=ab)
-    if case.verdict in TIMED:  # both sides ran it: their structures compare too
-        try:
-            structure = compare_census(ab.get(BASELINE_CENSUS_KEY), census, "candidate",
-                                       (f"ab.{BASELINE_CENSUS_KEY}", CENSUS_KEY))
-        except CensusError as exc:
-            raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
-                               f"or run the A/B comparison again") from None
-        case.judge_structure(structure, accept_structure_change)
-        try:
-            judged = compare_memory(ab.get(BASELINE_MEMORY_KEY), memory, "candidate",
-                                    (f"ab.{BASELINE_MEMORY_KEY}", MEMORY_KEY), memory_tolerance)
-        except CensusError as exc:
-            raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
-                               f"or run the A/B comparison again") from None
-        case.judge_memory(judged, accept_memory_change)
+    (``extra_info["census"]`` / ``["memory"]``), each as saved or as read already (a loaded
+    :class:`~ddpbench.storage.runs.Case` holds them read); :class:`VerdictError` when a field does
+    not hold what it should (a damaged or hand-edited run)."""
+    try:
+        record = read_ab(ab)
+        summary = record.summary
+        low, high = summary.get("ratio_ci") or [None, None]
+        if candidate_median_s is None:
+            candidate_median_s = (summary.get("candidate") or {}).get("median_s")
+        # The timing's own verdict: ``timing_verdict`` beside the decided one (record_decision), or,
+        # in a run saved before the decided verdict was saved, ``verdict`` itself. The components are
+        # judged anew, so a reader's --accept-structure-change applies.
+        case = CaseVerdict(name, summary.get("timing_verdict") or summary.get("verdict", Verdict.INCONCLUSIVE), name,
+                           baseline_median_s=(summary.get("baseline") or {}).get("median_s"),
+                           current_median_s=candidate_median_s, ratio=summary.get("ratio"), ci_low=low, ci_high=high,
+                           p_value=summary.get("p_value"), method="paired-blocks" if "pairs" in summary else None,
+                           reason=summary.get("reason"), details=summary)
+        if case.verdict in TIMED:  # both sides ran it: their structures compare too
+            case.judge_structure(compare_census(record.baseline_census, census, "candidate",
+                                                (f"ab.{BASELINE_CENSUS_KEY}", CENSUS_KEY)), accept_structure_change)
+            case.judge_memory(compare_memory(record.baseline_memory, memory, "candidate",
+                                             (f"ab.{BASELINE_MEMORY_KEY}", MEMORY_KEY), memory_tolerance),
+                              accept_memory_change)
+    except RecordError as exc:
+        raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
+                           f"or run the A/B comparison again") from None
     return case
 
 

@@ -172,14 +172,14 @@ def load_records(storage: str | Path, files=(), skip_unreadable: bool = False) -
         except RunError as exc:
             if not skip_unreadable:
                 raise RunError(f"{exc} For the history of {storage}: delete that file, or pass "
-                                   f"--skip-unreadable to leave it out") from None
+                               f"--skip-unreadable to leave it out") from None
             skipped.append(f"skipped unreadable saved run: {exc}")
     if not records:
         where = f"{storage} holds no saved run (<machine>/NNNN_*.json)"
         if skipped:
             where = f"none of the {len(skipped)} saved runs in {storage} can be read"
         raise RunError(f"no runs to show: {where}. To build a history, {SAVE_HINT}, or name "
-                           f"pytest-benchmark JSON files (--benchmark-json) on the command line")
+                       f"pytest-benchmark JSON files (--benchmark-json) on the command line")
     return records, skipped
 
 
@@ -192,7 +192,7 @@ def since_filter(records: list[RunRecord], since: datetime) -> list[RunRecord]:
         found = (f"the newest of the {len(records)} runs is from {newest.when:%Y-%m-%d} ({newest.file})"
                  if newest else f"none of the {len(records)} runs records a commit or run time")
         raise RunError(f"--since {since:%Y-%m-%d}: no run on or after it; {found}. Give an earlier "
-                           f"date, or leave --since out")
+                       f"date, or leave --since out")
     return kept
 
 
@@ -238,7 +238,7 @@ def group_series(records: list[RunRecord], patterns=()) -> list[Series]:
         names = sorted({case.name for r in records for case in r.run.cases.values()})
         shown = ", ".join(names[:5]) + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")
         raise RunError(f"--case {' '.join(patterns)}: no case matches; the runs hold {shown}. Give a "
-                           f"part of a case name or a pattern such as 'test_all_reduce*'")
+                       f"part of a case name or a pattern such as 'test_all_reduce*'")
     ordered = sorted(groups.values(), key=lambda s: (FAMILIES.index(s.family), s.name, s.fullname,
                                                      s.machine.label, s.backend))
     for index, series in enumerate(ordered):

@@ -1,7 +1,7 @@
 """Saved runs read back: :class:`Run` and its :class:`Case` objects from a pytest-benchmark JSON
-file, and where runs are found (a storage's machine folders, a run named by number or path, the
-default pair ``ddpbench compare`` takes). Bad input is a :class:`RunError` naming the file and
-the fix."""
+file, every record checked once as it is read (:mod:`.records`), and where runs are found (a
+storage's machine folders, a run named by number or path, the default pair ``ddpbench compare``
+takes). Bad input is a :class:`RunError` naming the file, the case, the field and the fix."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..gates import fingerprint
-from ..gates.calibration import probe_of
-from ..gates.completeness import Completeness, completeness_of
-from ..gates.verdicts import LOST_CASES_KEY
+from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, \
+    RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
 from .writing import RUN_NAME, run_number, saved_run_files
 
 # commit_info branches that name no branch: a detached checkout (a CI job's pull request merge)
@@ -29,12 +28,22 @@ class RunError(Exception):
 
 @dataclass
 class Case:
+    """One benchmark of a run; building it reads and checks what ddpbench recorded in its
+    ``extra_info`` (:func:`~.records.read_extra_info`: :class:`~.records.RecordError` if damaged)."""
+
     name: str
     fullname: str
     group: str | None
     extra_info: dict[str, Any]
     stats: dict[str, Any]
     data: list[float] | None  # raw rounds (seconds), None when saved without --benchmark-save-data
+    census: Census | NotCounted | None = field(init=False)  # extra_info["census"], read
+    memory: MemoryCensus | NotCounted | None = field(init=False)  # extra_info["memory"], read
+    ab: ABRecord | None = field(init=False)  # extra_info["ab"], read
+
+    def __post_init__(self):
+        records = read_extra_info(self.extra_info)
+        self.census, self.memory, self.ab = records.census, records.memory, records.ab
 
     @property
     def median(self) -> float:
@@ -78,6 +87,14 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# pytest-benchmark's summary of a case saved without its rounds, as far as the tables and charts
+# divide by it (its median is checked on its own: everything divides by that).
+_SECONDS = expect("a time in seconds above 0",
+                  lambda value: isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0)
+SUMMARY_STATS = Shape(expect("an object", lambda value: isinstance(value, dict)),
+                      (Field("mean", _SECONDS), Field("q1", _SECONDS), Field("q3", _SECONDS)))
+
+
 def read_doc(path: str | Path) -> dict:
     """One JSON run document as a dict; :class:`RunError` naming the problem and the fix."""
     path = Path(path)
@@ -91,16 +108,16 @@ def read_doc(path: str | Path) -> dict:
         raise RunError(f"{path}: cannot read it ({exc})") from None
     if not text.strip():
         raise RunError(f"{path}: the file is empty (an interrupted or failed run?). Delete it, or "
-                           f"name other runs.")
+                       f"name other runs.")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RunError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                           f"{exc.colno}): truncated by an interrupted save, or edited by hand? Delete "
-                           f"or restore it, or name other runs.") from None
+                       f"{exc.colno}): truncated by an interrupted save, or edited by hand? Delete "
+                       f"or restore it, or name other runs.") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise RunError(f"{path}: not a pytest-benchmark result (no 'benchmarks' list); expected a "
-                           f"file saved by --benchmark-autosave/--benchmark-save or --benchmark-json")
+                       f"file saved by --benchmark-autosave/--benchmark-save or --benchmark-json")
     return doc
 
 
@@ -110,44 +127,92 @@ def load_run(path: str | Path) -> Run:
     return run_of_doc(path, read_doc(path))
 
 
-def run_of_doc(path: Path, doc: dict) -> Run:
-    """A run document (as read by :func:`read_doc`, or a session's own) as a :class:`Run`;
-    :class:`RunError` naming ``path`` when it is unusable."""
-    cases: dict[str, Case] = {}
+def _stats(index: int, bench: Any) -> tuple[dict[str, Any], list[float] | None]:
+    """A benchmark entry's statistics as pytest-benchmark saved them, checked: (stats, its raw
+    rounds or None); :class:`RecordError` naming what is wrong."""
+    stats = bench.get("stats") if isinstance(bench, dict) else None
+    if not isinstance(stats, dict) or not _number(stats.get("median")):
+        raise RecordError("no stats.median")
+    data = stats.get("data")
+    if data is not None:
+        if not isinstance(data, list) or not data or not all(_number(x) and x > 0 for x in data):
+            raise RecordError("stats.data is not a list of round times (seconds, each above 0)")
+        data = [float(x) for x in data]
+    median = float(np.median(data)) if data else float(stats["median"])
+    if not median > 0:  # ratios divide by it
+        raise RecordError(f"its median round time is {median:g} s, and a round cannot take no time")
+    if not data:
+        SUMMARY_STATS.check(stats, "stats")
+    return stats, data
+
+
+def _case(index: int, bench: Any) -> Case:
+    """One benchmark entry as a :class:`Case`, ddpbench's records read; :class:`RecordError`
+    naming what is wrong."""
+    stats, data = _stats(index, bench)
+    fullname = str(bench.get("fullname") or bench.get("name") or f"#{index}")
+    return Case(name=str(bench.get("name") or fullname), fullname=fullname, group=bench.get("group"),
+                extra_info={} if bench.get("extra_info") is None else bench["extra_info"], stats=stats, data=data)
+
+
+def _each_benchmark(doc: dict, read: Callable[[int, Any], Any]) -> tuple[list, list[tuple[str, RecordError]]]:
+    """``read`` applied to each benchmark entry of a run document: what it gave, and what is wrong
+    with the entries it refused (named by case)."""
+    out, problems = [], []
     for index, bench in enumerate(doc["benchmarks"]):
-        stats = bench.get("stats") if isinstance(bench, dict) else None
-        if not isinstance(stats, dict) or not _number(stats.get("median")):
-            raise RunError(f"{path}: benchmark #{index} has no stats.median; the file is damaged")
-        fullname = str(bench.get("fullname") or bench.get("name") or f"#{index}")
-        data = stats.get("data")
-        if data is not None:
-            if not isinstance(data, list) or not data or not all(_number(x) and x > 0 for x in data):
-                raise RunError(f"{path}: {fullname}: stats.data is not a list of round times "
-                                   f"(seconds, each above 0)")
-            data = [float(x) for x in data]
-        median = float(np.median(data)) if data else float(stats["median"])
-        if not median > 0:  # ratios divide by it
-            raise RunError(f"{path}: {fullname}: its median round time is {median:g} s, and a round "
-                               f"cannot take no time; the file is damaged or was edited: restore it or "
-                               f"rerun the case")
-        if bench.get("extra_info") is not None and not isinstance(bench.get("extra_info"), dict):
-            raise RunError(f"{path}: {fullname}: extra_info is {type(bench['extra_info']).__name__}, "
-                               f"not an object of keys; the file is damaged or was edited")
-        cases[fullname] = Case(
-            name=str(bench.get("name") or fullname),
-            fullname=fullname,
-            group=bench.get("group"),
-            extra_info=bench.get("extra_info") if isinstance(bench.get("extra_info"), dict) else {},
-            stats=stats,
-            data=data,
-        )
+        try:
+            out.append(read(index, bench))
+        except RecordError as exc:
+            named = isinstance(bench, dict) and (bench.get("fullname") or bench.get("name"))
+            problems.append((str(named or f"benchmark #{index}"), exc))
+    return out, problems
+
+
+def _lost_cases(doc: dict) -> tuple[list, list[tuple[str, RecordError]]]:
+    """An A/B run's lost cases (entries with a name and an ``ab`` record), and what is wrong with
+    their records."""
+    lost = doc.get(LOST_CASES_KEY) if isinstance(doc.get(LOST_CASES_KEY), list) else []
+    problems = []
+    for entry in lost:
+        if isinstance(entry, dict) and isinstance(entry.get(AB_KEY), dict):
+            try:
+                read_ab(entry[AB_KEY])
+            except RecordError as exc:
+                problems.append((str(entry.get("name", "?")), RecordError(f"extra_info {exc}", record=AB_KEY)))
+    return lost, problems
+
+
+def damaged(path: Path, problems: list[tuple[str, RecordError]]) -> str:
+    """The message for a run whose cases hold what their records' shapes do not allow: the file,
+    up to five cases with the field and what it holds, and the fix."""
+    shown = "; ".join(f"{name}: {problem}" for name, problem in problems[:5])
+    if len(problems) > 5:
+        shown += f" (and {len(problems) - 5} more)"
+    if all(problem.record == AB_KEY for _, problem in problems):
+        return (f"{path}: {shown}. The run's file is damaged or was edited: restore it or run the A/B "
+                f"comparison again")
+    cases = "the case" if len({name for name, _ in problems}) == 1 else "those cases"
+    return f"{path}: {shown}. The file is damaged or was edited: restore it or rerun {cases}"
+
+
+def _no_benchmarks(path: Path, completeness: Completeness) -> str:
+    why = "" if completeness.complete else f" It is {completeness.describe()}."
+    return f"{path}: the run holds no benchmarks (were they all skipped or deselected?).{why}"
+
+
+def run_of_doc(path: Path, doc: dict) -> Run:
+    """A run document (as read by :func:`read_doc`, or a session's own) as a :class:`Run`, every
+    record read and checked; :class:`RunError` naming ``path`` when it is unusable."""
+    read, problems = _each_benchmark(doc, _case)
+    lost, lost_problems = _lost_cases(doc)
+    if problems or lost_problems:
+        raise RunError(damaged(path, problems + lost_problems))
     completeness = completeness_of(doc)
-    if not cases:
-        why = "" if completeness.complete else f" It is {completeness.describe()}."
-        raise RunError(f"{path}: the run holds no benchmarks (were they all skipped or deselected?).{why}")
+    if not read:
+        raise RunError(_no_benchmarks(path, completeness))
+    cases = {case.fullname: case for case in read}
     machine_info = doc.get("machine_info") if isinstance(doc.get("machine_info"), dict) else {}
     commit_info = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
-    lost = doc.get(LOST_CASES_KEY) if isinstance(doc.get(LOST_CASES_KEY), list) else []
     return Run(path, machine_info, commit_info, doc.get("datetime"), cases, lost, completeness, probe_of(doc))
 
 
@@ -165,12 +230,17 @@ def saved_runs(storage_dir: str | Path) -> list[Path]:
 
 
 def unreadable_run(path: Path) -> str | None:
-    """Why a saved run cannot be read (truncated, not JSON, not a run), or None when it can."""
+    """Why pytest-benchmark cannot use a saved run (truncated, not JSON, not a run, a case without
+    its statistics, no case at all), or None when it can. ddpbench's own records are not read:
+    pytest-benchmark does not read them either."""
     try:
-        load_run(path)
+        doc = read_doc(path)
     except RunError as exc:
         return str(exc)
-    return None
+    read, problems = _each_benchmark(doc, _stats)
+    if problems:
+        return damaged(path, problems)
+    return None if read else _no_benchmarks(path, completeness_of(doc))
 
 
 def storage_files(storage: str | Path) -> list[Path]:
@@ -209,7 +279,7 @@ def compare_target_problem(storage_option: str, machine_id: str, compare_option)
         return (f"--benchmark-compare: the newest saved run, {target.name}, is numbered past 9999, and "
                 f"pytest-benchmark's own search sees only four-digit numbers: it would compare against "
                 f"an older run. Name it: --benchmark-compare={run_number(target)}")
-    status = load_run(target).completeness
+    status = completeness_of(read_doc(target))
     if not status.complete:
         return (f"--benchmark-compare: the newest saved run, {target.name}, is {status.describe()}; "
                 f"as a baseline it would silently lack those cases. Name a complete run to compare "

@@ -7,7 +7,7 @@ import pytest
 from benchjson import bench, run_doc, write
 from ddpbench import report
 from ddpbench.engine.timing import RoundPlan, measure_workload
-from ddpbench.gates.compare import load_run
+from ddpbench.storage.runs import load_run
 from ddpbench.pool import PoolRegistry, PoolSpec, TaskFailed
 from ddpbench.workloads.collectives import COLLECTIVES, bus_bandwidth_factor
 

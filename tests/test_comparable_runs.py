@@ -20,7 +20,7 @@ import pytest
 
 from benchjson import MACHINE, bench, run_cli, run_doc, write
 from ddpbench import cli
-from ddpbench.gates import compare as cmp
+from ddpbench.storage.runs import choose_runs, resolve_run, saved_runs
 
 
 def sample(seed, median, n=30):
@@ -242,17 +242,17 @@ def test_the_default_baseline_is_of_the_same_machine_and_branch(tmp_path, capsys
     _saved(folder, 2, 0.002, branch="main")
     _saved(folder, 3, 0.002, branch="feature", facts={"cpu_model": "Other CPU"})
     _saved(folder, 4, 0.002, branch="feature")
-    selection = cmp.choose_runs(tmp_path / ".benchmarks")
+    selection = choose_runs(tmp_path / ".benchmarks")
     assert selection.baseline.name == "0001_run.json" and selection.current.name == "0004_run.json"
     assert selection.lines == ["baseline chosen: the newest complete run of this machine on branch feature",
                                "passed over 0003_run.json: another machine (cpu_model 'Other CPU' -> 'Test CPU')",
                                "passed over 0002_run.json: branch main, not feature"]
     # a detached checkout (a CI job's pull request) names no branch: the newest of any branch
     _saved(folder, 5, 0.002, branch="(detached head)")
-    assert cmp.choose_runs(tmp_path / ".benchmarks").baseline.name == "0004_run.json"
+    assert choose_runs(tmp_path / ".benchmarks").baseline.name == "0004_run.json"
     # no run of the current branch: the newest complete run of this machine, said so
     _saved(folder, 6, 0.002, branch="new-idea")
-    selection = cmp.choose_runs(tmp_path / ".benchmarks")
+    selection = choose_runs(tmp_path / ".benchmarks")
     assert selection.baseline.name == "0005_run.json"
     assert selection.lines[0] == ("baseline chosen: the newest complete run of this machine, from branch "
                                   "unknown: no complete run of branch new-idea qualifies")
@@ -275,9 +275,9 @@ def test_runs_numbered_past_9999_are_listed_in_number_order(tmp_path):
     folder = tmp_path / ".benchmarks" / "m"
     for number in (9998, 9999, 10000, 10001):
         _saved(folder, number, 0.002)
-    assert [p.name for p in cmp.saved_runs(tmp_path / ".benchmarks")] == [
+    assert [p.name for p in saved_runs(tmp_path / ".benchmarks")] == [
         "9998_run.json", "9999_run.json", "10000_run.json", "10001_run.json"]
-    selection = cmp.choose_runs(tmp_path / ".benchmarks")
+    selection = choose_runs(tmp_path / ".benchmarks")
     assert (selection.baseline.name, selection.current.name) == ("10000_run.json", "10001_run.json")
-    assert cmp.resolve_run("10000", tmp_path / ".benchmarks").name == "10000_run.json"
-    assert cmp.resolve_run("9999", tmp_path / ".benchmarks").name == "9999_run.json"
+    assert resolve_run("10000", tmp_path / ".benchmarks").name == "10000_run.json"
+    assert resolve_run("9999", tmp_path / ".benchmarks").name == "9999_run.json"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from ddpbench import cli
 from ddpbench.gates import calibration
 from ddpbench.gates import compare as cmp
 from ddpbench.gates import stats
+from ddpbench.storage import records
+from ddpbench.storage.runs import Case, Run, load_run
 
 ROUNDS = 30
 NOISE = 0.05  # lognormal sigma: 5% round-to-round noise
@@ -30,7 +33,7 @@ def two_runs(tmp_path, base_cases, cur_cases, base_probe=0.001, cur_probe=0.001,
                                                  probe_s=base_probe))
     cur = write(tmp_path / "cur.json", run_doc([bench(n, d, **kw) for n, d in cur_cases.items()],
                                                probe_s=cur_probe))
-    return cmp.load_run(base), cmp.load_run(cur)
+    return load_run(base), load_run(cur)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,10 +62,10 @@ def _trials(shift, trials, threshold=cmp.DEFAULT_THRESHOLD, seed=0, n=ROUNDS, si
     rng = np.random.default_rng(seed)
     cases = []
     for i in range(trials):
-        base = cmp.Run(cmp.Path("b"), {}, {}, None, {
-            "c": cmp.Case("c", "c", None, {}, {"median": 1.0}, sample(rng, 0.01, n, sigma))})
-        cur = cmp.Run(cmp.Path("c"), {}, {}, None, {
-            "c": cmp.Case("c", "c", None, {}, {"median": 1.0}, sample(rng, 0.01 * shift, n, sigma))})
+        base = Run(Path("b"), {}, {}, None, {
+            "c": Case("c", "c", None, {}, {"median": 1.0}, sample(rng, 0.01, n, sigma))})
+        cur = Run(Path("c"), {}, {}, None, {
+            "c": Case("c", "c", None, {}, {"median": 1.0}, sample(rng, 0.01 * shift, n, sigma))})
         result = cmp.compare_runs(base, cur, threshold=threshold, calibration="never", seed=i)
         cases.append(result.cases[0])
     return cases
@@ -131,18 +134,18 @@ def test_summary_stats_fallback_gives_verdicts_and_says_so(tmp_path):
 def test_probe_measures_something_and_is_stored_in_the_expected_shape():
     probe = calibration.run_probe(max_seconds=0.05)
     assert probe["min_s"] > 0 and probe["median_s"] >= probe["min_s"] and probe["repeats"] >= 5
-    assert calibration.probe_of({calibration.MACHINE_INFO_KEY: probe}) == probe
-    assert calibration.probe_of({}) is None
-    assert calibration.probe_of({calibration.MACHINE_INFO_KEY: {"error": "x"}}) is None
+    assert records.probe_of({records.MACHINE_INFO_KEY: probe}) == probe
+    assert records.probe_of({}) is None
+    assert records.probe_of({records.MACHINE_INFO_KEY: {"error": "x"}}) is None
 
 
 def test_the_probe_is_read_beside_machine_info_and_inside_it_in_older_runs(tmp_path):
     rng = np.random.default_rng(11)
     older = run_doc([bench("a", sample(rng, 0.01))], probe_s=0.001)  # machine_info, as ddpbench kept it
     newer = run_doc([bench("a", sample(rng, 0.012))], include_probe=False)
-    newer[calibration.CALIBRATION_KEY] = dict(older["machine_info"]["ddpbench_calibration"], min_s=0.0012,
+    newer[records.CALIBRATION_KEY] = dict(older["machine_info"]["ddpbench_calibration"], min_s=0.0012,
                                               median_s=0.0012 * 1.1)
-    base, cur = (cmp.load_run(write(tmp_path / name, doc)) for name, doc in (("old.json", older), ("new.json", newer)))
+    base, cur = (load_run(write(tmp_path / name, doc)) for name, doc in (("old.json", older), ("new.json", newer)))
     assert base.calibration["min_s"] == 0.001 and cur.calibration["min_s"] == 0.0012
     result = cmp.compare_runs(base, cur)
     assert result.normalised and result.drift == pytest.approx(1.2)
@@ -179,7 +182,7 @@ def test_drift_corrects_only_cpu_cases_of_this_machine_cuda_and_multinode_stay_r
     cur = [bench(n, sample(rng, 0.01 * (1.2 if n == "cpu" else 1.0)), extra_info=i) for n, i in infos.items()]
     b = write(tmp_path / "b.json", run_doc(base, probe_s=0.001))
     c = write(tmp_path / "c.json", run_doc(cur, probe_s=0.0012))
-    result = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c))
+    result = cmp.compare_runs(load_run(b), load_run(c))
     assert result.normalised
     cases = {case.name: case for case in result.cases}
     assert cases["cpu"].calibrated and cases["cpu"].ratio == pytest.approx(1.0, abs=0.06)
@@ -212,7 +215,7 @@ def _scenario(tmp_path, slowdown=1.35, probe=1.6, n=30):
 def test_a_probe_outside_the_band_never_turns_a_slowdown_into_an_improvement(tmp_path, capsys):
     b, c = _scenario(tmp_path)
     for mode in ("auto", "always"):
-        result = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c), calibration=mode)
+        result = cmp.compare_runs(load_run(b), load_run(c), calibration=mode)
         [case] = result.cases
         assert case.verdict == "inconclusive" and not case.calibrated
         assert case.reason == "probe 1.60x, outside 0.80-1.25"
@@ -230,16 +233,16 @@ def test_a_correction_within_the_band_never_flips_a_verdict(tmp_path, capsys):
     # 1.12x measured (significantly slower: a raw regression at 10%) with a 1.24x probe: divided,
     # 0.90, which alone would read as an improvement.
     b, c = _scenario(tmp_path, slowdown=1.12, probe=1.24, n=60)
-    raw = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c), calibration="never")
+    raw = cmp.compare_runs(load_run(b), load_run(c), calibration="never")
     assert raw.cases[0].verdict == "regression"
-    [case] = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c)).cases
+    [case] = cmp.compare_runs(load_run(b), load_run(c)).cases
     assert case.calibrated and case.calibration_factor == pytest.approx(1.24)
     assert case.ratio < 1 / 1.1 and case.ci_high < 1  # what the correction alone would call an improvement
     assert case.verdict == "inconclusive" and case.reason.startswith("measured slower (raw 1.1")
     assert case.details["raw_ratio"] == pytest.approx(1.12, abs=0.03) and case.details["raw_ci"][0] > 1
     # and a measured speed-up never becomes a regression
     b, c = _scenario(tmp_path / "faster", slowdown=0.89, probe=0.8, n=60)
-    [case] = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c)).cases
+    [case] = cmp.compare_runs(load_run(b), load_run(c)).cases
     assert case.ratio > 1.1 and case.verdict == "inconclusive" and case.reason.startswith("measured faster")
 
 
@@ -277,7 +280,7 @@ def test_unsteady_probe_is_not_trusted_and_overload_is_a_warning(tmp_path):
         doc = run_doc([bench("a", sample(rng, 0.01))], probe_s=probe_s)
         doc["machine_info"]["ddpbench_calibration"].update(
             median_s=probe_s * median_factor, loadavg_1m=load, cpu_count=2)
-        docs.append(cmp.load_run(write(tmp_path / f"{name}.json", doc)))
+        docs.append(load_run(write(tmp_path / f"{name}.json", doc)))
     result = cmp.compare_runs(*docs)
     assert not result.normalised and result.drift == pytest.approx(0.85)
     assert any("unsteady" in n and "1.80 in c.json" in n for n in result.notes)
@@ -291,7 +294,7 @@ def test_missing_probe_and_another_hostname_are_notes_not_crashes_another_cpu_is
     elsewhere = dict(run_doc([]).get("machine_info"), node="elsewhere")  # a hosted runner's new name
     b = write(tmp_path / "b.json", run_doc([bench("a", sample(rng, 0.01))], include_probe=False))
     c = write(tmp_path / "c.json", run_doc([bench("a", sample(rng, 0.01))], machine=elsewhere))
-    result = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c))
+    result = cmp.compare_runs(load_run(b), load_run(c))
     assert not result.normalised and result.drift is None
     assert any("no calibration probe in b.json" in n for n in result.notes)
     assert not any("elsewhere" in line for line in result.warnings + result.notes)
@@ -299,8 +302,8 @@ def test_missing_probe_and_another_hostname_are_notes_not_crashes_another_cpu_is
     other_cpu = dict(elsewhere, cpu={"brand_raw": "Other CPU"})
     c = write(tmp_path / "c.json", run_doc([bench("a", sample(rng, 0.01))], machine=other_cpu))
     with pytest.raises(cmp.CompareError, match="cpu_model 'Test CPU' -> 'Other CPU'.*--allow-different cpu_model"):
-        cmp.compare_runs(cmp.load_run(b), cmp.load_run(c))
-    result = cmp.compare_runs(cmp.load_run(b), cmp.load_run(c), allow_different={"cpu_model"})
+        cmp.compare_runs(load_run(b), load_run(c))
+    result = cmp.compare_runs(load_run(b), load_run(c), allow_different={"cpu_model"})
     assert any("compared although cpu_model" in w for w in result.warnings)
 
 

@@ -142,7 +142,8 @@ def test_ab_verdicts_and_ratios_reach_the_points(tmp_path):
 
 def test_the_memory_census_peak_reaches_the_points(tmp_path):
     storage = tmp_path / ".benchmarks"
-    save(storage, 0, [bench("test_x", [0.01] * 3, {"memory": {"version": 1, "peak_bytes": 1000, "max_peak_bytes": 1500}})])
+    memory = {"version": 1, "method": "MemTracker", "device": "cpu", "peak_bytes": 1000, "max_peak_bytes": 1500}
+    save(storage, 0, [bench("test_x", [0.01] * 3, {"memory": memory})])
     save(storage, 1, [bench("test_x", [0.01] * 3)])  # a run without a memory census
     history = build_history(storage)
     assert [p.memory_peak_bytes for p in history.series[0].points] == [1500, None]  # the largest rank's

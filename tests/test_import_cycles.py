@@ -1,7 +1,7 @@
-"""The training package's imports run one way: no module imports, at any depth (module level,
-inside a function, under ``if TYPE_CHECKING``), a module that imports it back. Imports are read
-with ``ast``, not by importing, so a cycle that Python happens to survive today still fails here;
-a planted cycle in a temporary package shows the check can fail."""
+"""The training package's imports, and those of saved runs and the gates, run one way: no module
+imports, at any depth (module level, inside a function, under ``if TYPE_CHECKING``), a module that
+imports it back. Imports are read with ``ast``, not by importing, so a cycle that Python happens
+to survive today still fails here; a planted cycle in a temporary package shows the check can fail."""
 
 from __future__ import annotations
 
@@ -110,6 +110,17 @@ def test_the_training_package_imports_run_one_way():
     graph = import_graph(SRC / package.replace(".", "/"), package)
     assert f"{package}.workload" in graph and f"{package}.loops" in graph[f"{package}.workload"]  # read at all
     assert _cycle_message(package, find_cycle(graph)) == ""
+
+
+def test_saved_runs_the_gates_and_their_readers_import_one_way():
+    # Saved runs are read and written in ddpbench.storage; the gates, the report and the history
+    # read them from there, and nothing there imports a reader back.
+    graph = import_graph(SRC / "ddpbench", "ddpbench")
+    roles = ("ddpbench.storage", "ddpbench.gates", "ddpbench.report")
+    ours = {m: {n for n in edges if n.startswith(roles)} for m, edges in graph.items() if m.startswith(roles)}
+    assert "ddpbench.storage.records" in ours["ddpbench.storage.runs"]  # read at all
+    assert _cycle_message("ddpbench.storage, .gates and .report", find_cycle(ours)) == ""
+    assert not any(m.startswith("ddpbench.storage") and "ddpbench.gates.compare" in edges for m, edges in ours.items())
 
 
 def _package(tmp_path, files: dict[str, str]) -> pathlib.Path:

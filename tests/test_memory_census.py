@@ -19,7 +19,7 @@ import torch
 from ddpbench.engine.memory import combine_memory, discover_targets, take_memory_census
 from ddpbench.gates import verdicts
 from ddpbench.gates.memory import compare_memory
-from ddpbench.gates.structure import CensusError
+from ddpbench.storage.records import RecordError
 
 BATCH, WIDTH, HIDDEN, BLOCKS = 512, 64, 256, 4
 PLANTED_BYTES = BLOCKS * BATCH * HIDDEN * 4  # one (BATCH, HIDDEN) float32 tensor per block
@@ -163,7 +163,7 @@ def test_what_cannot_be_compared_is_not_counted_and_a_damaged_record_is_named(ba
     assert compare_memory(baseline, dict(baseline, method="FSDPMemTracker")).verdict == "not counted"
     incomplete = compare_memory(baseline, dict(baseline, incomplete="a thread the census does not see"))
     assert incomplete.verdict == "not counted" and "incomplete" in incomplete.line
-    with pytest.raises(CensusError, match=r"memory.at_peak.activations is -1, expected a whole number"):
+    with pytest.raises(RecordError, match=r"memory.at_peak.activations is -1, expected a whole number"):
         compare_memory(baseline, dict(baseline, at_peak={"activations": -1}))
 
 

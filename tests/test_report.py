@@ -9,7 +9,7 @@ import pytest
 
 from benchjson import MACHINE, bench, run_doc, write
 from ddpbench import cli, report
-from ddpbench.gates.compare import load_run
+from ddpbench.storage.runs import load_run
 
 MB = 1024 * 1024
 # Every case's rounds are skewed (one slow round): mean != median, so each assertion below tells
@@ -436,7 +436,12 @@ def test_the_memory_table_shows_each_case_s_peak_and_what_held_it(tmp_path):
     assert sorted(row[-1] for row in training_rows) == ["34.0 MB", "34.0 MB", "42.0 MB"]
 
 
-def test_a_damaged_memory_census_is_named(tmp_path, capsys):
-    path = write(tmp_path / "run.json", run_doc([bench("test_x", [0.01], {"memory": {"peak_bytes": "lots"}})]))
+@pytest.mark.parametrize("memory,message", [
+    ({"version": 1, "method": "MemTracker", "device": "cpu", "peak_bytes": "lots"},
+     "memory.peak_bytes is 'lots', expected a whole number of bytes >= 0"),
+    ({"peak_bytes": "lots"}, "memory.version is None, expected a whole number (the version of its format)"),
+])
+def test_a_damaged_memory_census_is_named(tmp_path, capsys, memory, message):
+    path = write(tmp_path / "run.json", run_doc([bench("test_x", [0.01], {"memory": memory})]))
     assert cli.main(["report", str(path), "--no-charts"]) == 2
-    assert "extra_info.memory is" in capsys.readouterr().err
+    assert "test_x: extra_info " + message in capsys.readouterr().err

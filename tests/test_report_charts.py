@@ -9,7 +9,7 @@ import pytest
 
 from benchjson import bench, run_doc, write
 from ddpbench import report
-from ddpbench.gates.compare import Case, load_run
+from ddpbench.storage.runs import Case, load_run
 
 ROUNDS = [0.05, 0.06, 0.07]
 IMPL_SPEED = {"manual": 1.0, "ddp": 1.1, "lightning": 0.8}

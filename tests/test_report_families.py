@@ -9,7 +9,7 @@ import pathlib
 
 from benchjson import MACHINE, bench, run_doc, write
 from ddpbench import report
-from ddpbench.gates.compare import load_run
+from ddpbench.storage.runs import load_run
 from test_import_cycles import find_cycle, import_graph
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"

@@ -1,5 +1,5 @@
 """Saved runs: a partial run is marked as such when saved, saving is whole or nothing, two saves
-never share a number, and numbers go on past 9999 (ddpbench.storage, ddpbench.gates.completeness).
+never share a number, and numbers go on past 9999 (ddpbench.storage.writing, ddpbench.storage.records).
 Each pytest run here is a real one (pytester, a subprocess) with pytest-benchmark's autosave."""
 
 from __future__ import annotations

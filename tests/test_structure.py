@@ -15,8 +15,10 @@ from benchjson import bench, run_cli, run_doc, write
 from census_records import census
 from ddpbench import cli
 from ddpbench.gates import verdicts
-from ddpbench.gates.compare import compare_runs, load_run
-from ddpbench.gates.structure import CensusError, StructureVerdict, compare_census
+from ddpbench.gates.compare import compare_runs
+from ddpbench.gates.structure import StructureVerdict, compare_census
+from ddpbench.storage.records import RecordError
+from ddpbench.storage.runs import load_run
 
 MiB = 1 << 20
 
@@ -124,10 +126,10 @@ def test_a_side_without_a_comparable_census_is_not_counted(before, after, line):
     ({"incomplete": True}, "census.incomplete is True, expected text (why the census misses collectives)"),
 ])
 def test_a_malformed_census_is_an_error_naming_its_side_and_field(change, message):
-    with pytest.raises(CensusError) as caught:
+    with pytest.raises(RecordError) as caught:
         compare_census(BASE, dict(BASE, **change))
     assert str(caught.value) == message and caught.value.side == "current"
-    with pytest.raises(CensusError) as caught:
+    with pytest.raises(RecordError) as caught:
         compare_census(dict(BASE, **change), BASE)
     assert caught.value.side == "baseline"
 
@@ -197,7 +199,7 @@ def test_censuses_of_two_versions_or_varying_steps_are_not_counted(before, after
 def test_a_malformed_version_2_entry_is_an_error_naming_its_field(change, message):
     bad = copy.deepcopy(BASE)
     bad["collectives"][0].update(change)
-    with pytest.raises(CensusError) as caught:
+    with pytest.raises(RecordError) as caught:
         compare_census(BASE, bad)
     assert str(caught.value) == message
 
@@ -298,6 +300,18 @@ def test_a_malformed_census_in_a_saved_run_is_a_named_error(tmp_path, capsys):
     assert err == (f"ddpbench compare: error: {c}: benchmarks/test_x.py::{NAME}: extra_info census.ddp_buckets "
                    f"is 'four', expected a list of byte counts or null. The file is damaged or was edited: "
                    f"restore it or rerun the case\n")
+
+
+def test_every_command_that_reads_the_run_names_its_malformed_census_alike(tmp_path, capsys):
+    # The run's records are checked once, as it is read: the report and the history say what compare says.
+    _, c = _runs(tmp_path, BASE, dict(GREW, ddp_buckets="four"))
+    message = (f"{c}: benchmarks/test_x.py::{NAME}: extra_info census.ddp_buckets is 'four', expected a list of "
+               f"byte counts or null. The file is damaged or was edited: restore it or rerun the case")
+    for command in (["report", c, "--no-charts"], ["history", c, "--storage", str(tmp_path / "none"),
+                                                   "--output", str(tmp_path / "history.html")]):
+        rc, out, err = run_cli(capsys, *command)
+        assert rc == 2 and message in err, command
+    assert not (tmp_path / "history.html").exists()
 
 
 # ----------------------------------------------------------------------------------------------

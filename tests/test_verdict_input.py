@@ -11,7 +11,8 @@ import pytest
 from benchjson import bench, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import stats, verdicts
-from ddpbench.gates.compare import compare_runs, load_run
+from ddpbench.gates.compare import compare_runs
+from ddpbench.storage.runs import load_run
 
 
 def test_one_pair_per_side_or_per_pool_pair_is_inconclusive_never_same():

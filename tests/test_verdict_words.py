@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -13,7 +14,9 @@ import ddpbench
 from benchjson import bench, run_doc, write
 from ddpbench import bisect
 from ddpbench.gates import stats, verdicts
-from ddpbench.gates.compare import compare_runs, load_run
+from ddpbench.gates.verdict_words import Verdict
+from ddpbench.gates.compare import compare_runs
+from ddpbench.storage.runs import load_run
 
 SRC = pathlib.Path(ddpbench.__file__).parent
 
@@ -108,9 +111,27 @@ def test_every_place_that_lists_the_verdict_words_knows_each_one():
     # bisect reads every timing verdict as good, bad or inconclusive (then it runs again).
     assert timing <= set(bisect.GOOD_VERDICTS) | set(bisect.BAD_VERDICTS) | {"inconclusive"}
     assert "not-slower" in bisect.GOOD_VERDICTS
-    # The history page gives every verdict a point style; the compare chart a colour.
+
+
+def test_the_verdict_type_carries_each_word_its_exit_meaning_and_its_display():
+    # A member is its word: saved runs, JSON and printed text hold the word, and read back as the member.
+    for verdict in Verdict:
+        assert Verdict(verdict.value) is verdict and f"{verdict}" == str(verdict) == verdict.value
+        assert json.dumps({verdict: [verdict]}) == f'{{"{verdict.value}": ["{verdict.value}"]}}'
+    assert [v for v in verdicts.VERDICTS if v.fails] == ["regression", "missing", "baseline-failed"]
+    # The table flags and the markdown shows each case verdict as the type says.
+    report = verdicts.GateReport("gate", [verdicts.CaseVerdict(f"test_{v}", v) for v in verdicts.VERDICTS])
+    text, markdown = verdicts.format_text(report), verdicts.format_markdown(report)
+    for verdict in verdicts.VERDICTS:
+        assert _row(text, f"test_{verdict} ").endswith(f"{verdict}  <<" if verdict.fails else f"  {verdict}")
+        assert _row(markdown, f"`test_{verdict}`").endswith(f"| {verdict.markdown} |")
+    # The history page's stylesheet colours a verdict's point with the colour the type names, and
+    # leaves the others plain.
     css = (SRC / "history" / "page.css").read_text()
-    report_source = (SRC / "report" / "comparison.py").read_text()
-    for verdict in timing:
-        assert f".pt.{verdict}" in css, verdict
-        assert f'"{verdict}": "tab:' in report_source, verdict
+    rules = {selector.strip(): body for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", css)
+             for selector in selectors.split(",")}
+    for verdict in Verdict:
+        if verdict.page_colour:
+            assert f"var(--{verdict.page_colour})" in rules[f".pt.{verdict}"], verdict
+        else:
+            assert f".pt.{verdict}" not in rules, verdict

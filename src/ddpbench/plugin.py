@@ -126,7 +126,7 @@ def _check_compare_target(config) -> None:
         return
     from pytest_benchmark.utils import get_machine_id
 
-    from .gates.compare import compare_target_problem
+    from .storage.runs import compare_target_problem
 
     problem = compare_target_problem(str(config.getoption("benchmark_storage", "file://./.benchmarks")),
                                      get_machine_id(), compare)
@@ -514,7 +514,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_json(config, benchmarks, output_json):
-    """Every run says whether it is complete (:mod:`ddpbench.gates.completeness`); A/B runs list
+    """Every run says whether it is complete (:func:`ddpbench.storage.records.run_record`); A/B runs list
     the cases the candidate lost: they have no benchmark entry of their own, and ``ddpbench compare
     RUN.json`` must still see them; a session that uses ddpbench stores its calibration probe."""
     state = session_state(config)
@@ -524,14 +524,14 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
         output_json[LOST_CASES_KEY] = state.ab.lost_cases()
     end = state.run_end
     if end is not None:
-        from .gates.completeness import RUN_KEY, record
+        from .storage.records import RUN_KEY, run_record
 
         session, exitstatus = end
         stopped = session.shouldfail or session.shouldstop
-        output_json[RUN_KEY] = record(exitstatus, session.testsfailed, str(stopped) if stopped else None,
-                                      _failed_cases(config))
+        output_json[RUN_KEY] = run_record(exitstatus, session.testsfailed, str(stopped) if stopped else None,
+                                          _failed_cases(config))
     if uses_ddpbench(config):
-        from .gates.calibration import CALIBRATION_KEY
+        from .storage.records import CALIBRATION_KEY
 
         output_json[CALIBRATION_KEY] = calibration_probe(config)
 
@@ -579,7 +579,7 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
     before its tests are collected. Against a run that recorded ddpbench's facts, this session's
     machine_info gets them too (else the warning would fire on the same machine); a run saved when
     ddpbench kept its probe in machine_info is compared without that measurement."""
-    from .gates.calibration import MACHINE_INFO_KEY
+    from .storage.records import MACHINE_INFO_KEY
     from .gates.fingerprint import FINGERPRINT_KEY
 
     saved = compared_benchmark.get("machine_info") if isinstance(compared_benchmark, dict) else None

@@ -7,11 +7,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..gates.verdict_words import Verdict
 from ..gates.verdicts import TIMED, ab_verdicts_of_run
 from .terminal import printable
 
-BAD_VERDICTS = ("regression",)  # and "missing" with --missing-is-bad
-GOOD_VERDICTS = ("same", "not-slower", "improvement")  # not on the slow side of the step
+BAD_VERDICTS = (Verdict.REGRESSION,)  # and Verdict.MISSING with --missing-is-bad
+GOOD_VERDICTS = (Verdict.SAME, Verdict.NOT_SLOWER, Verdict.IMPROVEMENT)  # not on the slow side of the step
 GATE_DEFAULT_THRESHOLD = 0.05  # the A/B gate's --dist-ab-threshold default
 
 
@@ -84,7 +85,7 @@ def read_probe(cases: Sequence[ProbeCase], reference: Sequence[str] | None = Non
         return "skip", "no A/B verdict in the run"
     if any(c.verdict in BAD_VERDICTS for c in cases):
         return "bad", ""
-    missing = [c.name for c in cases if c.verdict == "missing"]
+    missing = [c.name for c in cases if c.verdict == Verdict.MISSING]
     if missing and missing_is_bad:
         return "bad", f"missing counts as bad (--missing-is-bad): {', '.join(missing)}"
     by_name = {c.name: c for c in cases}
@@ -106,14 +107,14 @@ def read_probe(cases: Sequence[ProbeCase], reference: Sequence[str] | None = Non
 
 def judged_cases(cases: Sequence[ProbeCase], missing_is_bad: bool = False) -> list[str]:
     """The cases a confirmed BAD judged: each later probe must judge them too (:func:`read_probe`)."""
-    return [c.name for c in cases if c.verdict in TIMED or (missing_is_bad and c.verdict == "missing")]
+    return [c.name for c in cases if c.verdict in TIMED or (missing_is_bad and c.verdict == Verdict.MISSING)]
 
 
 def step_threshold(bad_cases: Sequence[ProbeCase]) -> float | None:
     """The threshold that splits GOOD's timing from BAD's in the middle (geometrically): from the
     lowest interval end among BAD's regressions, never below the gate's default. None when BAD's
     regressions carry no interval (a missing case)."""
-    lows = [c.ci[0] for c in bad_cases if c.verdict == "regression" and c.ci and c.ci[0] > 1.0]
+    lows = [c.ci[0] for c in bad_cases if c.verdict == Verdict.REGRESSION and c.ci and c.ci[0] > 1.0]
     if not lows:
         return None
     return max(GATE_DEFAULT_THRESHOLD, math.sqrt(min(lows)) - 1.0)

@@ -15,6 +15,7 @@ from ..gates import compare as cmp
 from ..gates import verdicts
 from ..gates.ab.forensics import CaseProfile
 from ..gates.fingerprint import parse_allowed
+from ..storage import runs as stored
 from .errors import error, output_problem
 
 NAME = "compare"
@@ -62,26 +63,26 @@ def run(args) -> int:
     try:
         base = None
         if args.baseline and args.current:
-            base_path = cmp.resolve_run(args.baseline, args.storage)
-            cur_path = cmp.resolve_run(args.current, args.storage)
+            base_path = stored.resolve_run(args.baseline, args.storage)
+            cur_path = stored.resolve_run(args.current, args.storage)
         elif args.baseline:  # one run given: an A/B run's own verdicts, or compared with the newest run
-            base_path = cmp.resolve_run(args.baseline, args.storage)
-            base_doc = cmp.read_doc(base_path)
-            base = cmp.run_of_doc(base_path, base_doc)
+            base_path = stored.resolve_run(args.baseline, args.storage)
+            base_doc = stored.read_doc(base_path)
+            base = stored.run_of_doc(base_path, base_doc)
             if any(isinstance(c.extra_info.get("ab"), dict) for c in base.cases.values()):
                 return _print_ab_verdicts(args, base, base_doc)
-            runs = cmp.saved_runs(args.storage)
+            runs = stored.saved_runs(args.storage)
             if not runs:
-                raise cmp.CompareError(f"only a baseline was given and {args.storage} has no saved run "
+                raise stored.RunError(f"only a baseline was given and {args.storage} has no saved run "
                                        f"to compare it with; name the current run too")
             cur_path = runs[-1]
         else:
-            selection = cmp.choose_runs(args.storage)
+            selection = stored.choose_runs(args.storage)
             base_path, cur_path = selection.baseline, selection.current
         if base_path.resolve() == cur_path.resolve():
-            raise cmp.CompareError(f"baseline and current are the same file: {base_path}")
-        base = base or cmp.load_run(base_path)
-        cur = cmp.load_run(cur_path)
+            raise stored.RunError(f"baseline and current are the same file: {base_path}")
+        base = base or stored.load_run(base_path)
+        cur = stored.load_run(cur_path)
         result = cmp.compare_runs(base, cur, threshold=args.threshold, confidence=args.confidence,
                                   calibration=args.calibration, allow_different=set().union(*args.allow_different),
                                   accept_structure_change=args.accept_structure_change,
@@ -90,7 +91,7 @@ def run(args) -> int:
         if not (args.baseline or args.current):
             result.selection = selection.lines
             result.preamble += selection.lines
-    except cmp.CompareError as exc:
+    except stored.RunError as exc:
         return error(NAME, str(exc))
     status = _print_report(args, result)
     if args.chart:
@@ -125,7 +126,7 @@ def _print_report(args, result) -> int:
     return status
 
 
-def _print_ab_verdicts(args, run: cmp.Run, doc: dict) -> int:
+def _print_ab_verdicts(args, run: stored.Run, doc: dict) -> int:
     """``ddpbench compare AB_RUN.json``: the verdicts an A/B run measured (exit 1 on a regression
     or a case the candidate lost), each profiled case's grown ops beneath them."""
     try:
@@ -142,7 +143,7 @@ def _print_ab_verdicts(args, run: cmp.Run, doc: dict) -> int:
     return status
 
 
-def _profiles(run: cmp.Run) -> list[CaseProfile]:
+def _profiles(run: stored.Run) -> list[CaseProfile]:
     """The profiles an A/B run holds (extra_info ab.profile); VerdictError when one is malformed."""
     profiles = []
     for case in run.cases.values():

@@ -9,7 +9,7 @@ import sys
 from .. import history as hist
 from .. import option_table
 from .. import options as opts
-from ..gates import compare as cmp
+from ..storage import runs as stored
 from .errors import error, output_problem
 
 NAME = "history"
@@ -46,7 +46,7 @@ def run(args) -> int:
     try:
         history = hist.build_history(args.storage, args.files, since=args.since, cases=args.case,
                                      min_step=args.min_step, skip_unreadable=args.skip_unreadable)
-    except cmp.CompareError as exc:
+    except stored.RunError as exc:
         return error(NAME, str(exc))
     for message in history.skipped:
         print(f"ddpbench history: warning: {message}", file=sys.stderr)

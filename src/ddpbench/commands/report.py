@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .. import option_table
 from .. import report
-from ..gates import compare as cmp
+from ..storage import runs as stored
 from .errors import error, output_problem
 
 NAME = "report"
@@ -34,16 +34,16 @@ def run(args) -> int:
         return error(NAME, problem)
     try:
         if args.run:
-            path = cmp.resolve_run(args.run, args.storage)
+            path = stored.resolve_run(args.run, args.storage)
         else:
-            runs = cmp.saved_runs(args.storage)
+            runs = stored.saved_runs(args.storage)
             if not runs:
-                raise cmp.CompareError(f"no saved run in {args.storage}; run `make bench` (or pytest "
+                raise stored.RunError(f"no saved run in {args.storage}; run `make bench` (or pytest "
                                        f"benchmarks/ --benchmark-autosave) first, or name a JSON file")
             path = runs[-1]
-        saved = cmp.load_run(path)
+        saved = stored.load_run(path)
         text = report.markdown_report(saved)
-    except (cmp.CompareError, report.ReportError) as exc:
+    except stored.RunError as exc:
         return error(NAME, str(exc))
     print(text)
     if args.output:

@@ -1,4 +1,4 @@
-"""The regression gates: one vocabulary, one verdict type, one report (:mod:`.verdicts`), one
+"""The regression gates: one vocabulary (:mod:`.verdict_words`), one report (:mod:`.verdicts`), one
 statistics module on scipy.stats (:mod:`.stats`), and the two ways to judge a change:
 
 * :mod:`.compare` -- two stored runs (``ddpbench compare``), normalised for machine drift by the

@@ -7,8 +7,6 @@ import os
 import time
 from typing import Any
 
-CALIBRATION_KEY = "ddpbench_calibration"  # the run's top level
-MACHINE_INFO_KEY = CALIBRATION_KEY  # where older runs kept it: machine_info["ddpbench_calibration"]
 PROBE_KIND = "memcpy-4MiB+matmul-128-float32-1thread"
 PROBE_VERSION = 1
 
@@ -52,22 +50,6 @@ def run_probe(max_seconds: float = 0.3, max_repeats: int = 200, min_repeats: int
         "loadavg_1m": load_1m,
         "cpu_count": os.cpu_count(),
     }
-
-
-def probe_of(doc: dict | None) -> dict | None:
-    """The probe a run document recorded, at its top level or (runs saved before the probe left
-    machine_info) in its ``machine_info``; None without a usable one (other tools, a failed probe)."""
-    if not isinstance(doc, dict):
-        return None
-    probe = doc.get(CALIBRATION_KEY)
-    if probe is None and isinstance(doc.get("machine_info"), dict):
-        probe = doc["machine_info"].get(MACHINE_INFO_KEY)
-    if not isinstance(probe, dict):
-        return None
-    value = probe.get("min_s")
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        return None
-    return probe
 
 
 # A probe whose median repetition is more than this multiple of its fastest ran on a busy machine:

@@ -34,9 +34,9 @@ Only comparable runs are compared (:mod:`.fingerprint`): runs whose torch, CUDA,
 Python, CPU or GPUs differ are refused (:class:`CompareError`, exit 2) unless the difference is
 allowed (``allow_different``); a case whose own facts (backend, world size, pinning, ops per round,
 CUDA graphs...) differ is ``inconclusive`` with the difference as its reason. With no run named,
-:func:`choose_runs` takes the newest saved run as the current one and, as the baseline, the newest
-*complete* run (:mod:`.completeness`) of the same machine and branch, and says which runs it passed
-over.
+:func:`ddpbench.storage.runs.choose_runs` takes the newest saved run as the current one and, as the
+baseline, the newest *complete* run (:class:`~ddpbench.storage.records.Completeness`) of the same
+machine and branch, and says which runs it passed over.
 
 Each compared case also gets a structural verdict (:mod:`.structure`): the two runs' census
 records of the case compared exactly. A structural regression makes the case a ``regression``
@@ -50,319 +50,25 @@ with ``memory_tolerance`` (``--memory-tolerance``).
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .. import storage
+from ..storage.runs import Run, RunError
 from . import fingerprint, stats, verdicts
-from .calibration import MAX_CORRECTION, MAX_PROBE_SPREAD, drift_factor, overload, probe_of, probe_spread, \
-    within_correction
-from .completeness import Completeness, completeness_of
-from .memory import MEMORY_KEY, compare_memory
-from .structure import CENSUS_KEY, NOT_COUNTED, CensusError, StructureVerdict, compare_census
+from .calibration import MAX_CORRECTION, MAX_PROBE_SPREAD, drift_factor, overload, probe_spread, within_correction
+from ..storage.records import MEMORY_KEY
+from .memory import compare_memory
+from .structure import NOT_COUNTED, StructureVerdict, compare_census
+from .verdict_words import Verdict
 from .verdicts import MEMORY_COLUMN, STRUCTURE_COLUMN, CaseVerdict, Column, GateReport
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_CONFIDENCE = stats.DEFAULT_CONFIDENCE
 DRIFT_TOLERANCE = 0.10
-RUN_NAME = storage.RUN_NAME  # NNNN_*.json, four digits or more
-# commit_info branches that name no branch: a detached checkout (a CI job's pull request merge)
-NO_BRANCH = (None, "", "HEAD", "(detached head)", "(unknown)")
 
 
-class CompareError(Exception):
-    """Bad input: a message for the user, exit status 2."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Loading runs
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Case:
-    name: str
-    fullname: str
-    group: str | None
-    extra_info: dict[str, Any]
-    stats: dict[str, Any]
-    data: list[float] | None  # raw rounds (seconds), None when saved without --benchmark-save-data
-
-    @property
-    def median(self) -> float:
-        if self.data:
-            return float(np.median(self.data))
-        return float(self.stats["median"])
-
-
-    @property
-    def calibrated_by_probe(self) -> bool:
-        """Whether the CPU calibration probe speaks for this case: a CPU case measured on the
-        controller's own machine (cases of other tools, without these keys, ran in pytest's
-        process). A GPU's or another node's speed is not this CPU's."""
-        device = self.extra_info.get("device")
-        nodes = self.extra_info.get("nodes")
-        return device in (None, "cpu") and nodes in (None, 1)
-
-
-@dataclass
-class Run:
-    path: Path
-    machine_info: dict[str, Any]
-    commit_info: dict[str, Any]
-    datetime: str | None
-    cases: dict[str, Case]
-    # A/B runs: the cases the candidate lost, which have no benchmark entry (ddpbench.gates.verdicts).
-    lost_ab_cases: list = field(default_factory=list)
-    completeness: Completeness = field(default_factory=lambda: Completeness(True, False))
-    # the machine-drift calibration probe the run recorded (ddpbench.gates.calibration), None without
-    calibration: dict[str, Any] | None = None
-
-    @property
-    def label(self) -> str:
-        return self.path.name
-
-    @property
-    def has_raw_data(self) -> bool:
-        return all(case.data for case in self.cases.values())
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def read_doc(path: str | Path) -> dict:
-    """One JSON run document as a dict; :class:`CompareError` naming the problem and the fix."""
-    path = Path(path)
-    if not path.exists():
-        raise CompareError(f"{path}: no such file")
-    if path.is_dir():
-        raise CompareError(f"{path}: is a directory, expected a pytest-benchmark JSON file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CompareError(f"{path}: cannot read it ({exc})") from None
-    if not text.strip():
-        raise CompareError(f"{path}: the file is empty (an interrupted or failed run?). Delete it, or "
-                           f"name other runs.")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CompareError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                           f"{exc.colno}): truncated by an interrupted save, or edited by hand? Delete "
-                           f"or restore it, or name other runs.") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
-        raise CompareError(f"{path}: not a pytest-benchmark result (no 'benchmarks' list); expected a "
-                           f"file saved by --benchmark-autosave/--benchmark-save or --benchmark-json")
-    return doc
-
-
-def load_run(path: str | Path) -> Run:
-    """Read one pytest-benchmark JSON file; :class:`CompareError` with a clear message if unusable."""
-    path = Path(path)
-    return run_of_doc(path, read_doc(path))
-
-
-def run_of_doc(path: Path, doc: dict) -> Run:
-    """A run document (as read by :func:`read_doc`, or a session's own) as a :class:`Run`;
-    :class:`CompareError` naming ``path`` when it is unusable."""
-    cases: dict[str, Case] = {}
-    for index, bench in enumerate(doc["benchmarks"]):
-        stats = bench.get("stats") if isinstance(bench, dict) else None
-        if not isinstance(stats, dict) or not _number(stats.get("median")):
-            raise CompareError(f"{path}: benchmark #{index} has no stats.median; the file is damaged")
-        fullname = str(bench.get("fullname") or bench.get("name") or f"#{index}")
-        data = stats.get("data")
-        if data is not None:
-            if not isinstance(data, list) or not data or not all(_number(x) and x > 0 for x in data):
-                raise CompareError(f"{path}: {fullname}: stats.data is not a list of round times "
-                                   f"(seconds, each above 0)")
-            data = [float(x) for x in data]
-        median = float(np.median(data)) if data else float(stats["median"])
-        if not median > 0:  # ratios divide by it
-            raise CompareError(f"{path}: {fullname}: its median round time is {median:g} s, and a round "
-                               f"cannot take no time; the file is damaged or was edited: restore it or "
-                               f"rerun the case")
-        if bench.get("extra_info") is not None and not isinstance(bench.get("extra_info"), dict):
-            raise CompareError(f"{path}: {fullname}: extra_info is {type(bench['extra_info']).__name__}, "
-                               f"not an object of keys; the file is damaged or was edited")
-        cases[fullname] = Case(
-            name=str(bench.get("name") or fullname),
-            fullname=fullname,
-            group=bench.get("group"),
-            extra_info=bench.get("extra_info") if isinstance(bench.get("extra_info"), dict) else {},
-            stats=stats,
-            data=data,
-        )
-    completeness = completeness_of(doc)
-    if not cases:
-        why = "" if completeness.complete else f" It is {completeness.describe()}."
-        raise CompareError(f"{path}: the run holds no benchmarks (were they all skipped or deselected?).{why}")
-    machine_info = doc.get("machine_info") if isinstance(doc.get("machine_info"), dict) else {}
-    commit_info = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
-    from .verdicts import LOST_CASES_KEY
-
-    lost = doc.get(LOST_CASES_KEY) if isinstance(doc.get(LOST_CASES_KEY), list) else []
-    return Run(path, machine_info, commit_info, doc.get("datetime"), cases, lost, completeness, probe_of(doc))
-
-
-def saved_runs(storage_dir: str | Path) -> list[Path]:
-    """Saved runs (``<storage>/<machine-id>/NNNN_*.json``) of the machine id with the most recently
-    saved run, oldest first (by pytest-benchmark's run number, of any width: 10000 after 9999)."""
-    storage_dir = Path(storage_dir)
-    if not storage_dir.is_dir():
-        return []
-    files = [p for p in storage_dir.glob("*/*.json") if RUN_NAME.match(p.name)]
-    if not files:
-        return []
-    newest_dir = max(files, key=lambda p: p.stat().st_mtime).parent
-    return storage.saved_run_files(newest_dir)
-
-
-def unreadable_run(path: Path) -> str | None:
-    """Why a saved run cannot be read (truncated, not JSON, not a run), or None when it can."""
-    try:
-        load_run(path)
-    except CompareError as exc:
-        return str(exc)
-    return None
-
-
-def compare_target_problem(storage_option: str, machine_id: str, compare_option) -> str | None:
-    """For ``pytest --benchmark-compare[=NUM]``: a message when the saved run it would compare
-    against is unreadable, or when the default target (the newest run) is incomplete or numbered
-    past 9999. pytest-benchmark skips an unreadable file with a warning that scrolls away and
-    silently compares against an older run (an interrupted save leaves exactly such a newest file);
-    it takes an incomplete run as it is; and its four-digit glob does not see run 10000 and later."""
-    if not compare_option or ("://" in storage_option and not storage_option.startswith("file://")):
-        return None  # nothing to compare, or a storage that is not a folder (elasticsearch)
-    folder = Path(storage_option.removeprefix("file://")) / machine_id
-    runs = storage.saved_run_files(folder)
-    if compare_option is not True:
-        runs = [p for p in runs if p.name.startswith(str(compare_option))]
-    if not runs:
-        return None
-    target = runs[-1]
-    which = "the newest saved run" if compare_option is True else f"saved run {compare_option}"
-    problem = unreadable_run(target)
-    if problem is not None:
-        return (f"--benchmark-compare: {which} cannot be read: {problem} pytest-benchmark "
-                f"would skip it and compare against an older run without saying so in the results. "
-                f"Delete or restore that file (an interrupted save leaves a truncated one), or name "
-                f"the run to compare against: --benchmark-compare=NNNN")
-    if compare_option is not True:
-        return None  # a run the user named is taken as named
-    if storage.run_number(target) > 9999:
-        return (f"--benchmark-compare: the newest saved run, {target.name}, is numbered past 9999, and "
-                f"pytest-benchmark's own search sees only four-digit numbers: it would compare against "
-                f"an older run. Name it: --benchmark-compare={storage.run_number(target)}")
-    status = load_run(target).completeness
-    if not status.complete:
-        return (f"--benchmark-compare: the newest saved run, {target.name}, is {status.describe()}; "
-                f"as a baseline it would silently lack those cases. Name a complete run to compare "
-                f"against: --benchmark-compare=NNNN (ddpbench compare picks one by itself)")
-    return None
-
-
-def resolve_run(spec: str, storage_dir: str | Path) -> Path:
-    """A file path, or a saved run's number / name prefix (``0003``, ``3``) in ``storage``."""
-    path = Path(spec)
-    if path.exists() or spec.endswith(".json") or "/" in spec:
-        return path
-    runs = saved_runs(storage_dir)
-    wanted = f"{int(spec):04d}" if spec.isdigit() else spec
-    matches = [p for p in runs if p.name.startswith(wanted + "_")] if spec.isdigit() else \
-        [p for p in runs if p.name.startswith(wanted)]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise CompareError(f"no saved run matching {spec!r} in {storage_dir} (and no such file)")
-    raise CompareError(f"{spec!r} matches several saved runs: {', '.join(p.name for p in matches)}")
-
-
-# ----------------------------------------------------------------------------------------------
-# The default pair: the newest run and the newest complete run of the same machine and branch
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Selection:
-    """The two runs ``ddpbench compare`` compares when none is named, and why those."""
-
-    baseline: Path
-    current: Path
-    lines: list[str] = field(default_factory=list)
-
-
-def _branch(doc: dict) -> str | None:
-    commit = doc.get("commit_info") if isinstance(doc.get("commit_info"), dict) else {}
-    branch = commit.get("branch")
-    return None if branch in NO_BRANCH or not isinstance(branch, str) else branch
-
-
-_SHOWN_SKIPS = 10
-
-
-def choose_runs(storage_dir: str | Path) -> Selection:
-    """The newest saved run, and as its baseline the newest older run that is complete, of the
-    same machine (:data:`ddpbench.gates.fingerprint.MACHINE_FACTS`) and of the same branch; when
-    the current run names no branch (a detached CI checkout) or no run of its branch qualifies,
-    the newest complete run of that machine on any branch, said so. :class:`CompareError` when
-    none qualifies, naming what was passed over."""
-    runs = saved_runs(storage_dir)
-    if len(runs) < 2:
-        found = "no saved run" if not runs else f"only one saved run ({runs[0]})"
-        raise CompareError(
-            f"need a baseline and a current run, but {storage_dir} has {found}. Save runs with "
-            f"`pytest benchmarks/ --benchmark-autosave --benchmark-save-data` (as `make bench` does) "
-            f"or name two --benchmark-json files: ddpbench compare BASELINE.json CURRENT.json")
-    current = runs[-1]
-    cur_doc = read_doc(current)
-    branch = _branch(cur_doc)
-    skipped: list[tuple[Path, str]] = []
-    other_branch: tuple[Path, str | None] | None = None  # the newest qualifying run of another branch
-    chosen = None
-    for path in reversed(runs[:-1]):
-        doc = read_doc(path)
-        status = completeness_of(doc)
-        if not status.complete:
-            skipped.append((path, f"{path.name}: {status.describe()}"))
-            continue
-        machine = fingerprint.run_differences(doc.get("machine_info"), cur_doc.get("machine_info"),
-                                              facts=fingerprint.MACHINE_FACTS).differ
-        if machine:
-            skipped.append((path, f"{path.name}: another machine ({'; '.join(d.describe() for d in machine)})"))
-            continue
-        if branch is None or _branch(doc) == branch:
-            chosen = path
-            break
-        if other_branch is None:
-            other_branch = (path, _branch(doc))
-        skipped.append((path, f"{path.name}: branch {_branch(doc) or 'unknown'}, not {branch}"))
-    if chosen is None and other_branch is not None:
-        chosen, its_branch = other_branch
-        why = (f"the newest complete run of this machine, from branch {its_branch or 'unknown'}: no complete "
-               f"run of branch {branch} qualifies")
-    elif chosen is not None:
-        why = ("the newest complete run of this machine" + (f" on branch {branch}" if branch else
-               " (the current run names no branch: any branch)"))
-    else:
-        raise CompareError(
-            f"no complete saved run of this machine to compare {current.name} with in "
-            f"{Path(current).parent}: " + "; ".join(line for _, line in skipped) + ". By default the baseline "
-            "is a complete run (no failed case, not stopped by -x / --maxfail or a crash) of the same "
-            "machine: save one, or name the runs to compare: ddpbench compare BASELINE CURRENT")
-    lines = [f"baseline chosen: {why}"]
-    skipped = [line for path, line in skipped if storage.run_number(path) > storage.run_number(chosen)]
-    lines += [f"passed over {line}" for line in skipped[:_SHOWN_SKIPS]]
-    if len(skipped) > _SHOWN_SKIPS:
-        lines.append(f"passed over {len(skipped) - _SHOWN_SKIPS} more run(s)")
-    return Selection(chosen, current, lines)
+class CompareError(RunError):
+    """Bad settings, or runs that cannot be compared: a message for the user, exit status 2."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -515,7 +221,7 @@ def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: floa
     of the module docstring."""
     if correction.refused:
         verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio, lo, hi, p
-        verdict.verdict, verdict.reason = "inconclusive", correction.refused
+        verdict.verdict, verdict.reason = Verdict.INCONCLUSIVE, correction.refused
         return
     factor = correction.factor
     verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio / factor, lo / factor, hi / factor, p
@@ -525,10 +231,10 @@ def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: floa
     verdict.calibrated, verdict.calibration_factor = True, factor
     verdict.details.update(raw_ratio=ratio, raw_ci=[lo, hi])
     measured = "slower" if lo > 1 else "faster" if hi < 1 else None
-    if (measured, verdict.verdict) in (("slower", "improvement"), ("faster", "regression")):
+    if (measured, verdict.verdict) in (("slower", Verdict.IMPROVEMENT), ("faster", Verdict.REGRESSION)):
         verdict.reason = (f"measured {measured} (raw {ratio:.3f} [{lo:.3f}, {hi:.3f}]); the probe's "
                           f"÷{factor:.3f} would read {verdict.verdict}")
-        verdict.verdict = "inconclusive"
+        verdict.verdict = Verdict.INCONCLUSIVE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -536,39 +242,16 @@ def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: floa
 # ----------------------------------------------------------------------------------------------
 
 
-def _structure(base: Run, cur: Run, bcase: Case, ccase: Case) -> StructureVerdict:
-    """The case's census in both runs compared; :class:`CompareError` naming the run, the case
-    and the field when one cannot be read."""
-    try:
-        return compare_census(bcase.extra_info.get(CENSUS_KEY), ccase.extra_info.get(CENSUS_KEY))
-    except CensusError as exc:
-        run = base if exc.side == "baseline" else cur
-        raise CompareError(f"{run.path}: {ccase.fullname}: extra_info {exc}. The file is damaged or was "
-                           f"edited: restore it or rerun the case") from None
-
-
-def _memory(base: Run, cur: Run, ccase: Case, bcase: Case, tolerance: float | None) -> StructureVerdict:
-    """The case's memory census in both runs compared; :class:`CompareError` naming the run, the
-    case and the field when one cannot be read."""
-    try:
-        return compare_memory(bcase.extra_info.get(MEMORY_KEY), ccase.extra_info.get(MEMORY_KEY),
-                              tolerance=tolerance)
-    except CensusError as exc:
-        run = base if exc.side == "baseline" else cur
-        raise CompareError(f"{run.path}: {ccase.fullname}: extra_info {exc}. The file is damaged or was "
-                           f"edited: restore it or rerun the case") from None
-
-
 def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                  confidence: float = DEFAULT_CONFIDENCE, calibration: str = "auto",
                  seed: int = 0, allow_different: set[str] | frozenset[str] = frozenset(),
                  accept_structure_change: bool = False, accept_memory_change: bool = False,
                  memory_tolerance: float | None = None) -> Comparison:
-    """Each case's verdict, timing, structure and memory; :class:`CompareError` for bad settings, for
-    runs that are not comparable (facts not in ``allow_different`` differ) and for a census that
-    cannot be read. ``accept_structure_change`` / ``accept_memory_change``: structural / memory
-    regressions are shown as accepted, not failing; ``memory_tolerance``: judge the measured CUDA
-    max allocated too (a share of the baseline's)."""
+    """Each case's verdict, timing, structure and memory (the cases' records were read and checked
+    when the runs were); :class:`CompareError` for bad settings and for runs that are not
+    comparable (facts not in ``allow_different`` differ). ``accept_structure_change`` /
+    ``accept_memory_change``: structural / memory regressions are shown as accepted, not failing;
+    ``memory_tolerance``: judge the measured CUDA max allocated too (a share of the baseline's)."""
     if not threshold >= 0:
         raise CompareError(f"--threshold must be >= 0, got {threshold}")
     if not 0 < confidence < 1:
@@ -594,16 +277,17 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
             f"no raw round times in {', '.join(missing)} (saved without --benchmark-save-data): verdicts "
             f"fall back to the summary stats (median, IQR, rounds) and are less reliable")
 
-    unlike: set[str] = set()
+    unlike: set[str] = set()  # the facts that kept cases from being compared
+    not_compared = 0  # cases whose facts differ and that difference is not allowed
     for fullname, bcase in base.cases.items():
         if fullname not in cur.cases:
-            result.cases.append(CaseVerdict(bcase.name, "missing", fullname, baseline_median_s=bcase.median))
+            result.cases.append(CaseVerdict(bcase.name, Verdict.MISSING, fullname, baseline_median_s=bcase.median))
     for fullname, ccase in cur.cases.items():
         bcase = base.cases.get(fullname)
         if bcase is None:
-            result.cases.append(CaseVerdict(ccase.name, "new", fullname, current_median_s=ccase.median))
+            result.cases.append(CaseVerdict(ccase.name, Verdict.NEW, fullname, current_median_s=ccase.median))
             continue
-        verdict = CaseVerdict(ccase.name, "inconclusive", fullname,
+        verdict = CaseVerdict(ccase.name, Verdict.INCONCLUSIVE, fullname,
                               baseline_median_s=bcase.median, current_median_s=ccase.median)
         if bcase.data and ccase.data:
             verdict.method = "bootstrap+mann-whitney"
@@ -620,25 +304,24 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
         by_probe = ccase.calibrated_by_probe and bcase.calibrated_by_probe
         _corrected(verdict, ratio, lo, hi, p, correction if by_probe else Correction(), threshold, confidence)
         differ = fingerprint.case_differences(bcase.extra_info, ccase.extra_info)
-        if differ:
-            refused = [d for d in differ if d.fact not in allowed]
-            what = "; ".join(d.describe() for d in differ)
-            if refused:
-                unlike.update(d.fact for d in refused)
-                verdict.verdict, verdict.reason = "inconclusive", f"unlike: {what}"
-            else:
-                verdict.reason = f"unlike, allowed: {what}"
-        if verdict.reason and verdict.reason.startswith("unlike: "):
+        refused = [d for d in differ if d.fact not in allowed]
+        what = "; ".join(d.describe() for d in differ)
+        if refused:  # unlike: not compared, its census and memory census not counted
+            unlike.update(d.fact for d in refused)
+            not_compared += 1
+            verdict.verdict, verdict.reason = Verdict.INCONCLUSIVE, f"unlike: {what}"
             verdict.structure = StructureVerdict(NOT_COUNTED, "the cases are unlike")
             verdict.memory = StructureVerdict(NOT_COUNTED, "the cases are unlike")
         else:
-            verdict.judge_structure(_structure(base, cur, bcase, ccase), accept_structure_change)
-            verdict.judge_memory(_memory(base, cur, ccase, bcase, memory_tolerance), accept_memory_change)
+            if differ:
+                verdict.reason = f"unlike, allowed: {what}"
+            verdict.judge_structure(compare_census(bcase.census, ccase.census), accept_structure_change)
+            verdict.judge_memory(compare_memory(bcase.memory, ccase.memory, tolerance=memory_tolerance),
+                                 accept_memory_change)
         result.cases.append(verdict)
     if unlike:
-        count = sum(1 for c in result.cases if (c.reason or "").startswith("unlike: "))
         result.warnings.append(
-            f"{count} case(s) not compared: what decides their measurement differs between the runs "
+            f"{not_compared} case(s) not compared: what decides their measurement differs between the runs "
             f"(see each case); --allow-different {','.join(sorted(unlike))} compares them anyway")
     if not any(MEMORY_KEY in case.extra_info for run in (base, cur) for case in run.cases.values()):
         result.columns.remove(MEMORY_COLUMN)  # runs saved before the memory census: their table as it was

@@ -7,8 +7,8 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
-FINGERPRINT_KEY = "ddpbench_fingerprint"
-FINGERPRINT_VERSION = 1
+from ..storage.records import FINGERPRINT_KEY, FINGERPRINT_VERSION
+
 RUN_FACTS = ("torch", "cuda", "nccl", "engine", "python", "cpu_model", "cpu_cores", "gpus")
 # The machine itself: which saved runs the default compare may take as the baseline.
 MACHINE_FACTS = ("cpu_model", "cpu_cores", "gpus")

@@ -5,12 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .structure import NOT_COUNTED, StructureVerdict, bad_field, read_both, size_text
-
-MEMORY_KEY = "memory"  # extra_info key of a case's memory census (the candidate's in A/B mode)
-BASELINE_MEMORY_KEY = "memory_baseline"  # extra_info["ab"] key of the A/B baseline's memory census
-MEMORY_VERDICT_KEY = "memory_verdict"  # extra_info["ab"] key of the A/B memory verdict
-MEMORY_VERSION = 1
+from ..storage.records import MEMORY_KEY, MemoryCensus, read_memory
+from .structure import NOT_COUNTED, StructureVerdict, read_both, size_text
+from .verdict_words import Verdict
 
 # Each category's name in a line (the record's key with spaces).
 _LABELS = {"optimizer_state": "optimizer state", "ddp_buckets": "DDP buckets",
@@ -20,54 +17,13 @@ _LABELS = {"optimizer_state": "optimizer state", "ddp_buckets": "DDP buckets",
            "unsharded_gradients": "unsharded gradients"}
 
 
-def _bytes(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        bad_field(where, value, "a whole number of bytes >= 0")
-    return value
-
-
-def _categories(value, where: str) -> dict[str, int]:
-    if not isinstance(value, dict):
-        bad_field(where, value, "bytes per category (an object)")
-    return {str(k): _bytes(v, f"{where}.{k}") for k, v in value.items()}
-
-
-def read_memory(record: Any, where: str = MEMORY_KEY) -> dict[str, Any] | str:
-    """The judged figures of a record, or (a str) why it is not counted; :class:`CensusError` for a
-    field that does not hold what the format says."""
-    if not isinstance(record, dict):
-        bad_field(where, record, "the case's memory census (an object)")
-    version = record.get("version")
-    if version != MEMORY_VERSION:
-        return f"memory census version {version!r} (this ddpbench reads version {MEMORY_VERSION})"
-    if record.get("incomplete") is not None:
-        return f"its memory census is incomplete ({record['incomplete']})"
-    for name in ("method", "device"):
-        if not isinstance(record.get(name), str):
-            bad_field(f"{where}.{name}", record.get(name), "text")
-    peak = _bytes(record.get("max_peak_bytes", record.get("peak_bytes")), f"{where}.peak_bytes")
-    where_at = record.get("peak_at") or {}
-    if not isinstance(where_at, dict):
-        bad_field(f"{where}.peak_at", where_at, "an object (module, phase)")
-    measured = record.get("measured")
-    allocated = None
-    if isinstance(measured, dict) and measured.get("max_allocated_bytes") is not None:
-        allocated = _bytes(measured["max_allocated_bytes"], f"{where}.measured.max_allocated_bytes")
-    return {"method": record["method"], "device": record["device"], "peak": peak,
-            "at_peak": _categories(record.get("at_peak", {}), f"{where}.at_peak"),
-            "after": _bytes(record.get("after_step_bytes", 0), f"{where}.after_step_bytes"),
-            "after_step": _categories(record.get("after_step", {}), f"{where}.after_step"),
-            "module": where_at.get("module"), "phase": where_at.get("phase"),
-            "ranks_disagree": bool(record.get("ranks_disagree", False)), "allocated": allocated}
-
-
 def _delta(nbytes: int) -> str:
     return ("+" if nbytes > 0 else "-") + size_text(abs(nbytes))
 
 
-def _place(figures: dict) -> str:
+def _place(figures: MemoryCensus) -> str:
     """Where the peak fell, as a line says it: "at blocks.0 backward", "in the optimizer step"."""
-    module, phase = figures["module"], figures["phase"]
+    module, phase = figures.module, figures.phase
     if module and phase:
         return f"at {module} {phase}"
     if phase == "optimizer":
@@ -94,13 +50,13 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
         return read
     base, cur = read
     for fact in ("method", "device"):
-        if base[fact] != cur[fact]:
-            return StructureVerdict(NOT_COUNTED, f"counted differently (baseline {fact} {base[fact]}, "
-                                                 f"{current_label} {cur[fact]})")
+        if getattr(base, fact) != getattr(cur, fact):
+            return StructureVerdict(NOT_COUNTED, f"counted differently (baseline {fact} {getattr(base, fact)}, "
+                                                 f"{current_label} {getattr(cur, fact)})")
     parts: list[str] = []
     up = down = False
-    peak_change = cur["peak"] - base["peak"]
-    at_peak = _category_changes(base["at_peak"], cur["at_peak"])
+    peak_change = cur.peak - base.peak
+    at_peak = _category_changes(base.at_peak, cur.at_peak)
     moved = _place(base) != _place(cur)
     up |= peak_change > 0
     down |= peak_change < 0
@@ -114,22 +70,22 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
         parts.append(f"{head}: {what + ', ' if what else ''}{place}")
     elif moved:
         parts.append(f"peak same, now {_place(cur)} (was {_place(base)})")
-    after_change = cur["after"] - base["after"]
+    after_change = cur.after - base.after
     if after_change:
-        kept = _category_changes(base["after_step"], cur["after_step"])
+        kept = _category_changes(base.after_step, cur.after_step)
         what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in kept)
         parts.append(f"kept after the step {_delta(after_change)}" + (f" ({what})" if what else ""))
         up |= after_change > 0
         down |= after_change < 0
-    if base["ranks_disagree"] != cur["ranks_disagree"]:
-        parts.append("the ranks' memory censuses disagree" if cur["ranks_disagree"]
+    if base.ranks_disagree != cur.ranks_disagree:
+        parts.append("the ranks' memory censuses disagree" if cur.ranks_disagree
                      else "the ranks' memory censuses agree again")
-        up |= cur["ranks_disagree"]
-        down |= not cur["ranks_disagree"]
+        up |= cur.ranks_disagree
+        down |= not cur.ranks_disagree
     notes: list[str] = []
-    if base["allocated"] is not None and cur["allocated"] is not None and base["allocated"] != cur["allocated"]:
-        ratio = cur["allocated"] / base["allocated"] if base["allocated"] else math.inf
-        text = f"measured max allocated {_delta(cur['allocated'] - base['allocated'])} ({ratio:.3f}x)"
+    if base.allocated is not None and cur.allocated is not None and base.allocated != cur.allocated:
+        ratio = cur.allocated / base.allocated if base.allocated else math.inf
+        text = f"measured max allocated {_delta(cur.allocated - base.allocated)} ({ratio:.3f}x)"
         if tolerance is not None and ratio > 1 + tolerance:
             parts.append(f"{text}, past the {tolerance * 100:g}% tolerance")
             up = True
@@ -137,10 +93,5 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
             notes.append(text + (" (shown, not judged)" if tolerance is None else f", within {tolerance * 100:g}%"))
     if up and down:
         parts.append("mixed: some figures up, some down (a regression)")
-    verdict = "regression" if up else "improvement" if down else "same"
+    verdict = Verdict.REGRESSION if up else Verdict.IMPROVEMENT if down else Verdict.SAME
     return StructureVerdict(verdict, "; ".join(parts + notes))
-
-
-def verdict_dict(verdict: StructureVerdict) -> dict[str, Any]:
-    """The verdict as a saved A/B record holds it (``extra_info["ab"]["memory_verdict"]``)."""
-    return {"verdict": verdict.verdict, "line": verdict.line, "accepted": verdict.accepted}

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..storage.records import CALIBRATION_KEY
+from ..storage.runs import RunError, load_run, run_of_doc
 from . import compare as cmp
-from .calibration import CALIBRATION_KEY
 
 TITLE = "ddpbench: noise-aware verdicts for the same comparison"
 GATE_LINE = ("ddpbench: informational here (pytest-benchmark's options, such as --benchmark-compare-fail, set "
@@ -34,10 +35,10 @@ def verdict_lines(baseline_file: Path, current_doc: dict) -> list[str]:
     """ddpbench compare's text for one stored run against this session's results, or the reason
     there is none (runs that are not comparable, a file it cannot read)."""
     try:
-        base = cmp.load_run(baseline_file)
-        cur = cmp.run_of_doc(Path(CURRENT_LABEL), current_doc)
+        base = load_run(baseline_file)
+        cur = run_of_doc(Path(CURRENT_LABEL), current_doc)
         result = cmp.compare_runs(base, cur)
-    except cmp.CompareError as exc:
+    except RunError as exc:
         return [f"ddpbench compare: no verdicts: {exc}"]
     return cmp.format_text(result).splitlines()
 
@@ -61,6 +62,6 @@ def print_verdicts(terminalreporter, bench_session, current_doc: dict, probe=Non
 
 def _has_probe(path: Path) -> bool:
     try:
-        return cmp.load_run(path).calibration is not None
-    except cmp.CompareError:
+        return load_run(path).calibration is not None
+    except RunError:
         return False

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NOT_SLOWER = "not-slower"  # a slowdown of the threshold or more is ruled out; faster or not, open
-VERDICTS = ("regression", "improvement", "same", NOT_SLOWER, "inconclusive")
+from .verdict_words import TIMING_VERDICTS, Verdict
+
+NOT_SLOWER = Verdict.NOT_SLOWER  # a slowdown of the threshold or more is ruled out; faster or not, open
+VERDICTS = TIMING_VERDICTS
 DEFAULT_ALPHA = 0.01
 DEFAULT_CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
@@ -33,7 +35,7 @@ class PairedResult:
     ci_low: float
     ci_high: float
     p_value: float
-    verdict: str
+    verdict: Verdict
     pool_pair_ratios: tuple[float, ...] = ()  # exp(Hodges-Lehmann) of each pool pair's log ratios
     ratio_of_block_minima: float | None = None  # exp(Hodges-Lehmann) of the block minima's log ratios
     # The look's stop level and the ratio's exact signed-rank upper bound at it (stop_levels,
@@ -51,7 +53,7 @@ class PairedResult:
         if self.stop_level is not None:
             out["stop_level"] = self.stop_level
             out["stop_bound"] = self.stop_bound if math.isfinite(self.stop_bound) else None
-        if self.verdict == "inconclusive":
+        if self.verdict == Verdict.INCONCLUSIVE:
             out["rules_out_slowdown"] = slowdown_ruled_out(self.upper_end)
         return out
 
@@ -71,14 +73,14 @@ def slowdown_ruled_out(ci_high: float | None) -> float | None:
     return max(0.0, ci_high - 1.0)
 
 
-def interval_verdict(ci_low: float, ci_high: float, threshold: float) -> str:
+def interval_verdict(ci_low: float, ci_high: float, threshold: float) -> Verdict:
     """The verdict an interval gives when no change was shown: ``same`` when it lies within
     [1 / (1 + threshold), 1 + threshold], ``not-slower`` when only its upper end does, else
     ``inconclusive``. Both gates end their rules with it."""
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
     if ci_high <= up:
-        return "same" if ci_low >= down else NOT_SLOWER
-    return "inconclusive"
+        return Verdict.SAME if ci_low >= down else Verdict.NOT_SLOWER
+    return Verdict.INCONCLUSIVE
 
 
 @functools.lru_cache(maxsize=None)
@@ -254,7 +256,7 @@ def bootstrap_interval(groups, confidence: float = DEFAULT_CONFIDENCE) -> tuple[
 
 def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshold: float,
            alpha: float = DEFAULT_ALPHA, pool_pair_ratios=(), pool_pair_share: float = POOL_PAIR_SHARE,
-           ratio_of_block_minima: float | None = None, stop_bound: float | None = None) -> str:
+           ratio_of_block_minima: float | None = None, stop_bound: float | None = None) -> Verdict:
     """The verdict (module docstring). With two or more pool pairs, each pool pair's estimate must
     clear ``pool_pair_share`` of the threshold; with one, nothing can tell its pools' own offset
     from a change, so the whole interval must clear the threshold instead. Given the ratio of the
@@ -273,11 +275,11 @@ def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshol
         slower = slower and ratio_of_block_minima > up
         faster = faster and ratio_of_block_minima < down
     if p_value < alpha and slower:
-        return "regression"
+        return Verdict.REGRESSION
     if p_value < alpha and faster:
-        return "improvement"
+        return Verdict.IMPROVEMENT
     if stop_bound is not None and stop_bound > up:
-        return "inconclusive"  # the look's stop level does not yet rule out a slowdown of the threshold
+        return Verdict.INCONCLUSIVE  # the look's stop level does not yet rule out a slowdown of the threshold
     return interval_verdict(ci_low, ci_high, threshold)
 
 
@@ -391,12 +393,12 @@ def summary_ratio_ci(base_stats: dict, cur_stats: dict,
 
 
 def decide_unpaired(ratio: float, ci_low: float, ci_high: float, p_value: float | None, threshold: float,
-                    confidence: float = DEFAULT_CONFIDENCE) -> str:
+                    confidence: float = DEFAULT_CONFIDENCE) -> Verdict:
     """The stored-run verdict (module docstring); ``p_value`` None: summary statistics only, the
     interval alone decides."""
     significant = p_value is None or p_value < 1.0 - confidence
     if ratio > 1 + threshold and ci_low > 1 and significant:
-        return "regression"
+        return Verdict.REGRESSION
     if ratio < 1 / (1 + threshold) and ci_high < 1 and significant:
-        return "improvement"
+        return Verdict.IMPROVEMENT
     return interval_verdict(ci_low, ci_high, threshold)

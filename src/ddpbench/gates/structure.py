@@ -3,25 +3,14 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-CENSUS_KEY = "census"  # extra_info key of a case's census (the candidate's in A/B mode)
-BASELINE_CENSUS_KEY = "census_baseline"  # extra_info["ab"] key of the A/B baseline's census
-CENSUS_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
-NOT_COUNTED = "not counted"
-STRUCTURE_VERDICTS = ("regression", "improvement", "same", NOT_COUNTED)
+from ..storage.records import CENSUS_KEY, RecordError, read_census
+from .verdict_words import COMPONENT_VERDICTS, Verdict
 
-
-class CensusError(ValueError):
-    """A census that cannot be read: the message names the field and what it should hold;
-    ``side`` which side's census it is, when two were compared."""
-
-    def __init__(self, message: str, side: str | None = None):
-        super().__init__(message)
-        self.side = side
+NOT_COUNTED = Verdict.NOT_COUNTED
+STRUCTURE_VERDICTS = COMPONENT_VERDICTS
 
 
 @dataclass(frozen=True)
@@ -29,7 +18,7 @@ class StructureVerdict:
     """A case's structural verdict: one of :data:`STRUCTURE_VERDICTS`, the line naming each
     change (or why it was not counted), and whether a regression was accepted as made on purpose."""
 
-    verdict: str
+    verdict: Verdict
     line: str = ""
     accepted: bool = False
 
@@ -37,132 +26,17 @@ class StructureVerdict:
         if self.verdict not in STRUCTURE_VERDICTS:
             raise ValueError(f"unknown structural verdict {self.verdict!r}; expected one of "
                              f"{', '.join(STRUCTURE_VERDICTS)}")
+        object.__setattr__(self, "verdict", Verdict(self.verdict))  # the word, as a member
 
     @property
     def fails(self) -> bool:
         """A structural regression nobody accepted: it fails the gate whatever the timing says."""
-        return self.verdict == "regression" and not self.accepted
+        return self.verdict is Verdict.REGRESSION and not self.accepted
 
     def cell(self) -> str:
         """The report's "structure" column."""
         word = self.verdict + (", accepted" if self.accepted else "")
         return f"{word}: {self.line}" if self.line else word
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading a census: checked field by field
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Census:
-    version: int
-    method: str
-    # (kind, dtype, group size, group, peer) -> (count, bytes, call sizes, why the bytes depend on
-    # the data or None); version 1's group and peer are None
-    collectives: dict[tuple, tuple[float, float, tuple[float, ...] | None, str | None]]
-    buckets: tuple[float, ...] | None
-    graph_breaks: float | None
-    recompiles: float | None
-    kernel_launches: float | None
-    ranks_disagree: bool
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _count(value, where: str, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        return bad_field(where, value, "a number >= 0" + (" or null" if optional else ""))
-    return value
-
-
-def bad_field(where: str, value, expected: str):
-    """Raise the CensusError naming a record's field that does not hold what its format says."""
-    raise CensusError(f"{where} is {_show(value)}, expected {expected}")
-
-
-def _sizes(value, where: str, optional: bool) -> tuple[float, ...] | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, list):
-        return bad_field(where, value, "a list of byte counts" + (" or null" if optional else ""))
-    return tuple(sorted(_count(v, f"{where}[{i}]") for i, v in enumerate(value)))
-
-
-def _peer(value, where: str):
-    if value is None or value == "any" or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    return bad_field(where, value, 'an offset within the group (a whole number), "any" or null')
-
-
-def read_census(census: Any, where: str = CENSUS_KEY) -> _Census | str:
-    """The census checked, or (a str) why it is not counted (a version this ddpbench does not read,
-    a census marked incomplete or varying between steps); :class:`CensusError` for a field that does
-    not hold what the format says. ``where`` names it in messages."""
-    if not isinstance(census, dict):
-        bad_field(where, census, "the case's census (an object)")
-    version = census.get("version")
-    if isinstance(version, bool) or version not in READABLE_VERSIONS:
-        return (f"census version {_show(version)} (this ddpbench reads versions "
-                f"{', '.join(map(str, READABLE_VERSIONS))})")
-    incomplete = census.get("incomplete")
-    if incomplete is not None:  # part of the step escapes the count
-        if not isinstance(incomplete, str) or not incomplete:
-            bad_field(f"{where}.incomplete", incomplete, "text (why the census misses collectives)")
-        return f"its census is incomplete ({incomplete})"
-    varies = census.get("varies_between_steps")
-    if varies is not None:
-        if not isinstance(varies, str) or not varies:
-            bad_field(f"{where}.varies_between_steps", varies, "text (how the steps' collectives differ)")
-        return f"its collectives vary between steps ({varies})"
-    method = census.get("method")
-    if not isinstance(method, str):
-        bad_field(f"{where}.method", method, "text (how it was counted)")
-    entries = census.get("collectives")
-    if not isinstance(entries, list):
-        bad_field(f"{where}.collectives", entries, "a list of collectives")
-    collectives: dict = {}
-    for i, entry in enumerate(entries):
-        at = f"{where}.collectives[{i}]"
-        if not isinstance(entry, dict):
-            bad_field(at, entry, "an object (kind, dtype, group_size, count, bytes, call_bytes)")
-        for name in ("kind", "dtype"):
-            if not isinstance(entry.get(name), str):
-                bad_field(f"{at}.{name}", entry.get(name), "text")
-        group = entry.get("group_size")
-        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-            bad_field(f"{at}.group_size", group, "a whole number >= 1")
-        count, size = _count(entry.get("count"), f"{at}.count"), _count(entry.get("bytes"), f"{at}.bytes")
-        calls = _sizes(entry.get("call_bytes"), f"{at}.call_bytes", optional=True)
-        identity = peer = data = None
-        if version >= 2:
-            identity = entry.get("group")
-            if not isinstance(identity, str) or not identity:
-                bad_field(f"{at}.group", identity, "text (which process group)")
-            peer = _peer(entry.get("peer"), f"{at}.peer")
-            data = entry.get("data_dependent_bytes")
-            if data is not None and (not isinstance(data, str) or not data):
-                bad_field(f"{at}.data_dependent_bytes", data, "text (why its bytes depend on the data) or null")
-        key = (entry["kind"], entry["dtype"], group, identity, peer)
-        if key in collectives:  # one entry per key by the format; two are added up, not lost
-            before = collectives[key]
-            merged = None if before[2] is None or calls is None else tuple(sorted(before[2] + calls))
-            collectives[key] = (before[0] + count, before[1] + size, merged, before[3] or data)
-        else:
-            collectives[key] = (count, size, calls, data)
-    disagree = census.get("ranks_disagree", False)
-    if not isinstance(disagree, bool):
-        bad_field(f"{where}.ranks_disagree", disagree, "true or false")
-    return _Census(version, method, collectives,
-                   _sizes(census.get("ddp_buckets"), f"{where}.ddp_buckets", optional=True),
-                   *(_count(census.get(name), f"{where}.{name}", optional=True)
-                     for name in ("graph_breaks", "recompiles", "cuda_kernel_launches")),
-                   ranks_disagree=disagree)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,8 +143,9 @@ def _key_order(key) -> tuple:
 def read_both(baseline: Any, current: Any, current_label: str, fields: tuple[str, str],
               reader: Callable[[Any, str], Any], what: str):
     """Both sides' records read by ``reader`` (which returns the read record, or a string saying why
-    it is not counted), as (baseline, current); or the ``not counted`` verdict when a side recorded
-    none or cannot be counted. :class:`CensusError` for a malformed record names its side."""
+    it is not counted; a record read already is returned as it is), as (baseline, current); or the
+    ``not counted`` verdict when a side recorded none or cannot be counted. :class:`RecordError`
+    for a malformed record names its side."""
     sides = {"baseline": baseline, current_label: current}
     absent = [name for name, record in sides.items() if record is None]
     if absent:
@@ -280,8 +155,8 @@ def read_both(baseline: Any, current: Any, current_label: str, fields: tuple[str
     for (name, record), field in zip(sides.items(), fields):
         try:
             read[name] = reader(record, field)
-        except CensusError as exc:
-            raise CensusError(str(exc), name) from None
+        except RecordError as exc:
+            raise RecordError(str(exc), name) from None
     other = [f"{name}: {why}" for name, why in read.items() if isinstance(why, str)]
     if other:
         return StructureVerdict(NOT_COUNTED, "; ".join(other))
@@ -290,10 +165,10 @@ def read_both(baseline: Any, current: Any, current_label: str, fields: tuple[str
 
 def compare_census(baseline: Any, current: Any, current_label: str = "current",
                    fields: tuple[str, str] = (CENSUS_KEY, CENSUS_KEY)) -> StructureVerdict:
-    """The structural verdict of ``current`` against ``baseline`` (each a census or None) with the
-    line naming each change, e.g. ``all_reduce float32 ×2: 3 → 4 per step, +1.0 MiB; buckets 2 →
-    4``; :class:`CensusError` for a malformed one, naming its side and its field (``fields``: how
-    each side's census is named in a message, baseline's first)."""
+    """The structural verdict of ``current`` against ``baseline`` (each a census, read or not, or
+    None) with the line naming each change, e.g. ``all_reduce float32 ×2: 3 → 4 per step, +1.0 MiB;
+    buckets 2 → 4``; :class:`RecordError` for a malformed one, naming its side and its field
+    (``fields``: how each side's census is named in a message, baseline's first)."""
     read = read_both(baseline, current, current_label, fields, read_census, "census")
     if isinstance(read, StructureVerdict):
         return read
@@ -335,12 +210,13 @@ def compare_census(baseline: Any, current: Any, current_label: str = "current",
         changes.parts.append("mixed: some figures up, some down (a regression)")
     elif changes.unranked and not changes.up and not changes.down:
         changes.parts.append("neither more nor fewer (a regression until accepted)")
-    verdict = ("regression" if changes.up or changes.unranked else "improvement" if changes.down else "same")
+    verdict = (Verdict.REGRESSION if changes.up or changes.unranked else Verdict.IMPROVEMENT if changes.down
+               else Verdict.SAME)
     return StructureVerdict(verdict, "; ".join(changes.parts + unjudged))
 
 
 def accept(verdict: StructureVerdict) -> StructureVerdict:
     """The verdict with a regression accepted as made on purpose (an option of the gate)."""
-    if verdict.verdict != "regression":
+    if verdict.verdict is not Verdict.REGRESSION:
         return verdict
     return StructureVerdict(verdict.verdict, verdict.line, accepted=True)

@@ -1,7 +1,7 @@
 """The gates' one vocabulary, one verdict type and one report.
 
 Both gates (stored runs: :mod:`.compare`; A/B: :mod:`.ab`) judge each case with one word of
-:data:`VERDICTS` and put it in a :class:`CaseVerdict`; a run's verdicts make a
+:data:`VERDICTS` (a :class:`~.verdict_words.Verdict`) and put it in a :class:`CaseVerdict`; a run's verdicts make a
 :class:`GateReport`, printed by :func:`format_text` (terminal), :func:`format_markdown` (a pull
 request comment) or :func:`format_json`, and turned into the exit status by
 :meth:`GateReport.gate_status`: 1 for a regression or a case the baseline has and the current
@@ -39,9 +39,9 @@ Beside it a memory verdict (:mod:`.memory`: the two sides' memory census records
 in the same words), shown in the "memory" column, with the same effect: a memory regression makes
 the case a ``regression`` whatever the timing says, unless accepted (``--accept-memory-change``).
 
-Verdicts read back from a saved run (:func:`ab_verdict`) are checked first: a field that does
-not hold what it should is a :class:`VerdictError` naming the case and the field, never a
-traceback from the formatters.
+Verdicts read back from a saved run (:func:`ab_verdict`) go through the A/B record's reader first
+(:func:`ddpbench.storage.records.read_ab`): a field that does not hold what it should is a
+:class:`VerdictError` naming the case and the field, never a traceback from the formatters.
 """
 
 from __future__ import annotations
@@ -51,28 +51,18 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .memory import BASELINE_MEMORY_KEY, MEMORY_KEY, compare_memory
-from .structure import BASELINE_CENSUS_KEY, CENSUS_KEY, STRUCTURE_VERDICTS, CensusError, StructureVerdict, \
-    accept, compare_census
-from .stats import VERDICTS as TIMING_VERDICTS
+from ..storage.records import BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY, CENSUS_KEY, LOST_CASES_KEY, MEMORY_KEY, \
+    ABRecord, RecordError, read_ab
+from .memory import compare_memory
+from .structure import STRUCTURE_VERDICTS, StructureVerdict, accept, compare_census
 from .stats import slowdown_ruled_out
+from .verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
 
 # Most urgent first: the order of a report's rows and counts.
-VERDICTS = ("regression", "missing", "baseline-failed", "improvement", "inconclusive", "not-slower", "same",
-            "new")
-FAILING = ("regression", "missing", "baseline-failed")
+VERDICTS = CASE_VERDICTS
 # The verdicts a timing comparison gives (not-slower included): only a case so judged gets a
 # structural verdict too.
 TIMED = TIMING_VERDICTS
-assert set(STRUCTURE_VERDICTS) <= set(TIMED) | {"not counted"}  # one vocabulary
-
-# The key of a pytest-benchmark JSON run under which an A/B run lists the cases that have no
-# benchmark entry of their own: lost on the candidate side (crashed, hung).
-LOST_CASES_KEY = "ddpbench_ab_lost"
-
-_MARKDOWN_VERDICT = {"regression": "❌ **regression**", "missing": "❌ **missing**",
-                     "baseline-failed": "❌ **baseline-failed**", "improvement": "✅ improvement",
-                     "inconclusive": "⚠️ inconclusive", "not-slower": "✅ not-slower"}
 
 
 class VerdictError(ValueError):
@@ -84,7 +74,7 @@ class CaseVerdict:
     """One case's verdict, with the figures behind it (``current`` is A/B's candidate)."""
 
     name: str
-    verdict: str
+    verdict: Verdict
     fullname: str | None = None
     baseline_median_s: float | None = None
     current_median_s: float | None = None
@@ -100,7 +90,7 @@ class CaseVerdict:
     reason: str | None = None  # why a case is missing or new
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
-    timing_verdict: str | None = None  # the timing's own verdict, once the components decided ``verdict``
+    timing_verdict: Verdict | None = None  # the timing's own verdict, once the components decided ``verdict``
     memory: StructureVerdict | None = None  # the memory censuses compared (ddpbench.gates.memory)
     failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide)
 
@@ -109,7 +99,7 @@ class CaseVerdict:
         """What an inconclusive case still shows: the smallest slowdown (a fraction) its interval
         rules out. None for other verdicts, for an unbounded interval, and for a case made
         inconclusive for a ``reason`` (figures that cannot be compared: nothing is ruled out)."""
-        if self.verdict != "inconclusive" or self.reason:
+        if self.verdict is not Verdict.INCONCLUSIVE or self.reason:
             return None
         # An A/B look that did not reach its stop level rules out only what its stop bound does
         # (stats.PairedResult.upper_end; null: too few pairs for any bound at that level).
@@ -121,6 +111,9 @@ class CaseVerdict:
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
+        self.verdict = Verdict(self.verdict)  # a saved word as its member
+        if self.timing_verdict is not None:
+            self.timing_verdict = Verdict(self.timing_verdict)
         if self.fullname is None:
             self.fullname = self.name
 
@@ -153,7 +146,7 @@ class CaseVerdict:
         there: the first look's level is below the smallest p its pairs can give, so the timing
         could never have read ``regression``. Its slowdown was not measured."""
         stopped = self.details.get("stopped_by_structure") or self.details.get("stopped_by_memory")
-        return bool(stopped) and self.timing_verdict == "inconclusive"
+        return bool(stopped) and self.timing_verdict is Verdict.INCONCLUSIVE
 
 
 # The components beside the timing that can fail a case, as the decided verdict's note names them.
@@ -173,16 +166,16 @@ def component_failures(case: CaseVerdict) -> list[str]:
     if case.memory is not None and case.memory.fails:
         failures.append(MEMORY_FAILS)
     accepted = [judged for judged in (case.structure, case.memory)
-                if judged is not None and judged.accepted and judged.verdict == "regression"]
+                if judged is not None and judged.accepted and judged.verdict is Verdict.REGRESSION]
     if not failures and accepted and case.timing_unmeasured:
         failures.append(TIMING_UNMEASURED)
     return failures
 
 
-def decide(timing_verdict: str, failed_by: list[str]) -> str:
+def decide(timing_verdict: Verdict, failed_by: list[str]) -> Verdict:
     """The verdict a gate decides and exits on: ``regression`` when any component failed the case
     (``failed_by``), else the timing's own verdict."""
-    return "regression" if failed_by else timing_verdict
+    return Verdict.REGRESSION if failed_by else timing_verdict
 
 
 def record_decision(ab: dict[str, Any], case: CaseVerdict) -> None:
@@ -233,7 +226,7 @@ class GateReport:
     footer: list[str] = field(default_factory=list)  # e.g. A/B's sides
     columns: list[Column] = field(default_factory=list)
 
-    def count(self, verdict: str) -> int:
+    def count(self, verdict: Verdict) -> int:
         return sum(1 for case in self.cases if case.verdict == verdict)
 
     def counts(self) -> dict[str, int]:
@@ -241,13 +234,14 @@ class GateReport:
 
     @property
     def regressions(self) -> list[CaseVerdict]:
-        return [case for case in self.cases if case.verdict == "regression"]
+        return [case for case in self.cases if case.verdict is Verdict.REGRESSION]
 
     def structural(self, accepted: bool) -> list[str]:
         """The cases whose structure regressed: accepted as made on purpose (and passing on their
         timing), or not."""
         return [c.fullname or c.name for c in self.cases
-                if c.structure is not None and c.structure.verdict == "regression" and c.structure.accepted == accepted
+                if c.structure is not None and c.structure.verdict is Verdict.REGRESSION
+                and c.structure.accepted == accepted
                 and TIMING_UNMEASURED not in c.failed_by]
 
     def unmeasured(self) -> list[str]:
@@ -258,7 +252,7 @@ class GateReport:
     def memory_regressions(self, accepted: bool) -> list[str]:
         """The cases whose memory census regressed: accepted as made on purpose, or not."""
         return [c.fullname or c.name for c in self.cases
-                if c.memory is not None and c.memory.verdict == "regression" and c.memory.accepted == accepted]
+                if c.memory is not None and c.memory.verdict is Verdict.REGRESSION and c.memory.accepted == accepted]
 
     def sorted_cases(self) -> list[CaseVerdict]:
         order = {v: i for i, v in enumerate(VERDICTS)}
@@ -269,12 +263,11 @@ class GateReport:
         rule = f"threshold {self.threshold * 100:g}%, " if self.threshold is not None else ""
         judged = [("accepted" if c.structure.accepted else c.structure.verdict) for c in self.cases
                   if c.structure is not None]
-        structure = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
-                              if judged.count(v))
+        shown = (Verdict.REGRESSION, "accepted", *STRUCTURE_VERDICTS[1:])
+        structure = ", ".join(f"{judged.count(v)} {v}" for v in shown if judged.count(v))
         judged = [("accepted" if c.memory.accepted else c.memory.verdict) for c in self.cases
                   if c.memory is not None]
-        memory = ", ".join(f"{judged.count(v)} {v}" for v in ("regression", "accepted", *STRUCTURE_VERDICTS[1:])
-                           if judged.count(v))
+        memory = ", ".join(f"{judged.count(v)} {v}" for v in shown if judged.count(v))
         return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; ratio = {self.current_label} / "
                 f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else "")
                 + (f"; memory: {memory}" if memory else ""))
@@ -290,9 +283,9 @@ class GateReport:
         accept_change = f"{option_prefix}accept-structure-change"
         accept_memory = f"{option_prefix}accept-memory-change"
         status, lines = 0, []
-        if self.count("regression"):
+        if self.count(Verdict.REGRESSION):
             status = 1
-            lines.append(f"{self.count('regression')} regression(s): exit status 1")
+            lines.append(f"{self.count(Verdict.REGRESSION)} regression(s): exit status 1")
         for accepted, names in ((False, self.structural(False)), (True, self.structural(True))):
             if not names:
                 continue
@@ -321,12 +314,12 @@ class GateReport:
                          f"accepted after the run ({shown}): their timing was not measured, so they cannot pass. "
                          f"Run the A/B gate again with --dist-ab-accept-structure-change to time them in full")
         for verdict, allowed, option, cause in (
-                ("missing", allow_missing, allow,
+                (Verdict.MISSING, allow_missing, allow,
                  f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
-                ("baseline-failed", allow_baseline_failure, allow_failed,
+                (Verdict.BASELINE_FAILED, allow_baseline_failure, allow_failed,
                  f"failed on the baseline side ({{names}}): nothing to compare the {self.current_label} with, "
                  f"and a broken baseline is not a new case")):
-            cases = [c.fullname or c.name for c in self.cases if c.verdict == verdict]
+            cases = [c.fullname or c.name for c in self.cases if c.verdict is verdict]
             if not cases:
                 continue
             names = ", ".join(cases[:5]) + (" ..." if len(cases) > 5 else "")
@@ -336,7 +329,7 @@ class GateReport:
             else:
                 status = 1
                 lines.append(f"{what}. Exit status 1 ({option} accepts them)")
-        inconclusive = self.count("inconclusive")
+        inconclusive = self.count(Verdict.INCONCLUSIVE)
         if inconclusive:
             if fail_on_inconclusive:
                 status = 1
@@ -428,7 +421,7 @@ def format_text(report: GateReport) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines.append("  ".join(cell.ljust(w) for cell, w in zip(rows[0], widths)).rstrip())
     for row, case in zip(rows[1:], report.sorted_cases()):
-        flag = "  <<" if case.verdict in FAILING else ""
+        flag = "  <<" if case.verdict.fails else ""
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + flag)
     return "\n".join(lines + report.footer)
 
@@ -448,7 +441,7 @@ def format_markdown(report: GateReport) -> str:
     for case in report.sorted_cases():
         row = _row(report, case)
         row[0] = f"`{row[0]}`"
-        row[-1] = _MARKDOWN_VERDICT.get(case.verdict, case.verdict) + _resolution(case) + _verdict_note(case)
+        row[-1] = case.verdict.markdown + _resolution(case) + _verdict_note(case)
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     if report.footer:
         lines.append("")
@@ -465,90 +458,37 @@ def format_json(report: GateReport) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def _ab_problem(ab: dict[str, Any]) -> str | None:
-    """What in a case's extra_info["ab"] the report could not use, or None."""
-    def show(value) -> str:
-        return repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-
-    verdict = ab.get("verdict", "inconclusive")
-    if verdict not in VERDICTS:
-        return f"ab.verdict is {show(verdict)}, not one of {', '.join(VERDICTS)}"
-    timing = ab.get("timing_verdict")
-    if timing is not None and timing not in TIMED:
-        return f"ab.timing_verdict is {show(timing)}, not one of {', '.join(TIMED)}"
-    for key, positive in (("ratio", True), ("p_value", False), ("threshold", False), ("wall_s", False),
-                          ("ratio_of_block_minima", True), ("pairs", False), ("stop_bound", True),
-                          ("stop_level", False)):
-        value = ab.get(key)
-        if value is not None and not (_is_number(value) and math.isfinite(value) and (value > 0 or not positive)
-                                      and value >= 0):
-            return f"ab.{key} is {show(value)}, expected {'a positive' if positive else 'a'} number"
-    interval = ab.get("ratio_ci")
-    if interval is not None and not (isinstance(interval, (list, tuple)) and len(interval) == 2
-                                     and all(_is_number(v) for v in interval) and interval[0] <= interval[1]):
-        return f"ab.ratio_ci is {show(interval)}, expected [low, high] numbers or null"
-    per_pool = ab.get("ratio_per_pool_pair")
-    if per_pool is not None and not (isinstance(per_pool, list) and all(_is_number(v) for v in per_pool)):
-        return f"ab.ratio_per_pool_pair is {show(per_pool)}, expected a list of numbers"
-    for side in ("baseline", "candidate"):
-        figures = ab.get(side)
-        if figures is None:
-            continue
-        if not isinstance(figures, dict):
-            return f"ab.{side} is {show(figures)}, expected the side's figures (an object)"
-        median = figures.get("median_s")
-        if median is not None and not (_is_number(median) and 0 < median < math.inf):
-            return (f"ab.{side}.median_s is {show(median)}, expected a time above 0 s"
-                    + (" (a round cannot take no time)" if median == 0 else ""))
-    sides = ab.get("sides")
-    if sides is not None and not (isinstance(sides, dict) and all(isinstance(d, dict) for d in sides.values())):
-        return f"ab.sides is {show(sides)}, expected each side's description (objects)"
-    if ab.get("reason") is not None and not isinstance(ab["reason"], str):
-        return f"ab.reason is {show(ab['reason'])}, expected text"
-    return None
-
-
-def ab_verdict(name: str, ab: dict[str, Any], candidate_median_s: float | None, census: Any = None,
+def ab_verdict(name: str, ab: dict[str, Any] | ABRecord, candidate_median_s: float | None, census: Any = None,
                accept_structure_change: bool = False, memory: Any = None, accept_memory_change: bool = False,
                memory_tolerance: float | None = None) -> CaseVerdict:
     """A case's A/B verdict from its ``extra_info["ab"]`` (the timing verdict and the baseline's
     census and memory census) and the candidate's ``census`` and ``memory``
-    (``extra_info["census"]`` / ``["memory"]``); :class:`VerdictError` when a field does not hold
-    what it should (a damaged or hand-edited run)."""
-    problem = _ab_problem(ab)
-    if problem:
-        raise VerdictError(f"{name}: extra_info {problem}. The run's file is damaged or was edited: "
-                           f"restore it or run the A/B comparison again")
-    low, high = ab.get("ratio_ci") or [None, None]
-    if candidate_median_s is None:
-        candidate_median_s = (ab.get("candidate") or {}).get("median_s")
-    # The timing's own verdict: ``timing_verdict`` beside the decided one (record_decision), or, in
-    # a run saved before the decided verdict was saved, ``verdict`` itself. The components are
-    # judged anew, so a reader's --accept-structure-change applies.
-    case = CaseVerdict(name, ab.get("timing_verdict") or ab.get("verdict", "inconclusive"), name,
-                       baseline_median_s=(ab.get("baseline") or {}).get("median_s"),
-                       current_median_s=candidate_median_s, ratio=ab.get("ratio"), ci_low=low, ci_high=high,
-                       p_value=ab.get("p_value"), method="paired-blocks" if "pairs" in ab else None,
-                       reason=ab.get("reason"), details=ab)
-    if case.verdict in TIMED:  # both sides ran it: their structures compare too
-        try:
-            structure = compare_census(ab.get(BASELINE_CENSUS_KEY), census, "candidate",
-                                       (f"ab.{BASELINE_CENSUS_KEY}", CENSUS_KEY))
-        except CensusError as exc:
-            raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
-                               f"or run the A/B comparison again") from None
-        case.judge_structure(structure, accept_structure_change)
-        try:
-            judged = compare_memory(ab.get(BASELINE_MEMORY_KEY), memory, "candidate",
-                                    (f"ab.{BASELINE_MEMORY_KEY}", MEMORY_KEY), memory_tolerance)
-        except CensusError as exc:
-            raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
-                               f"or run the A/B comparison again") from None
-        case.judge_memory(judged, accept_memory_change)
+    (``extra_info["census"]`` / ``["memory"]``), each as saved or as read already (a loaded
+    :class:`~ddpbench.storage.runs.Case` holds them read); :class:`VerdictError` when a field does
+    not hold what it should (a damaged or hand-edited run)."""
+    try:
+        record = read_ab(ab)
+        summary = record.summary
+        low, high = summary.get("ratio_ci") or [None, None]
+        if candidate_median_s is None:
+            candidate_median_s = (summary.get("candidate") or {}).get("median_s")
+        # The timing's own verdict: ``timing_verdict`` beside the decided one (record_decision), or,
+        # in a run saved before the decided verdict was saved, ``verdict`` itself. The components are
+        # judged anew, so a reader's --accept-structure-change applies.
+        case = CaseVerdict(name, summary.get("timing_verdict") or summary.get("verdict", Verdict.INCONCLUSIVE), name,
+                           baseline_median_s=(summary.get("baseline") or {}).get("median_s"),
+                           current_median_s=candidate_median_s, ratio=summary.get("ratio"), ci_low=low, ci_high=high,
+                           p_value=summary.get("p_value"), method="paired-blocks" if "pairs" in summary else None,
+                           reason=summary.get("reason"), details=summary)
+        if case.verdict in TIMED:  # both sides ran it: their structures compare too
+            case.judge_structure(compare_census(record.baseline_census, census, "candidate",
+                                                (f"ab.{BASELINE_CENSUS_KEY}", CENSUS_KEY)), accept_structure_change)
+            case.judge_memory(compare_memory(record.baseline_memory, memory, "candidate",
+                                             (f"ab.{BASELINE_MEMORY_KEY}", MEMORY_KEY), memory_tolerance),
+                              accept_memory_change)
+    except RecordError as exc:
+        raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
+                           f"or run the A/B comparison again") from None
     return case
 
 

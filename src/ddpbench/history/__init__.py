@@ -6,7 +6,7 @@ named JSON files, as one static HTML page of series with their detected steps.
 * :mod:`.page`: the self-contained HTML page (``page.html`` / ``page.css`` / ``page.js``).
 
 The command is a view, not a gate: it exits 0 whatever the steps (``ddpbench compare`` and A/B
-mode are the gates); bad input raises :class:`ddpbench.gates.compare.CompareError` (exit 2).
+mode are the gates); bad input raises :class:`ddpbench.storage.runs.RunError` (exit 2).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timezone
 from pathlib import Path
 
-from ..gates.compare import RUN_NAME, CompareError, Run, load_run
+from ..storage.runs import Run, RunError, load_run, storage_files
 from ..report import backend_label, family, spread
 
 SAVE_HINT = ("save runs with `pytest benchmarks/ --benchmark-autosave --benchmark-save-data` "
@@ -143,18 +143,10 @@ class Series:
         return f"chart-{self.index}"
 
 
-def storage_files(storage: str | Path) -> list[Path]:
-    """Every saved run of every machine folder: ``<storage>/<machine-id>/NNNN_*.json``."""
-    storage = Path(storage)
-    if not storage.is_dir():
-        return []
-    return sorted(p for p in storage.glob("*/*.json") if RUN_NAME.match(p.name))
-
-
 def load_records(storage: str | Path, files=(), skip_unreadable: bool = False) -> tuple[list[RunRecord], list[str]]:
     """The runs of ``storage`` and of the named ``files`` (each file once), and one message per
     saved run skipped as unreadable. A named file must be a run; an unreadable saved run is an
-    error unless ``skip_unreadable``. :class:`CompareError` when no run is left."""
+    error unless ``skip_unreadable``. :class:`RunError` when no run is left."""
     records, skipped, seen = [], [], set()
     for path in map(Path, files):  # named on the command line: it must be a run
         if path.resolve() not in seen:
@@ -165,30 +157,30 @@ def load_records(storage: str | Path, files=(), skip_unreadable: bool = False) -
             continue
         try:
             records.append(RunRecord.of(load_run(path)))
-        except CompareError as exc:
+        except RunError as exc:
             if not skip_unreadable:
-                raise CompareError(f"{exc} For the history of {storage}: delete that file, or pass "
-                                   f"--skip-unreadable to leave it out") from None
+                raise RunError(f"{exc} For the history of {storage}: delete that file, or pass "
+                               f"--skip-unreadable to leave it out") from None
             skipped.append(f"skipped unreadable saved run: {exc}")
     if not records:
         where = f"{storage} holds no saved run (<machine>/NNNN_*.json)"
         if skipped:
             where = f"none of the {len(skipped)} saved runs in {storage} can be read"
-        raise CompareError(f"no runs to show: {where}. To build a history, {SAVE_HINT}, or name "
-                           f"pytest-benchmark JSON files (--benchmark-json) on the command line")
+        raise RunError(f"no runs to show: {where}. To build a history, {SAVE_HINT}, or name "
+                       f"pytest-benchmark JSON files (--benchmark-json) on the command line")
     return records, skipped
 
 
 def since_filter(records: list[RunRecord], since: datetime) -> list[RunRecord]:
-    """The runs ordered on or after ``since``; :class:`CompareError` naming the newest run if none."""
+    """The runs ordered on or after ``since``; :class:`RunError` naming the newest run if none."""
     kept = [r for r in records if r.when is not None and r.when >= since]
     if not kept:
         dated = [r for r in records if r.when is not None]
         newest = max(dated, key=RunRecord.order_key) if dated else None
         found = (f"the newest of the {len(records)} runs is from {newest.when:%Y-%m-%d} ({newest.file})"
                  if newest else f"none of the {len(records)} runs records a commit or run time")
-        raise CompareError(f"--since {since:%Y-%m-%d}: no run on or after it; {found}. Give an earlier "
-                           f"date, or leave --since out")
+        raise RunError(f"--since {since:%Y-%m-%d}: no run on or after it; {found}. Give an earlier "
+                       f"date, or leave --since out")
     return kept
 
 
@@ -209,7 +201,7 @@ def memory_peak_of(extra_info: dict) -> int | None:
 
 def group_series(records: list[RunRecord], patterns=()) -> list[Series]:
     """One :class:`Series` per (machine, backend, case fullname), points in commit order; only the
-    cases ``patterns`` match when given (:class:`CompareError` naming some cases if none does)."""
+    cases ``patterns`` match when given (:class:`RunError` naming some cases if none does)."""
     groups: dict[tuple, Series] = {}
     for record in sorted(records, key=RunRecord.order_key):
         for case in record.run.cases.values():
@@ -233,8 +225,8 @@ def group_series(records: list[RunRecord], patterns=()) -> list[Series]:
     if not groups:
         names = sorted({case.name for r in records for case in r.run.cases.values()})
         shown = ", ".join(names[:5]) + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")
-        raise CompareError(f"--case {' '.join(patterns)}: no case matches; the runs hold {shown}. Give a "
-                           f"part of a case name or a pattern such as 'test_all_reduce*'")
+        raise RunError(f"--case {' '.join(patterns)}: no case matches; the runs hold {shown}. Give a "
+                       f"part of a case name or a pattern such as 'test_all_reduce*'")
     ordered = sorted(groups.values(), key=lambda s: (FAMILIES.index(s.family), s.name, s.fullname,
                                                      s.machine.label, s.backend))
     for index, series in enumerate(ordered):

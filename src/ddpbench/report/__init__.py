@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..gates.compare import Run
+from ..storage.runs import Run
 from .cells import backend_label, gpus_label, provenance, spread, with_provenance
 from .charts import MatplotlibMissing, configuration, line_labels, pyplot, save
 from .checks import ReportError, check_run

@@ -3,7 +3,7 @@ itself, and the lines printed under a table (the straggler, the run and machine 
 
 from __future__ import annotations
 
-from ..gates.compare import Case, Run
+from ..storage.runs import Case, Run
 from ..options import usual_device
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 from .cells import is_number, positive_whole, spread
 
 

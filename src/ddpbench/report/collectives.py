@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 from ..options import format_size
 from ..workloads.collectives import COLLECTIVES, bandwidths_gbps
 from .cells import backend_label, is_number, mean, sort_key, spread, table, with_straggler

@@ -18,11 +18,9 @@ def compare_chart(result: Comparison, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, max(2.5, 0.3 * len(cases) + 1.2)))
-    colors = {"regression": "tab:red", "improvement": "tab:green", "same": "tab:gray", "not-slower": "tab:gray",
-              "inconclusive": "tab:orange"}
     for y, case in enumerate(cases):
         ax.errorbar(case.ratio, y, xerr=[[case.ratio - case.ci_low], [case.ci_high - case.ratio]],
-                    fmt="o", color=colors.get(case.verdict, "black"), capsize=3)
+                    fmt="o", color=case.verdict.chart_colour, capsize=3)
     ax.set_yticks(range(len(cases)))
     ax.set_yticklabels([c.name for c in cases], fontsize=7)
     ax.axvline(1.0, color="black", lw=0.8)

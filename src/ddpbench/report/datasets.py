@@ -4,7 +4,7 @@ open descriptors, memory)."""
 
 from __future__ import annotations
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 from .cells import is_number, mem, num, sort_key, spread, table, with_straggler, yes_no
 from .family_table import FamilyTable
 

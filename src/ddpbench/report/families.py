@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..gates.compare import Case, Run
+from ..storage.runs import Case, Run
 from . import collectives, datasets, other, syncbn, training, transformer
 from .family_table import FamilyTable
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 
 
 @dataclass(frozen=True)

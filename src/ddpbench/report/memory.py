@@ -3,7 +3,7 @@ largest rank), the bytes per category at the peak, where it fell and what the st
 
 from __future__ import annotations
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 from .cells import mem, num, table
 
 # The memory table's category columns, in order, with their headers.

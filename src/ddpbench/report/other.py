@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 from .cells import table
 from .family_table import FamilyTable
 

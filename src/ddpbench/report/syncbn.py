@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 from .cells import backend_label, census_peak, sort_key, table, with_straggler
 from .family_table import FamilyTable
 

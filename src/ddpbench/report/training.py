@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 from .cells import census_peak, num, sort_key, table, with_straggler
 from .charts import scaling_figure
 from .family_table import Chart, FamilyTable

@@ -4,7 +4,7 @@ size, a row of panels per model size."""
 
 from __future__ import annotations
 
-from ..gates.compare import Case
+from ..storage.runs import Case
 from .cells import census_peak, is_number, mem, num, table, with_straggler
 from .charts import scaling_figure
 from .family_table import Chart, FamilyTable

@@ -20,10 +20,12 @@ from ...engine.census import combine_census
 from ...engine.memory import combine_memory
 from ...engine.modes import placement_info
 from ...engine.timing import max_over_ranks
+from ...storage.records import RecordError
 from . import schedule
 from .. import stats
 from ..memory import compare_memory
-from ..structure import CensusError, compare_census
+from ..structure import compare_census
+from ..verdict_words import Verdict
 from . import strata
 from . import tasks
 
@@ -420,7 +422,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             # can only take chances to reject away, never add one (docs/design.md, *The looks' levels*).
             # A cap that ends the planned looks early leaves no time for an extra look either.
             # A structural or memory regression decided the case at set-up: its first look is enough.
-            if (result.verdict != "inconclusive" or cap_ends_planned or not next_fits or stopped_by_structure
+            if (result.verdict != Verdict.INCONCLUSIVE or cap_ends_planned or not next_fits or stopped_by_structure
                     or stopped_by_memory):
                 break
         metrics = case.finish()
@@ -443,9 +445,9 @@ def _structural_regression(censuses: dict[str, Any]) -> str | None:
     one that cannot be read: the report judges those when the case is done)."""
     try:
         verdict = compare_census(censuses.get(schedule.BASELINE), censuses.get(schedule.CANDIDATE), "candidate")
-    except CensusError:
+    except RecordError:
         return None
-    return (verdict.line or verdict.verdict) if verdict.verdict == "regression" else None
+    return (verdict.line or verdict.verdict) if verdict.verdict is Verdict.REGRESSION else None
 
 
 def _memory_regression(memories: dict[str, Any]) -> str | None:
@@ -453,6 +455,6 @@ def _memory_regression(memories: dict[str, Any]) -> str | None:
     baseline's (``gates.memory``), or None, as :func:`_structural_regression`."""
     try:
         verdict = compare_memory(memories.get(schedule.BASELINE), memories.get(schedule.CANDIDATE), "candidate")
-    except CensusError:
+    except RecordError:
         return None
-    return (verdict.line or verdict.verdict) if verdict.verdict == "regression" else None
+    return (verdict.line or verdict.verdict) if verdict.verdict is Verdict.REGRESSION else None

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..verdict_words import Verdict
+
 PROFILE_MODES = ("off", "regressions", "all")
 DEFAULT_PROFILE = "regressions"
 MIN_PROFILED_ROUNDS = 5  # at least this many rounds a side; else one block's worth
@@ -31,7 +33,7 @@ def should_profile(mode: str, verdict: str) -> bool:
     """Whether ``mode`` (one of :data:`PROFILE_MODES`) profiles a case with ``verdict``."""
     if mode not in PROFILE_MODES:
         raise ValueError(f"profile mode {mode!r}: expected one of {', '.join(PROFILE_MODES)}")
-    return mode == "all" or (mode == "regressions" and verdict == "regression")
+    return mode == "all" or (mode == "regressions" and verdict == Verdict.REGRESSION)
 
 
 # ----------------------------------------------------------------------------------------------

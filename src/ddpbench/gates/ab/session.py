@@ -17,6 +17,7 @@ import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
 from ...options import AB_OPTIONS  # any of these turns A/B mode on
+from ..verdict_words import Verdict
 from ..verdicts import LOST_CASES_KEY, VerdictError, ab_report, ab_verdicts, format_text, record_decision
 from .budget import RunBudget
 from .engine import ABSettings, SideFailed, run_case
@@ -230,7 +231,7 @@ class ABSession:
     def _lost(self, case_id: str, failure: SideFailed) -> None:
         """The candidate lost a case the baseline ran (crashed, hung): a verdict of its own that
         fails the run, or skips the case with --dist-ab-allow-missing."""
-        summary = {"verdict": "missing", "reason": f"candidate pool {failure.pool} failed",
+        summary = {"verdict": Verdict.MISSING, "reason": f"candidate pool {failure.pool} failed",
                    "error": str(failure), "seed": self.seed, "sides": self.sides()}
         self.results.append((case_id, summary, None, None))
         message = f"ddpbench A/B: the candidate lost this case (the baseline ran it): {failure}"
@@ -245,7 +246,7 @@ class ABSession:
         --dist-ab-allow-baseline-failure: a baseline that crashes, hangs or computes a wrong result
         must not let every change pass as new."""
         lacks = baseline_lacks_case(failure.error)
-        summary = {"verdict": "new" if lacks else "baseline-failed",
+        summary = {"verdict": Verdict.NEW if lacks else Verdict.BASELINE_FAILED,
                    "reason": (f"baseline pool {failure.pool} lacks its code" if lacks
                               else f"baseline pool {failure.pool} failed"),
                    "error": str(failure), "seed": self.seed, "sides": self.sides()}
@@ -292,7 +293,7 @@ class ABSession:
     def lost_cases(self) -> list[dict]:
         """The cases the candidate lost, for the run's JSON (they have no benchmark entry)."""
         return [{"name": name, "ab": summary} for name, summary, _, _ in self.results
-                if summary.get("verdict") == "missing"]
+                if summary.get("verdict") == Verdict.MISSING]
 
 
 def baseline_lacks_case(error: BaseException) -> bool:

@@ -1,0 +1,487 @@
+"""The records ddpbench writes into a saved run, each shape declared once (a :class:`Shape`: a table
+of fields) with its reader. A run read back goes through the readers once (:mod:`.runs`); a field
+that does not hold what its shape says is a :class:`RecordError` naming it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..gates.verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
+
+# Where each record is kept. In a case's extra_info:
+CENSUS_KEY = "census"  # the case's census (the candidate's in A/B mode)
+MEMORY_KEY = "memory"  # the case's memory census (the candidate's in A/B mode)
+AB_KEY = "ab"  # an A/B case's verdict, its figures and the baseline's records
+# In extra_info["ab"]:
+BASELINE_CENSUS_KEY = "census_baseline"
+BASELINE_MEMORY_KEY = "memory_baseline"
+# At the run's top level:
+RUN_KEY = "ddpbench_run"  # whether the run measured everything it set out to (:func:`run_record`)
+LOST_CASES_KEY = "ddpbench_ab_lost"  # the cases an A/B candidate lost: they have no benchmark entry
+CALIBRATION_KEY = "ddpbench_calibration"  # the machine-drift probe (ddpbench.gates.calibration)
+# In machine_info:
+MACHINE_INFO_KEY = CALIBRATION_KEY  # where runs saved before the probe moved out kept it
+FINGERPRINT_KEY = "ddpbench_fingerprint"  # what decides the cases' measurements (ddpbench.gates.fingerprint)
+
+READABLE_CENSUS_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
+MEMORY_VERSION = 1
+FINGERPRINT_VERSION = 1
+
+
+class RecordError(ValueError):
+    """A record whose field does not hold what its shape says; the message names the field
+    (``census.collectives[0].count is -1, expected a number >= 0``). ``side``: which side's record
+    it is, when two were compared; ``record``: which of a case's records (its extra_info key)."""
+
+    def __init__(self, message: str, side: str | None = None, record: str | None = None):
+        super().__init__(message)
+        self.side, self.record = side, record
+
+
+# ----------------------------------------------------------------------------------------------
+# Declaring a shape
+# ----------------------------------------------------------------------------------------------
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: its repr, cut short past 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a value may hold: ``accepts`` tests it, ``wanted`` says it in a message (``expected a
+    number >= 0``), ``hint`` may add a word on the value itself."""
+
+    accepts: Callable[[Any], bool]
+    wanted: str
+    hint: Callable[[Any], str] = lambda value: ""
+    show: Callable[[Any], str] = shown
+
+    def check(self, value: Any, where: str) -> Any:
+        if not self.accepts(value):
+            raise RecordError(f"{where} is {self.show(value)}, {self.wanted}{self.hint(value)}")
+        return value
+
+
+def expect(words: str, accepts: Callable[[Any], bool], **more) -> Kind:
+    return Kind(accepts, f"expected {words}", **more)
+
+
+def one_of(words: tuple[str, ...]) -> Kind:
+    return Kind(lambda value: value in words, f"not one of {', '.join(words)}")
+
+
+@dataclass(frozen=True)
+class Field:
+    """A field of a record. Absent, it is ``default`` (an error when ``required``); null, it is
+    absent when ``nullable``; ``each``: the kind of a list's items."""
+
+    name: str
+    kind: Kind
+    required: bool = False
+    nullable: bool = True
+    default: Any = None
+    each: Kind | None = None
+
+    def read(self, record: dict, where: str) -> Any:
+        """This field of ``record`` (``where`` names the record), checked."""
+        if self.name not in record and not self.required:
+            return self.default
+        return self.check(record.get(self.name), f"{where}.{self.name}")
+
+    def check(self, value: Any, at: str) -> Any:
+        if value is None and self.nullable and not self.required:
+            return None
+        self.kind.check(value, at)
+        if self.each is not None:
+            for i, item in enumerate(value):
+                self.each.check(item, f"{at}[{i}]")
+        return value
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A record's declared fields (it may hold others, unread); ``kind``: the record itself."""
+
+    kind: Kind
+    fields: tuple[Field, ...]
+
+    def __getitem__(self, name: str) -> Field:
+        return next(f for f in self.fields if f.name == name)
+
+    def check(self, record: Any, where: str) -> dict:
+        """``record`` with every declared field checked, in order."""
+        self.kind.check(record, where)
+        for item in self.fields:
+            item.read(record, where)
+        return record
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _count(value: Any) -> bool:
+    return _number(value) and math.isfinite(value) and value >= 0
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _object(words: str) -> Kind:
+    return expect(words, lambda value: isinstance(value, dict))
+
+
+TEXT = expect("text", lambda value: isinstance(value, str))
+COUNT = expect("a number >= 0", _count)
+BYTES = expect("a whole number of bytes >= 0", lambda value: _whole(value) and value >= 0)
+VERSION = expect("a whole number (the version of its format)", _whole)
+
+
+class NotCounted(str):
+    """Why a record is not compared (another version, marked incomplete...): read, but not judged."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The census: what one step launches (extra_info["census"], ddpbench.gates.structure)
+# ----------------------------------------------------------------------------------------------
+
+CENSUS = Shape(_object("the case's census (an object)"), (
+    Field("version", VERSION, required=True),
+    Field("incomplete", expect("text (why the census misses collectives)", _text)),
+    Field("varies_between_steps", expect("text (how the steps' collectives differ)", _text)),
+    Field("method", expect("text (how it was counted)", lambda value: isinstance(value, str)), required=True),
+    Field("collectives", expect("a list of collectives", lambda value: isinstance(value, list)), required=True),
+    Field("ranks_disagree", expect("true or false", lambda value: isinstance(value, bool)), nullable=False,
+          default=False),
+    Field("ddp_buckets", expect("a list of byte counts or null", lambda value: isinstance(value, list)),
+          each=COUNT),
+    Field("graph_breaks", expect("a number >= 0 or null", _count)),
+    Field("recompiles", expect("a number >= 0 or null", _count)),
+    Field("cuda_kernel_launches", expect("a number >= 0 or null", _count)),
+))
+# One entry of census["collectives"]; version 1 records only the first six fields.
+CENSUS_ENTRY = Shape(_object("an object (kind, dtype, group_size, count, bytes, call_bytes)"), (
+    Field("kind", TEXT, required=True),
+    Field("dtype", TEXT, required=True),
+    Field("group_size", expect("a whole number >= 1", lambda value: _whole(value) and value >= 1), required=True),
+    Field("count", COUNT, required=True),
+    Field("bytes", COUNT, required=True),
+    Field("call_bytes", expect("a list of byte counts or null", lambda value: isinstance(value, list)), each=COUNT),
+    Field("group", expect("text (which process group)", _text), required=True),
+    Field("peer", expect('an offset within the group (a whole number), "any" or null',
+                         lambda value: value == "any" or _whole(value))),
+    Field("data_dependent_bytes", expect("text (why its bytes depend on the data) or null", _text)),
+))
+_VERSION_1_ENTRY = Shape(CENSUS_ENTRY.kind, CENSUS_ENTRY.fields[:6])
+
+
+@dataclass(frozen=True)
+class Census:
+    """A census as read: (kind, dtype, group size, group, peer) -> (count, bytes, call sizes, why
+    the bytes depend on the data or None); version 1's group and peer are None."""
+
+    version: int
+    method: str
+    collectives: dict[tuple, tuple[float, float, tuple[float, ...] | None, str | None]]
+    buckets: tuple[float, ...] | None
+    graph_breaks: float | None
+    recompiles: float | None
+    kernel_launches: float | None
+    ranks_disagree: bool
+
+
+def read_census(census: Any, where: str = CENSUS_KEY) -> Census | NotCounted:
+    """The census checked, or why it is not counted (a version this ddpbench does not read, marked
+    incomplete or varying between steps); ``where`` names it in messages. A census read already
+    is returned as it is."""
+    if isinstance(census, (Census, NotCounted)):
+        return census
+    CENSUS.kind.check(census, where)
+    version = CENSUS["version"].read(census, where)
+    if version not in READABLE_CENSUS_VERSIONS:
+        return NotCounted(f"census version {shown(version)} (this ddpbench reads versions "
+                          f"{', '.join(map(str, READABLE_CENSUS_VERSIONS))})")
+    incomplete = CENSUS["incomplete"].read(census, where)
+    if incomplete is not None:  # part of the step escapes the count
+        return NotCounted(f"its census is incomplete ({incomplete})")
+    varies = CENSUS["varies_between_steps"].read(census, where)
+    if varies is not None:
+        return NotCounted(f"its collectives vary between steps ({varies})")
+    CENSUS.check(census, where)
+    entry_shape = CENSUS_ENTRY if version >= 2 else _VERSION_1_ENTRY
+    collectives: dict = {}
+    for i, entry in enumerate(census["collectives"]):
+        entry_shape.check(entry, f"{where}.collectives[{i}]")
+        calls = None if entry.get("call_bytes") is None else tuple(sorted(entry["call_bytes"]))
+        data = entry.get("data_dependent_bytes") if version >= 2 else None
+        key = (entry["kind"], entry["dtype"], entry["group_size"], *((entry["group"], entry.get("peer"))
+                                                                      if version >= 2 else (None, None)))
+        if key in collectives:  # one entry per key by the format; two are added up, not lost
+            before = collectives[key]
+            merged = None if before[2] is None or calls is None else tuple(sorted(before[2] + calls))
+            collectives[key] = (before[0] + entry["count"], before[1] + entry["bytes"], merged, before[3] or data)
+        else:
+            collectives[key] = (entry["count"], entry["bytes"], calls, data)
+    buckets = census.get("ddp_buckets")
+    return Census(version, census["method"], collectives, None if buckets is None else tuple(sorted(buckets)),
+                  census.get("graph_breaks"), census.get("recompiles"), census.get("cuda_kernel_launches"),
+                  census.get("ranks_disagree", False))
+
+
+# ----------------------------------------------------------------------------------------------
+# The memory census: live tensor bytes in one step (extra_info["memory"], ddpbench.gates.memory)
+# ----------------------------------------------------------------------------------------------
+
+CATEGORIES = _object("bytes per category (an object)")
+MEMORY = Shape(_object("the case's memory census (an object)"), (
+    Field("version", VERSION, required=True),
+    Field("method", TEXT, required=True),
+    Field("device", TEXT, required=True),
+    Field("peak_bytes", BYTES, required=True),  # the largest rank's, max_peak_bytes, where recorded
+    Field("peak_at", _object("an object (module, phase)")),
+    Field("at_peak", CATEGORIES, nullable=False, default={}),
+    Field("after_step_bytes", BYTES, nullable=False, default=0),
+    Field("after_step", CATEGORIES, nullable=False, default={}),
+))
+
+
+@dataclass(frozen=True)
+class MemoryCensus:
+    """The judged figures of a memory census: the peak and what held it (bytes per category),
+    where it fell, what stays after the step, and the measured CUDA max allocated (None off CUDA)."""
+
+    method: str
+    device: str
+    peak: int
+    at_peak: dict[str, int]
+    after: int
+    after_step: dict[str, int]
+    module: str | None
+    phase: str | None
+    ranks_disagree: bool
+    allocated: int | None
+
+
+def _categories(record: dict, name: str, where: str) -> dict[str, int]:
+    value = MEMORY[name].read(record, where)
+    return {str(k): BYTES.check(v, f"{where}.{name}.{k}") for k, v in value.items()}
+
+
+def read_memory(record: Any, where: str = MEMORY_KEY) -> MemoryCensus | NotCounted:
+    """The judged figures of a memory census, or why it is not counted (another version, marked
+    incomplete); ``where`` names it in messages. A record read already is returned as it is."""
+    if isinstance(record, (MemoryCensus, NotCounted)):
+        return record
+    MEMORY.kind.check(record, where)
+    version = MEMORY["version"].read(record, where)
+    if version != MEMORY_VERSION:
+        return NotCounted(f"memory census version {version!r} (this ddpbench reads version {MEMORY_VERSION})")
+    if record.get("incomplete") is not None:
+        return NotCounted(f"its memory census is incomplete ({record['incomplete']})")
+    method, device = MEMORY["method"].read(record, where), MEMORY["device"].read(record, where)
+    peak = MEMORY["peak_bytes"].check(record.get("max_peak_bytes", record.get("peak_bytes")), f"{where}.peak_bytes")
+    peak_at = MEMORY["peak_at"].check(record.get("peak_at") or {}, f"{where}.peak_at")
+    measured = record.get("measured")
+    allocated = None
+    if isinstance(measured, dict) and measured.get("max_allocated_bytes") is not None:
+        allocated = BYTES.check(measured["max_allocated_bytes"], f"{where}.measured.max_allocated_bytes")
+    at_peak = _categories(record, "at_peak", where)
+    after = MEMORY["after_step_bytes"].read(record, where)
+    return MemoryCensus(method, device, peak, at_peak, after, _categories(record, "after_step", where),
+                        peak_at.get("module"), peak_at.get("phase"), bool(record.get("ranks_disagree", False)),
+                        allocated)
+
+
+# ----------------------------------------------------------------------------------------------
+# An A/B case's record (extra_info["ab"], ddpbench.gates.verdicts)
+# ----------------------------------------------------------------------------------------------
+
+
+def _figure(positive: bool) -> Kind:
+    return expect("a positive number" if positive else "a number",
+                  lambda value: _number(value) and math.isfinite(value) and value >= 0 and (value > 0 or not positive))
+
+
+def _interval(value: Any) -> bool:
+    return (isinstance(value, (list, tuple)) and len(value) == 2 and all(_number(v) for v in value)
+            and value[0] <= value[1])
+
+
+SIDE_FIGURES = Shape(_object("the side's figures (an object)"), (
+    Field("median_s", expect("a time above 0 s", lambda value: _number(value) and 0 < value < math.inf,
+                             hint=lambda value: " (a round cannot take no time)" if value == 0 else "")),
+))
+AB = Shape(_object("the A/B record (an object)"), (
+    Field("verdict", one_of(CASE_VERDICTS), nullable=False, default=Verdict.INCONCLUSIVE),
+    Field("timing_verdict", one_of(TIMING_VERDICTS)),  # beside the decided verdict (verdicts.record_decision)
+    Field("ratio", _figure(positive=True)),
+    Field("p_value", _figure(positive=False)),
+    Field("threshold", _figure(positive=False)),
+    Field("wall_s", _figure(positive=False)),
+    Field("ratio_of_block_minima", _figure(positive=True)),
+    Field("pairs", _figure(positive=False)),
+    Field("stop_bound", _figure(positive=True)),
+    Field("stop_level", _figure(positive=False)),
+    Field("ratio_ci", expect("[low, high] numbers or null", _interval)),
+    Field("ratio_per_pool_pair", expect("a list of numbers",
+                                        lambda value: isinstance(value, list) and all(_number(v) for v in value))),
+    Field("baseline", SIDE_FIGURES.kind),
+    Field("candidate", SIDE_FIGURES.kind),
+    Field("sides", expect("each side's description (objects)",
+                          lambda value: isinstance(value, dict) and all(isinstance(d, dict) for d in value.values()))),
+    Field("reason", TEXT),
+))
+
+
+@dataclass(frozen=True)
+class ABRecord:
+    """An A/B case's record as read: the record itself (its figures, read by key) and the
+    baseline's census and memory census (None where the run recorded none)."""
+
+    summary: dict[str, Any]
+    baseline_census: Census | NotCounted | None
+    baseline_memory: MemoryCensus | NotCounted | None
+
+
+def read_ab(record: Any, where: str = AB_KEY) -> ABRecord:
+    """An A/B case's record checked; a record read already is returned as it is."""
+    if isinstance(record, ABRecord):
+        return record
+    AB.check(record, where)
+    for side in ("baseline", "candidate"):
+        if record.get(side) is not None:
+            SIDE_FIGURES.check(record[side], f"{where}.{side}")
+    census, memory = record.get(BASELINE_CENSUS_KEY), record.get(BASELINE_MEMORY_KEY)
+    return ABRecord(record, None if census is None else read_census(census, f"{where}.{BASELINE_CENSUS_KEY}"),
+                    None if memory is None else read_memory(memory, f"{where}.{BASELINE_MEMORY_KEY}"))
+
+
+# ----------------------------------------------------------------------------------------------
+# A case's extra_info: the keys the report groups, sorts and labels by, and the records above
+# ----------------------------------------------------------------------------------------------
+
+PLAIN = Kind(lambda value: isinstance(value, (str, int, float, bool)), "expected one plain value",
+             show=lambda value: f"{type(value).__name__} {shown(value)}")
+_PLAIN_KEYS = ("family", "backend", "device", "variant", "impl", "model", "layout", "data_source", "worker_start",
+               "sharing_strategy", "dtype", "reduce_op", "placement", "persistent_workers", "batch_size",
+               "hidden_dim", "grad_accum", "num_samples", "num_workers", "ops_per_round")
+
+
+def _positive_whole(value: Any) -> bool:
+    return _number(value) and value > 0 and float(value).is_integer()
+
+
+EXTRA_INFO = Shape(Kind(lambda value: isinstance(value, dict), "not an object of keys",
+                        show=lambda value: type(value).__name__), (
+    *(Field(key, PLAIN) for key in _PLAIN_KEYS),
+    Field("op", expect("a collective's name", _text), nullable=False),
+    Field("size_bytes", expect("a whole number of bytes above 0", _positive_whole), nullable=False),
+    Field("world_size", expect("a whole number of ranks above 0", _positive_whole)),
+))
+
+
+@dataclass(frozen=True)
+class CaseRecords:
+    """What ddpbench recorded in a case's extra_info, read: its census, memory census and A/B
+    record (None where it recorded none)."""
+
+    census: Census | NotCounted | None = None
+    memory: MemoryCensus | NotCounted | None = None
+    ab: ABRecord | None = None
+
+
+def read_extra_info(info: dict) -> CaseRecords:
+    """A case's extra_info checked, and its records read. :class:`RecordError` names the field as
+    ``extra_info.size_bytes`` or, inside a record, ``extra_info census.ddp_buckets``. An ``ab``
+    that is not an object is another tool's, not an A/B record."""
+    EXTRA_INFO.check(info, "extra_info")
+
+    def read(key: str, reader):
+        if info.get(key) is None or (key == AB_KEY and not isinstance(info[key], dict)):
+            return None
+        try:
+            return reader(info[key], key)
+        except RecordError as exc:
+            raise RecordError(f"extra_info {exc}", record=key) from None
+
+    return CaseRecords(read(CENSUS_KEY, read_census), read(MEMORY_KEY, read_memory), read(AB_KEY, read_ab))
+
+
+# ----------------------------------------------------------------------------------------------
+# The run's own records, read leniently: runs saved before them, or by other tools, lack them
+# ----------------------------------------------------------------------------------------------
+
+_NAMED_FAILURES = 20
+
+
+def run_record(exitstatus: int, failed: int, stopped: str | None, failed_cases: list[str]) -> dict[str, Any]:
+    """What a run says about itself when saved (under :data:`RUN_KEY`): ``complete``, pytest's
+    ``exitstatus``, the number of ``failed`` reports (failures and errors), the first failing cases,
+    and why it ``stopped`` early (``-x`` / ``--maxfail``), if it did."""
+    complete = int(exitstatus) == 0 and failed == 0 and not stopped
+    return {"complete": complete, "exitstatus": int(exitstatus), "failed": int(failed),
+            "failed_cases": list(failed_cases)[:_NAMED_FAILURES], "stopped": stopped or None}
+
+
+@dataclass(frozen=True)
+class Completeness:
+    """Whether a saved run measured everything it set out to: a partial run is never a default
+    baseline (docs/design.md)."""
+
+    complete: bool
+    recorded: bool  # False: saved before ddpbench recorded it (or by another tool)
+    why: str = ""  # for an incomplete run: what happened
+
+    def describe(self) -> str:
+        if not self.recorded:
+            return "completeness not recorded (saved by an older ddpbench or another tool)"
+        return "complete" if self.complete else f"incomplete: {self.why}"
+
+
+def completeness_of(doc: Any) -> Completeness:
+    """The run record of a run document (a pytest-benchmark JSON run); complete and not recorded
+    without one."""
+    rec = doc.get(RUN_KEY) if isinstance(doc, dict) else None
+    if not isinstance(rec, dict) or not isinstance(rec.get("complete"), bool):
+        return Completeness(True, False)
+    if rec["complete"]:
+        return Completeness(True, True)
+    parts = []
+    failed = rec.get("failed")
+    if isinstance(failed, int) and failed:
+        names = [str(n) for n in rec.get("failed_cases") or []]
+        shown_names = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+        parts.append(f"{failed} failed or erroring case(s)" + (f" ({shown_names})" if shown_names else ""))
+    if rec.get("stopped"):
+        parts.append(f"stopped early ({rec['stopped']})")
+    status = rec.get("exitstatus")
+    if isinstance(status, int) and status not in (0, 1):
+        parts.append(f"pytest exit status {status}" + (" (internal error)" if status == 3 else ""))
+    return Completeness(False, True, "; ".join(parts) or "pytest did not finish cleanly")
+
+
+def probe_of(doc: dict | None) -> dict | None:
+    """The calibration probe a run document recorded, at its top level or (runs saved before the
+    probe left machine_info) in its ``machine_info``; None without a usable one (other tools, a
+    failed probe)."""
+    if not isinstance(doc, dict):
+        return None
+    probe = doc.get(CALIBRATION_KEY)
+    if probe is None and isinstance(doc.get("machine_info"), dict):
+        probe = doc["machine_info"].get(MACHINE_INFO_KEY)
+    if not isinstance(probe, dict):
+        return None
+    value = probe.get("min_s")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        return None
+    return probe

@@ -10,8 +10,6 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-# Modules whose long docstrings wait for their split or rename (issue 47), then move to design.md.
-LONG_DOCSTRING_PENDING = {"gates/compare.py", "gates/verdicts.py", "storage.py"}
 MAX_DOCSTRING_LINES = 11
 
 
@@ -61,6 +59,4 @@ def test_module_docstrings_are_short_and_the_explanations_live_in_the_design():
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
         if len(doc.splitlines()) > MAX_DOCSTRING_LINES:
             long[path.relative_to(ROOT / "src" / "ddpbench").as_posix()] = len(doc.splitlines())
-    assert {name: n for name, n in long.items() if name not in LONG_DOCSTRING_PENDING} == {}, \
-        "move these explanations into docs/design.md and link the section"
-    assert LONG_DOCSTRING_PENDING <= long.keys(), "short now: take them off LONG_DOCSTRING_PENDING"
+    assert long == {}, "move these explanations into docs/design.md and link the section"

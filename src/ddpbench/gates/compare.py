@@ -1,51 +1,6 @@
-"""The stored-baseline gate: noise-aware verdicts between two pytest-benchmark runs (saved runs or
---benchmark-json files), case by case (matched by pytest-benchmark's ``fullname``), in the gates'
-one vocabulary (:mod:`.verdicts`) from the ratio of the medians, its bootstrap interval and the
-Mann-Whitney p (:mod:`.stats`). A case the baseline has and the current run lacks is ``missing``
-(it crashed, hung or was removed); one only the current run has is ``new``.
-
-Runs saved without ``--benchmark-save-data`` hold only summary statistics: compare then falls back
-to the medians with an interval from the IQR and round counts (normal approximation of the median's
-standard error) and says so; :attr:`Comparison.summary_only` is set (the CLI exits 2 unless
-``--allow-summary-stats``).
-
-Machine drift: every run saved by ddpbench carries a calibration probe (:mod:`ddpbench.gates.calibration`)
-beside ``machine_info`` (in it, in older runs). The probe times this machine's CPU, so it corrects only CPU cases measured on
-the controller's own machine (extra_info ``device`` cpu, one node); CUDA and multi-node cases are
-compared raw. With ``calibration="auto"`` (default) those cases' ratios are divided by
-current_probe / baseline_probe when that factor is outside 1 +- :data:`DRIFT_TOLERANCE` (inside it,
-the probe's own noise would only add noise) and both probes were steady (median repetition at most
-:data:`ddpbench.gates.calibration.MAX_PROBE_SPREAD` x the fastest: an unsteady probe means a busy machine,
-whose load a probe cannot tell from drift); ``"always"`` / ``"never"`` force it. A run saved while
-the load average exceeded the CPU count gets a warning: load that changes between runs is not in
-the rounds' noise, so no within-run statistic can guard against it.
-
-The correction is bounded and never flips a verdict's sign. A probe ratio outside
-[1 / MAX_CORRECTION, MAX_CORRECTION] = [0.8, 1.25] (:data:`ddpbench.gates.calibration.MAX_CORRECTION`)
-is not corrected: the cases it would correct are ``inconclusive``, with the probe ratio as the reason
-(``--calibration never`` compares them raw, with a warning). Within the band, a case whose raw
-interval lies wholly above 1 (measured slower) can end ``regression``, ``same``, ``not-slower`` or
-``inconclusive``, never ``improvement``; wholly below 1 (measured faster), never ``regression``: such a would-be flip is
-``inconclusive`` with the reason. So a raw regression becomes ``same`` or ``not-slower`` only when
-the probe's drift, at most 25%, explains it. Each case's correction is a column of the table (``probe ÷1.180`` or
-``raw``) and ``calibration_factor`` in JSON, with the raw ratio in ``details``.
-
-Only comparable runs are compared (:mod:`.fingerprint`): runs whose torch, CUDA, NCCL, engine,
-Python, CPU or GPUs differ are refused (:class:`CompareError`, exit 2) unless the difference is
-allowed (``allow_different``); a case whose own facts (backend, world size, pinning, ops per round,
-CUDA graphs...) differ is ``inconclusive`` with the difference as its reason. With no run named,
-:func:`ddpbench.storage.runs.choose_runs` takes the newest saved run as the current one and, as the
-baseline, the newest *complete* run (:class:`~ddpbench.storage.records.Completeness`) of the same
-machine and branch, and says which runs it passed over.
-
-Each compared case also gets a structural verdict (:mod:`.structure`): the two runs' census
-records of the case compared exactly. A structural regression makes the case a ``regression``
-whatever the timing says, unless ``accept_structure_change`` (``--accept-structure-change``);
-a case that is unlike (its facts differ and that is not allowed) is not counted, and neither is
-one whose run recorded no census. Likewise a memory verdict (:mod:`.memory`): the two runs' memory
-census records compared exactly; a memory regression makes the case a ``regression`` unless
-``accept_memory_change`` (``--accept-memory-change``); the measured CUDA figures are judged only
-with ``memory_tolerance`` (``--memory-tolerance``).
+"""The stored-baseline gate: noise-aware verdicts between two saved runs, case by case, with the
+machine-drift correction, the comparability check and each case's structural and memory verdicts
+(docs/design.md#stored-run-gate, #machine-drift, #comparable-runs).
 """
 
 from __future__ import annotations

@@ -1,47 +1,6 @@
-"""The gates' one vocabulary, one verdict type and one report.
-
-Both gates (stored runs: :mod:`.compare`; A/B: :mod:`.ab`) judge each case with one word of
-:data:`VERDICTS` (a :class:`~.verdict_words.Verdict`) and put it in a :class:`CaseVerdict`; a run's verdicts make a
-:class:`GateReport`, printed by :func:`format_text` (terminal), :func:`format_markdown` (a pull
-request comment) or :func:`format_json`, and turned into the exit status by
-:meth:`GateReport.gate_status`: 1 for a regression or a case the baseline has and the current
-run lost (unless allowed), and for an inconclusive case only when asked.
-
-* ``regression`` / ``improvement``: a significant change past the threshold;
-* ``same``: the whole interval within the threshold either way;
-* ``not-slower``: the interval's upper end within the threshold, its lower end below the faster
-  bound: a slowdown of the threshold or more is ruled out (the question a gate asks), whether the
-  candidate is faster is left open; it passes as ``same`` does;
-* ``inconclusive``: none of these (more rounds, or a quieter machine, would tell); it states the
-  slowdown it still rules out (``rules out >= 8.7% slower``, JSON ``rules_out_slowdown``: from the
-  interval's upper end), so a reader learns what the run did show;
-* ``missing``: the baseline has the case and the current run lost it (crashed, hung, removed);
-* ``baseline-failed`` (A/B): both sides have the case, the baseline's ranks failed it (raised,
-  died, hung): nothing to compare with, and a broken baseline must not pass as ``new``;
-* ``new``: only the current run has it (the baseline lacks it: cannot import its code).
-
-Beside the timing verdict each compared case gets a structural one (:mod:`.structure`: the two
-sides' census records compared exactly, in the same words, or ``not counted``), shown in the
-"structure" column. A case's ``verdict`` is the one the gate decides and exits on, made by
-:func:`decide` from its components: the timing's own verdict (``timing_verdict``) unless a
-component fails the case, which makes it a ``regression`` whatever the timing says. A structural
-regression fails it unless the gate was told the change was made on purpose
-(``--accept-structure-change``): then the column says ``accepted`` and the case keeps its timing
-verdict, but only if its timing was measured: a case that stopped at its first look because of
-the structural change (``stopped_by_structure``) with an inconclusive timing was never timed in
-full, so accepting the change after the run cannot pass it (``timing not measured``).
-
-A/B runs save the decided verdict in ``extra_info["ab"]["verdict"]``, the components beside it
-(``timing_verdict``, ``structure_verdict``): :func:`record_decision`. A run saved before that holds
-the timing's verdict in ``verdict`` and no ``timing_verdict``; :func:`ab_verdict` reads both.
-
-Beside it a memory verdict (:mod:`.memory`: the two sides' memory census records compared exactly,
-in the same words), shown in the "memory" column, with the same effect: a memory regression makes
-the case a ``regression`` whatever the timing says, unless accepted (``--accept-memory-change``).
-
-Verdicts read back from a saved run (:func:`ab_verdict`) go through the A/B record's reader first
-(:func:`ddpbench.storage.records.read_ab`): a field that does not hold what it should is a
-:class:`VerdictError` naming the case and the field, never a traceback from the formatters.
+"""The gates' one vocabulary (:class:`~.verdict_words.Verdict`), one case verdict and one report with
+its formatters; the decided verdict made from its components (docs/design.md#gates,
+docs/design.md#the-decided-verdict).
 """
 
 from __future__ import annotations

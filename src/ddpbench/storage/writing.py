@@ -1,24 +1,5 @@
-"""Saved runs on disk: written whole or not at all, numbered without collisions, listed by number.
-
-pytest-benchmark's file storage opens ``<storage>/<machine-id>/NNNN_<name>.json`` and then
-serialises into it, so a value JSON cannot hold (a tuple-keyed dict in ``extra_info``) or a full
-disk leaves an empty or cut-short newest run; two runs saving at once may pick the same number;
-and its four-digit glob stops seeing runs past 9999 (the 10001st save then fails). The plugin
-installs :func:`save_run` in its place (:func:`install`), which:
-
-* serialises first, so a value JSON cannot hold is a named error (:func:`unsaveable` says where)
-  and nothing is written;
-* writes a hidden temporary file in the machine folder, flushed to disk, and links it to its final
-  name (``os.link``: atomic, and it fails if the name exists): the run appears whole or not at all;
-* takes turns with other saves into the folder (an ``flock`` on a hidden lock file) while it picks
-  a number and links, and checks afterwards that no other run holds that number (a saver that
-  takes no lock, such as pytest-benchmark alone): two runs never share a number;
-* numbers a run one past the highest number of any width in the folder (``0001`` ... ``9999``,
-  ``10000`` ...); :func:`saved_run_files` lists runs by that number.
-
-``--benchmark-json FILE`` is written through a temporary file and a rename the same way.
-A failed save raises :class:`SaveError`, whose message names the problem and says that the
-storage is as it was.
+"""Saved runs on disk: written whole or not at all, numbered without collisions, listed by number
+(docs/design.md#saving-is-whole-or-nothing).
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ range pyproject.toml allows (widen it only after these tests pass on the new rel
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 
 import pytest
@@ -19,10 +18,10 @@ import pytest_benchmark
 from packaging.specifiers import SpecifierSet
 
 from ddpbench.fixture import replay_into_pytest_benchmark
+from helpers.paths import REPO_ROOT as ROOT
 
 pytest_plugins = ["pytester"]
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMES = [0.0031, 0.0012, 0.0027, 0.0019, 0.0022]
 
 REPLAY = f'''

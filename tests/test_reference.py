@@ -1,14 +1,13 @@
 """docs/reference.md is written from the option definitions (ddpbench.reference): it must be the
 current text, and it must name every option the plugin registers and every command's arguments."""
 
-import pathlib
 import re
 import subprocess
 import sys
 
 from ddpbench.reference import reference_markdown
+from helpers.paths import REPO_ROOT as ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference.md"
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchjson import MACHINE, bench, run_doc, write
+from helpers.benchjson import MACHINE, bench, run_doc, write
 from ddpbench import cli, report
 from ddpbench.gates.compare import load_run
 

@@ -1,5 +1,5 @@
 """The report's scaling charts, read from the matplotlib objects (never pixels), for saved runs
-built with tests/benchjson.py: a row of panels per model, whole-number world-size ticks only, one
+built with tests/helpers/benchjson.py: a row of panels per model, whole-number world-size ticks only, one
 line per configuration (a case's id without its world size, so accumulation settings never zig-zag
 inside one line), transformer tokens/s and MFU, and every legend outside the data area."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchjson import bench, run_doc, write
+from helpers.benchjson import bench, run_doc, write
 from ddpbench import report
 from ddpbench.gates.compare import load_run
 

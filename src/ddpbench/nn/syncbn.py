@@ -15,7 +15,7 @@ its sum form, ``M2 = sum_r (M2_r + n_r mean_r**2) - n mean**2``, evaluated in fl
 cancellation error is about eps64 * (mean/std)**2 relative to the variance, i.e. 1e-10 at
 mean/std = 1e3, below float32's resolution for any mean/std < 5e8. The naive formula
 ``E[x**2] - E[x]**2`` in the input's float32 loses about eps32 * (mean/std)**2 -- the whole
-variance once mean/std reaches ~3e3 (tests/test_syncbn_module.py shows both).
+variance once mean/std reaches ~3e3 (tests/workloads/test_syncbn_module.py shows both).
 
 Memory. The forward saves only the input (already alive), the per-channel mean and variance; the
 output is one fused ``batch_norm`` (inference-form) kernel; the backward produces the input

@@ -22,7 +22,7 @@ The check (after the timed rounds, untimed) also runs one more optimizer step an
 gathered: the gradient each parameter holds after the step must be the global-batch average and the
 parameters must have moved by the SGD-with-momentum update it implies. A reduction that sums without
 dividing by the world size, zeroed gradients or a skipped optimizer step keep the ranks equal and
-fail here (tests/test_training_parity.py runs each), at world size 1 too.
+fail here (tests/workloads/training/test_training_parity.py runs each), at world size 1 too.
 
 Implementations:
 

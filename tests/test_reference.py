@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from ddpbench.reference import reference_markdown
 from helpers.paths import REPO_ROOT as ROOT
 
@@ -16,6 +18,7 @@ def test_the_reference_page_is_current():
         "docs/reference.md is out of date: run `.venv/bin/python -m ddpbench.reference > docs/reference.md`")
 
 
+@pytest.mark.pool
 def test_the_reference_names_every_registered_option_and_command():
     out = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)

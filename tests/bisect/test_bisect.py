@@ -113,6 +113,7 @@ def scratch(tmp_path):
     return tmp_path / "tmp"
 
 
+@pytest.mark.pool
 def test_bisect_finds_the_commit_that_added_an_all_reduce(tmp_path, scratch):
     repo = tmp_path / "project"
     shas = _history(repo, broken=BROKEN)
@@ -144,6 +145,7 @@ def test_bisect_finds_the_commit_that_added_an_all_reduce(tmp_path, scratch):
     assert _worktrees(repo) == 1 and _left_in(scratch) == []
 
 
+@pytest.mark.pool
 def test_without_a_regression_between_good_and_bad_it_stops_after_confirming(tmp_path, scratch):
     repo = tmp_path / "project"
     shas = _history(repo, commits=4, planted=99)
@@ -164,6 +166,7 @@ def test_without_a_regression_between_good_and_bad_it_stops_after_confirming(tmp
     assert _worktrees(repo) == 1 and _left_in(scratch) == []
 
 
+@pytest.mark.pool
 def test_bad_input_is_a_usage_error_naming_the_fix(tmp_path, scratch):
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -188,6 +191,7 @@ def test_bad_input_is_a_usage_error_naming_the_fix(tmp_path, scratch):
     assert _worktrees(repo) == 1 and _left_in(scratch) == []
 
 
+@pytest.mark.pool
 def test_an_interrupt_removes_the_worktrees(tmp_path, scratch):
     repo = tmp_path / "project"
     shas = _history(repo, commits=3, planted=2)

@@ -282,6 +282,7 @@ if {when}:
 '''
 
 
+@pytest.mark.pool
 def test_a_hanging_collection_or_ab_run_is_stopped_and_named(tmp_path, monkeypatch):
     repo = tmp_path / "project"
     project = {"pytest.ini": "[pytest]\n", "test_x.py": "def test_a():\n    pass\n"}

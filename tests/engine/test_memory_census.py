@@ -191,6 +191,7 @@ FRESH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.pool
 def test_two_fresh_processes_count_the_same_bytes_and_ddp_shows_its_bucket_copy():
     runs = [subprocess.Popen([sys.executable, "-c", FRESH], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]

@@ -22,6 +22,7 @@ def test_rounds_over_one_and_a_half_times_the_fastest_tenth_count_as_slow(modes_
     assert modes_script.describe([(0.01, 1, 0.0)] * 4).startswith("slow share 0.00; round ms fast 10.0 slow -")
 
 
+@pytest.mark.pool
 def test_a_small_run_prints_a_line_per_group():
     command = [sys.executable, str(lab_script_path("broadcast_modes")), "--mb", "1", "--rounds", "4",
                "--runs", "1", "--groups", "2"]

@@ -266,6 +266,7 @@ def test_a_peer_that_knows_the_secret_but_not_the_signed_channel_is_named_not_bl
         listener.close()
 
 
+@pytest.mark.pool
 def test_a_worker_whose_controller_port_never_answers_times_out_naming_it(tmp_path):
     """A port that accepts connections and never says a word (here: a listening socket nobody
     reads) must not hold a rank for ever: the worker gives up after --connect-timeout."""
@@ -377,6 +378,7 @@ def _cleanup(processes):
         proc.wait(timeout=30)
 
 
+@pytest.mark.pool
 def test_two_nodes_on_loopback_run_the_cases_with_nodes_recorded(tmp_path):
     # 50 connections that never speak are held open the whole time: the real workers still join.
     controller, nodes = _launch(tmp_path, hang=False, silent_clients=50)
@@ -404,6 +406,7 @@ def test_two_nodes_on_loopback_run_the_cases_with_nodes_recorded(tmp_path):
         _cleanup(nodes + [controller])
 
 
+@pytest.mark.pool
 def test_losing_a_node_mid_task_fails_the_case_and_the_controller_finishes(tmp_path):
     controller, nodes = _launch(tmp_path, hang=True)
     try:
@@ -429,6 +432,7 @@ def test_losing_a_node_mid_task_fails_the_case_and_the_controller_finishes(tmp_p
         _cleanup(nodes + [controller])
 
 
+@pytest.mark.pool
 def test_world_sizes_that_match_no_pool_the_workers_form_are_a_usage_error_not_an_empty_pass(tmp_path):
     """Two one-rank nodes form a pool of 2; --dist-world-sizes=4 selects only 4-rank cases. Every
     case would skip and the run pass having measured nothing: it must stop with exit 4 and the fix."""
@@ -698,6 +702,7 @@ def _logs(tmp_path) -> str:
     return "".join(f"\n--- {p.name} ---\n{p.read_text()}" for p in sorted(tmp_path.glob("host_*.log")))
 
 
+@pytest.mark.pool
 def test_across_hosts_in_network_namespaces_without_interface_variables(tmp_path, two_hosts):
     """Controller and node 0 on host A, node 1 on host B: the cases pass across the veth with
     nodes == 2, the controller listens only on its address, losing host B fails the case in
@@ -747,6 +752,7 @@ def test_across_hosts_in_network_namespaces_without_interface_variables(tmp_path
         _cleanup(nodes + [controller])
 
 
+@pytest.mark.pool
 def test_across_hosts_a_node_that_cannot_reach_master_addr_is_named_with_the_fix(tmp_path, two_hosts):
     """Without --local-addr, torchrun advertises node 0 by its hostname, which resolves to
     127.0.1.1 on both hosts (as on Debian / Ubuntu): the ranks connect to the controller but

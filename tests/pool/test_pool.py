@@ -160,6 +160,7 @@ def test_pool_processes_listen_on_loopback_only(registry, launch):
     assert all(c.laddr.ip.startswith("127.") or c.laddr.ip == "::1" for c in mine), mine
 
 
+@pytest.mark.pool
 def test_closing_kills_ranks_and_their_children_and_removes_the_store():
     registry = PoolRegistry()
     pool = registry.get(SPEC)
@@ -194,6 +195,7 @@ def test_ranks_exit_when_the_controller_dies(tmp_path):
     assert not os.path.exists(store_dir)  # the ranks removed what the controller left
 
 
+@pytest.mark.pool
 def test_a_reply_the_controller_cannot_load_names_the_rank_and_the_pool_keeps_working(tmp_path):
     registry = PoolRegistry()
     try:
@@ -212,6 +214,7 @@ def test_a_reply_the_controller_cannot_load_names_the_rank_and_the_pool_keeps_wo
         registry.close()
 
 
+@pytest.mark.pool
 def test_a_sticky_cuda_error_retires_the_pool_so_later_cases_get_a_fresh_one():
     registry = PoolRegistry()
     try:
@@ -229,6 +232,7 @@ def test_a_sticky_cuda_error_retires_the_pool_so_later_cases_get_a_fresh_one():
         registry.close()
 
 
+@pytest.mark.pool
 def test_without_pidfds_a_dead_subprocess_rank_is_still_noticed(monkeypatch):
     import errno
 
@@ -249,6 +253,7 @@ def test_without_pidfds_a_dead_subprocess_rank_is_still_noticed(monkeypatch):
         pool.kill()
 
 
+@pytest.mark.pool
 def test_identical_launches_of_two_owners_never_share_a_pool():
     registry = PoolRegistry()
     try:

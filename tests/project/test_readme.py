@@ -137,6 +137,7 @@ def _registered_options() -> frozenset[str]:
     return frozenset(re.findall(r"(--dist-[a-z-]+)", out.stdout))
 
 
+@pytest.mark.pool
 def test_every_option_the_readme_names_exists_and_it_links_the_reference():
     # Every option is documented in docs/reference.md (tests/test_reference.py); the README names
     # the ones a user needs first, and only real ones.
@@ -190,6 +191,7 @@ def _short(command: str) -> str:
     return command.split("/bin/", 1)[-1]
 
 
+@pytest.mark.pool
 @pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
 def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
     args = shlex.split(command)[1:]
@@ -228,6 +230,7 @@ def test_readme_make_targets_run_in_ci_or_here():
     # make bench: test_make_bench_runs_saves_and_reports below
 
 
+@pytest.mark.pool
 def test_make_bench_runs_saves_and_reports(suite_copy, monkeypatch):
     venv = pathlib.Path(sys.prefix)
     if not (venv / "bin" / "ddpbench").exists() or shutil.which("make") is None:

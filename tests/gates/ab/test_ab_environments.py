@@ -15,9 +15,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 import ddpbench
 from ddpbench.pool import RankLaunch
-from helpers.paths import REPO_ROOT
 
 SHARED_PACKAGES = sysconfig.get_paths()["purelib"]  # torch, pytest, ... (its .pth files are not run)
 SRC = Path(ddpbench.__file__).parent
@@ -75,6 +76,7 @@ def _run_in_venv(python: Path, code: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.pool
 def test_a_baseline_venv_of_the_same_python_imports_its_own_packages(tmp_path):
     """The ranks a venv's interpreter starts import that venv's version of a package, not the
     controller's, and get none of the controller's environment on their path; a task that reaches
@@ -116,6 +118,7 @@ except ImportIsolationError as exc:
     assert f"otherpkg from {inside}/otherpkg.py: inside the candidate's environment {tmp_path / 'head'}" in refused
 
 
+@pytest.mark.pool
 def test_a_baseline_that_imports_from_the_candidates_environment_is_refused(tmp_path):
     """A baseline venv whose path reaches into the candidate's venv (here a .pth line) is refused
     before any rank starts, exit 2, the message naming both environments and what was imported."""
@@ -147,11 +150,13 @@ def _guard_task(ctx, folder):
 PLANTED_SLEEP = "    __import__('time').sleep(0.004)  # the pull request's slowdown\n"
 
 
+@pytest.mark.pool
 def test_ab_yml_flow_with_two_venvs_of_one_python_flags_a_planted_slowdown(tmp_path):
     """ab.yml's own flow: two checkouts, a venv each made from one Python, pytest from the head with
     --dist-baseline-python=../base/.venv/bin/python; the head's collectives sleep 4 ms after each
     all_reduce. Before the fix the baseline ran the head's code too and the run passed."""
-    benchmarks = REPO_ROOT / "benchmarks"
+    # tests/gates/ab/ -> the repository (not helpers.paths: ranks in bare venvs import this module)
+    benchmarks = Path(__file__).resolve().parents[3] / "benchmarks"
     for name, planted in (("base", None), ("head", PLANTED_SLEEP)):
         root = tmp_path / name
         src = _checkout(root, planted)
@@ -211,6 +216,7 @@ def _commit(repo: Path, message: str) -> str:
     return git("rev-parse", "HEAD")
 
 
+@pytest.mark.pool
 def test_bisect_with_a_venv_per_commit_times_each_commits_own_packages(tmp_path):
     """`ddpbench bisect --setup ... --python .venv/bin/python` builds a venv of one Python per probed
     commit: GOOD's ranks must import GOOD's package. The one commit after GOOD vendors a version of

@@ -42,6 +42,7 @@ def _side_report(ctx):
             "marker": os.environ.get("DDPBENCH_TEST_SIDE"), "sys_path": list(sys.path)}
 
 
+@pytest.mark.pool
 def test_each_side_ranks_run_with_its_interpreter_path_and_environment(tmp_path):
     # An "interpreter" of the side's own: a wrapper that marks its processes, then runs Python.
     python = tmp_path / "side-python"
@@ -67,6 +68,7 @@ def _heap_report(ctx):
     return {key: os.environ.get(key) for key, _ in STEADY_HEAP_ENV}
 
 
+@pytest.mark.pool
 def test_both_sides_ranks_get_the_steady_heap_and_a_sides_own_setting_wins():
     assert heap_env("adaptive") == ()
     with pytest.raises(ValueError, match="expected one of steady, adaptive"):
@@ -317,6 +319,7 @@ def _pytest_in(cwd, *args):
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.pool
 def test_flat_layout_run_from_the_head_checkout_times_each_sides_own_code(tmp_path):
     base = _flat_checkout(tmp_path / "base", 0.004)
     head = _flat_checkout(tmp_path / "head", 0.008)  # the pull request doubles the step
@@ -332,6 +335,7 @@ def test_flat_layout_run_from_the_head_checkout_times_each_sides_own_code(tmp_pa
     assert ab["sides"]["candidate"]["modules"]["mypkg.step"] == str(head / "mypkg" / "step.py")
 
 
+@pytest.mark.pool
 def test_an_a_a_of_two_identical_flat_checkouts_with_another_engine_passes(tmp_path):
     # Identical code on both sides; the baseline's ddpbench differs by a comment, as when a pull
     # request changes ddpbench itself: the run says so and still compares (same rank protocol).
@@ -350,6 +354,7 @@ def test_an_a_a_of_two_identical_flat_checkouts_with_another_engine_passes(tmp_p
     assert ab["sides"]["baseline"]["ddpbench_source_sha256"] != ab["sides"]["candidate"]["ddpbench_source_sha256"]
 
 
+@pytest.mark.pool
 def test_a_baseline_path_that_shadows_nothing_is_a_usage_error(tmp_path):
     head = _flat_checkout(tmp_path / "head", 0.004)
     (tmp_path / "empty").mkdir()
@@ -361,6 +366,7 @@ def test_a_baseline_path_that_shadows_nothing_is_a_usage_error(tmp_path):
     assert "the checkout's root for a flat layout" in run.stderr
 
 
+@pytest.mark.pool
 def test_a_baseline_path_given_as_two_words_is_a_usage_error_naming_the_one_word_form(tmp_path):
     # pytest picks its rootdir before it knows ddpbench's options, so "../base" as a separate word
     # counts as a test path there and the base checkout's pytest.ini could configure the run.

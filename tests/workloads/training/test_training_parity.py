@@ -155,6 +155,7 @@ def test_benchmark_check_catches_a_broken_loop(pool, broken, samples, message):
         pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
 
 
+@pytest.mark.pool
 def test_benchmark_check_at_world_size_1_catches_a_skipped_step():
     # At world size 1 the old check tested only that the loss was finite.
     single = RankPool(PoolSpec("gloo", 1, "cpu"))
@@ -263,6 +264,7 @@ def _lightning_thread_count(ctx):
             os.environ["OMP_NUM_THREADS"] = saved
 
 
+@pytest.mark.pool
 @pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
 def test_lightning_keeps_the_rank_intra_op_thread_count():
     """Lightning's launcher sets torch.set_num_threads(cpu_count // world_size) on the fit thread

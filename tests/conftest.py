@@ -32,6 +32,17 @@ def _no_xdist_marks_for_child_pytest_runs(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _child_pytest_runs_without_the_memory_census(request, monkeypatch):
+    """Each rank of a pytest run that a test starts would import torch's memory tracker (a second or
+    more of CPU) for a record only memory tests read: theirs (marker ``memory_census``) keep it."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # first: pytester clears PYTEST_ADDOPTS when it starts
+    if request.node.get_closest_marker("memory_census") is None:
+        addopts = os.environ.get("PYTEST_ADDOPTS", "")
+        monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-memory-census=off".strip())
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if POOL_FIXTURES.intersection(getattr(item, "fixturenames", ())):

@@ -242,6 +242,7 @@ def test_step(dist_benchmark):
 '''
 
 
+@pytest.mark.memory_census
 def test_an_ab_run_whose_candidate_keeps_64_mb_alive_fails_naming_it(pytester):
     pytester.makepyfile(test_bench=KEEPER)
     result = pytester.runpytest_subprocess(

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.ddpbench-installed
 # Parallel test workers; the suite's distributed tests start 2-rank pools, so 2 workers suit 2 cores.
 TEST_WORKERS ?= 2
 
-.PHONY: test bench compare venv clean
+.PHONY: test test-fast bench compare venv clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,12 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests lab benchmarks examples
 	$(PY) -m pytest tests/ -n $(TEST_WORKERS)
+
+# The unit tests alone, without the `pool` tests (those that start rank processes or a pytest,
+# torchrun or bisect run: tests/conftest.py marks them and fails one that starts them unmarked).
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check src tests lab benchmarks examples
+	$(PY) -m pytest tests/ -m "not pool and not slow" -n $(TEST_WORKERS)
 
 # --benchmark-save-data keeps every round's time in the saved run (autosave alone keeps only summary
 # stats), which `ddpbench compare` needs for its confidence intervals. The run ends with the report

@@ -101,6 +101,7 @@ def test_counts_and_fractions_refuse_nan_inf_and_absurd_values():
     assert options.parse_pools_per_side("16") == 16 and options.parse_seed("4294967295") == 2**32 - 1
 
 
+@pytest.mark.pool
 def test_the_workers_seconds_option_refuses_nan_too():
     import subprocess
     import sys

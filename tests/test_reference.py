@@ -1,14 +1,15 @@
 """docs/reference.md is written from the option definitions (ddpbench.reference): it must be the
 current text, and it must name every option the plugin registers and every command's arguments."""
 
-import pathlib
 import re
 import subprocess
 import sys
 
-from ddpbench.reference import reference_markdown
+import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from ddpbench.reference import reference_markdown
+from helpers.paths import REPO_ROOT as ROOT
+
 PAGE = ROOT / "docs" / "reference.md"
 
 
@@ -17,6 +18,7 @@ def test_the_reference_page_is_current():
         "docs/reference.md is out of date: run `.venv/bin/python -m ddpbench.reference > docs/reference.md`")
 
 
+@pytest.mark.pool
 def test_the_reference_names_every_registered_option_and_command():
     out = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)

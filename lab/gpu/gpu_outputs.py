@@ -2,7 +2,7 @@
 JSON of the transformer and exposed-communication cases, the memory census, nccl-tests side by side,
 ``ddpbench compare --json`` of A/B runs; and the check's own summary (summary.json, summary.md).
 
-Pure functions of text and parsed JSON, so tests run them on recorded outputs (tests/data/) without
+Pure functions of text and parsed JSON, so tests run them on recorded outputs (tests/lab/data/) without
 a GPU. gpu_check.py runs the parts and calls these."""
 
 from __future__ import annotations

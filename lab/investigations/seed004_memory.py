@@ -7,7 +7,7 @@ pool, each case's memory census (ddpbench.engine.memory) side by side. The seed 
     .venv/bin/python lab/investigations/seed004_memory.py --json     # the records, one JSON document
 
 The census counts tensor storages, so the figures are the same to the byte in every run
-(tests/test_memory_census.py runs this script twice in fresh processes and compares the JSON).
+(tests/engine/test_memory_census.py runs this script twice in fresh processes and compares the JSON).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ and the power under both rules.
 
 Each case is a sequence of pairs whose log ratios are independent normal draws, log(slower) +
 sigma * z, on two pool pairs taking turns, each block its own minimum (one level per block, as
-tests/fake_pools.py draws them). Every case is analysed as the engine analyses it (stats.
+tests/helpers/fake_pools.py draws them). Every case is analysed as the engine analyses it (stats.
 analyse_pairs) look by look with the engine's default looks (12 pairs, 12 more up to 96, then the
 extra looks, 48 more each up to 288), the engine's levels and stop levels, and no time cap, so
 every case may take every look. Both rules read the same analysis (the rule before is stats.decide

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from .benchmark_internals import recorded_rounds, set_round_timer
 from .devices import cpu_count
 from .engine.modes import rank_aggregates, rounds_info
 from .engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
@@ -73,9 +74,9 @@ def replay_into_pytest_benchmark(benchmark, round_times: list[float]) -> None:
         benchmark.pedantic(_noop, rounds=1, iterations=1)
         return
     clock = _ReplayClock(round_times)
-    benchmark._timer = clock
+    set_round_timer(benchmark, clock)
     benchmark.pedantic(_noop, rounds=len(round_times), iterations=1, warmup_rounds=0)
-    recorded = list(benchmark.stats.stats.data) if benchmark.stats else None
+    recorded = recorded_rounds(benchmark)
     if recorded != list(round_times) or not clock.exhausted():
         import pytest_benchmark
 

@@ -12,6 +12,7 @@ import pytest
 
 from . import option_table
 from . import options as opts
+from .benchmark_internals import benchmark_session
 from .devices import GPU_INFO_KEY, cpu_count, cuda_device_count, cuda_probe, gpu_cases_requested, gpu_description
 from .session_state import session_state
 
@@ -124,7 +125,7 @@ def _check_compare_target(config) -> None:
     compare = config.getoption("benchmark_compare", None)
     if not compare:
         return
-    from pytest_benchmark.utils import get_machine_id
+    from .benchmark_internals import get_machine_id
 
     from .storage.runs import compare_target_problem
 
@@ -442,7 +443,7 @@ def dist_benchmark(benchmark, dist_pool, dist_spec, dist_round_plan, dist_pools,
 
 def _saving(config) -> bool:
     """Whether this process saves the run (xdist workers and --benchmark-disable record nothing)."""
-    bench_session = getattr(config, "_benchmarksession", None)
+    bench_session = benchmark_session(config)
     return bool(bench_session is not None and not bench_session.disabled
                 and (bench_session.save or bench_session.autosave or bench_session.json))
 
@@ -470,7 +471,7 @@ def pytest_sessionfinish(session, exitstatus):
         ab.record_verdicts()  # each case's saved verdict is the one the run decides and exits on
     if ab is not None and exitstatus == pytest.ExitCode.OK and ab.exit_status():
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # 1, as --benchmark-compare-fail does
-    bench_session = getattr(session.config, "_benchmarksession", None)
+    bench_session = benchmark_session(session.config)
     if exitstatus == _INTERRUPTED and bench_session is not None:
         if bench_session.save or bench_session.autosave or bench_session.json:
             bench_session.save = bench_session.autosave = bench_session.json = None
@@ -601,7 +602,7 @@ class SessionCompare:
         try:
             return (yield)
         finally:  # also when --benchmark-compare-fail raised after printing its table
-            bench_session = getattr(config, "_benchmarksession", None)
+            bench_session = benchmark_session(config)
             if (bench_session is not None and not bench_session.disabled and bench_session.compared_mapping
                     and uses_ddpbench(config)):
                 _print_session_verdicts(terminalreporter, config, bench_session)

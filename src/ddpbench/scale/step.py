@@ -8,7 +8,7 @@ tests' reference) and, through :func:`simulate`, as rank 0 of N under the fake p
 A simulated micro-batch is one sequence of :data:`SIMULATED_TOKENS` tokens: DDP's and FSDP2's
 collectives carry parameters and gradients, whose sizes do not depend on the batch, so a short
 sequence issues the same collectives as the family's default batch at a fraction of the compute
-(tests/test_census_scale.py holds the two equal against real gloo ranks).
+(tests/scale/test_census_scale.py holds the two equal against real gloo ranks).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def _where_in_run(doc: Any) -> str | None:
 def serialise(doc: Any) -> bytes:
     """The run as pytest-benchmark writes it (indented ASCII JSON, other objects as
     ``UNSERIALIZABLE[...]``); :class:`SaveError` naming the value JSON cannot hold."""
-    from pytest_benchmark.utils import safe_dumps
+    from ..benchmark_internals import safe_dumps
 
     try:
         return safe_dumps(doc, ensure_ascii=True, indent=4).encode()
@@ -222,7 +222,7 @@ def install(bench_session, on_error: Callable[[str], None]) -> None:
     """Route a pytest-benchmark session's saves through :func:`save_run` / :func:`write_json`
     (a file storage only: other storages keep their own). A failed save goes to ``on_error``
     instead of raising, so pytest can still end the run and say what happened."""
-    from pytest_benchmark.storage.file import FileStorage
+    from ..benchmark_internals import FileStorage
 
     storage = bench_session.storage
     if isinstance(storage, FileStorage) and not getattr(storage, "_ddpbench_saves", False):

@@ -29,7 +29,7 @@ TORCH_SYNCBN_CPU_SKIP_REASON = (
 
 
 #: SyncBNCase.check's tolerance: max |actual - reference| / max |reference|, for float32 inputs
-#: (the parity tests in tests/test_syncbn_module.py hold the variants to 1e-5).
+#: (the parity tests in tests/workloads/test_syncbn_module.py hold the variants to 1e-5).
 CHECK_RTOL = 1e-4
 
 

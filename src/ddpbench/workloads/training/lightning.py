@@ -25,7 +25,7 @@ LIGHTNING_ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "G
 # process saw the leaked variable and ran with 1. Setting it to the rank's own count makes
 # Lightning leave the thread count alone; it is restored when the trainer is closed.
 # Lightning reads MASTER_PORT but never opens it: the process group already exists, so its
-# _init_dist_connection returns early (checked by tests/test_training_parity.py).
+# _init_dist_connection returns early (checked by tests/workloads/training/test_training_parity.py).
 LIGHTNING_UNUSED_MASTER_PORT = "29499"
 
 

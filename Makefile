@@ -6,7 +6,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ddpbench-installed
 
 # Parallel test workers; the suite's distributed tests start 2-rank pools, so 2 workers suit 2 cores.
+# Each test file runs on one worker (--dist loadfile), so a file's module-scoped pool starts once.
 TEST_WORKERS ?= 2
+TEST_DIST    := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: test test-fast bench compare venv clean
 
@@ -21,13 +23,13 @@ $(STAMP): pyproject.toml constraints.txt
 # ruff first (seconds): a finding fails make test before the suite runs.
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests lab benchmarks examples
-	$(PY) -m pytest tests/ -n $(TEST_WORKERS)
+	$(PY) -m pytest tests/ $(TEST_DIST)
 
 # The unit tests alone, without the `pool` tests (those that start rank processes or a pytest,
 # torchrun or bisect run: tests/conftest.py marks them and fails one that starts them unmarked).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check src tests lab benchmarks examples
-	$(PY) -m pytest tests/ -m "not pool and not slow" -n $(TEST_WORKERS)
+	$(PY) -m pytest tests/ -m "not pool and not slow" $(TEST_DIST)
 
 # --benchmark-save-data keeps every round's time in the saved run (autosave alone keeps only summary
 # stats), which `ddpbench compare` needs for its confidence intervals. The run ends with the report

@@ -20,7 +20,7 @@ from .series import FAMILIES, Point, RunRecord, Series
 from .steps import shown_commit
 
 if TYPE_CHECKING:
-    from . import History
+    from .build import History
 
 FAMILY_TITLES = {table.name: table.title for table in FAMILY_TABLES}
 LEGEND = (

@@ -8,7 +8,7 @@ import functools
 from typing import Any
 
 from ..workloads.training.transformer import TransformerTraining
-from .step import DEFAULT_WARMUP_STEPS, SimulatedTransformer
+from .step import DEFAULT_WARMUP_STEPS, MESH_KEY, SimulatedTransformer
 
 # The tracker's category names -> the record's keys, in the order the table shows them.
 CATEGORIES = {
@@ -19,7 +19,6 @@ CATEGORIES = {
     "Reduce Scatter": "reduce_scatter_buffers", "Other": "inputs", "Inputs": "inputs",
 }
 # The key ctx.scratch holds the simulation's DeviceMesh under (built before FakeTensorMode).
-MESH_KEY = "ddpbench.scale.fsdp2_mesh"
 # The record's adamw_foreach: the loop's torch.optim.AdamW default is the per-parameter loop on the
 # CPU (the simulation's case) and foreach on CUDA, which adds one model-sized temporary to the peak.
 

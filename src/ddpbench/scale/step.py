@@ -25,6 +25,8 @@ SIMULATED_TOKENS = 8
 # Steps before the counted one: the engine's default warm-up (--dist-warmup). DDP rebuilds its
 # buckets in gradient order after its first step, and PowerSGD compresses from its third.
 DEFAULT_WARMUP_STEPS = 2
+# Where the memory simulation leaves the DeviceMesh it built before entering fake mode.
+MESH_KEY = "ddpbench.scale.fsdp2_mesh"
 
 
 def step_census(ctx, workload: TransformerTraining, warmup_steps: int = DEFAULT_WARMUP_STEPS,
@@ -83,12 +85,10 @@ def _register_python_allreduce(ddp, ctx) -> None:
 
 class SimulatedLoop(_TransformerLoop):
     """The family's loop, for FakeTensorMode too: FSDP2 shards over the DeviceMesh the simulation
-    built before the mode (``ctx.scratch``, :data:`ddpbench.scale.memory.MESH_KEY`), and a fake
+    built before the mode (``ctx.scratch``, :data:`MESH_KEY`), and a fake
     loss has no value to read (nan)."""
 
     def fsdp_mesh(self):
-        from .memory import MESH_KEY
-
         return self.ctx.scratch.get(MESH_KEY)
 
     def loss_value(self, loss) -> float:

@@ -66,14 +66,15 @@ def test_the_simulated_peak_memory_equals_the_real_gloo_ranks_to_the_byte(real_c
     gloo ranks; rank 0 holds the most."""
     world_size, results = real_censuses
     real = results[f"memory:{case}"]
-    if len({r["peak_bytes"] for r in real}) > 1:
-        # A real rank's peak can hold a buffer that gloo's own thread releases late (seen once in
-        # many runs: +494,592 B on one rank of 4, FSDP2's root all-gather output and reduce-scatter
-        # input); the fake group has no such thread. Such a run is measured again, once.
+    simulated = simulate_memory(memory_workload(case), world_size)
+    if len({r["peak_bytes"] for r in real}) > 1 or real[0]["peak_bytes"] > simulated["peak_bytes"]:
+        # A real rank's peak can hold a buffer that gloo's own thread releases late (+494,592 B at
+        # 2p and 4p FSDP2: the root all-gather output and reduce-scatter input, on one rank or on
+        # all of them, moving the peak to the next block); the fake group has no such thread. Only
+        # a real peak above the simulation's is measured again, once.
         real = results["pool"].run(memory_census, memory_workload(case), timeout_s=300)
     # Rank 0 holds the most: its state after the step (every shard padded to rank 0's rows).
     assert real[0]["after_step_bytes"] == max(r["after_step_bytes"] for r in real)
-    simulated = simulate_memory(memory_workload(case), world_size)
     assert simulated == real[0]
     assert simulated["peak_bytes"] == sum(simulated["peak_breakdown"].values()) > 0
     if MEMORY_CASES[case].get("impl") == "fsdp2":

@@ -21,9 +21,6 @@ from ...pool.rank_launch import read_import_guard_log
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROBE_TIMEOUT_S = 120.0
-# A ddpbench without ddpbench.rank_process.RANK_PROTOCOL speaks the first protocol.
-FIRST_PROTOCOL = 1
-
 # The engine's identity (ddpbench.identity): the probe runs the same digest text in the side's
 # interpreter, whose ddpbench may be another version.
 _DIGEST_SOURCE = DIGEST_SOURCE
@@ -50,7 +47,7 @@ if request["facts"]:
             except Exception:
                 version = None
         out["ddpbench_version"] = version
-        out["rank_protocol"] = getattr(rank_process, "RANK_PROTOCOL", 1)
+        out["rank_protocol"] = getattr(rank_process, "RANK_PROTOCOL", 1)  # none: the first protocol
         out["ddpbench_source_sha256"] = source_digest(os.path.dirname(ddpbench.__file__))
         try:
             import torch

@@ -53,14 +53,18 @@ class Probe:
         return " -- ".join(part for part in (cases, printable(self.note)) if part)
 
 
-def cases_of_run(doc: dict, accept_structure_change: bool) -> list[ProbeCase]:
+def cases_of_run(doc: dict, accept_structure_change: bool, **gate) -> list[ProbeCase]:
     """A run file's A/B verdicts, read as the gate that ran it read them (its acceptance of
-    structural changes included); VerdictError when they cannot be read."""
+    structural changes included; ``gate``: its other options of :func:`ab_verdicts_of_run`, the
+    memory and numerics acceptances and the numerics tolerance); VerdictError when they cannot be read."""
     return [ProbeCase(v.name, v.verdict, v.ratio,
                       (v.ci_low, v.ci_high) if v.ci_low is not None and v.ci_high is not None else None,
-                      v.structure.cell() if v.structure is not None and v.structure.verdict != "same" else "",
+                      "; ".join(text for text in (
+                          v.structure.cell() if v.structure is not None and v.structure.verdict != "same" else "",
+                          f"numerics: {v.numerics.line}" if v.numerics is not None
+                          and v.numerics.verdict is Verdict.REGRESSION else "") if text),
                       v.reason or "")
-            for v in ab_verdicts_of_run(doc, accept_structure_change)]
+            for v in ab_verdicts_of_run(doc, accept_structure_change, **gate)]
 
 
 def seed_of_run(doc: dict) -> int | None:

@@ -161,3 +161,41 @@ def test_an_ab_run_whose_candidate_sums_gradients_fails_at_its_first_look_naming
     assert ab["numerics_verdict"] == "regression" and ab["stages"] == 1  # decided at its first look
     assert ab["stopped_by_numerics"].startswith("changed from step 1 of 3")
     assert ab["numerics_baseline"]["digests"][0] == case["extra_info"]["numerics"]["digests"][0]  # same set-up
+
+
+def _marked(x):
+    # 1 where dynamo traced this call (compiled), 0 where it ran eagerly
+    return x + (1.0 if torch.compiler.is_compiling() else 0.0)
+
+
+class Compiled(Workload):
+    """A step through torch.compile (the eager backend: no C++ build) that records whether each
+    round ran compiled."""
+
+    def setup(self, ctx):
+        return {"fn": torch.compile(_marked, backend="eager"), "x": torch.zeros(4), "compiled": []}
+
+    def run_round(self, state):
+        state["compiled"].append(bool(state["fn"](state["x"])[0] == 1.0))
+
+
+def test_a_replay_through_a_compiled_step_leaves_the_timed_rounds_compiled():
+    from ddpbench.engine.timing import RankSession
+
+    session = RankSession(_Ctx(), Compiled(), RoundPlan(warmup=1, rounds=3, census=False, memory_census=False,
+                                                        numerics_steps=2))
+    session._time_round = lambda ctx, run_round, state: (run_round(state), 0.001)[1]  # no process group here
+    session._agree = lambda ctx, values: list(values)
+    session.start()
+    session.replay_numerics(rebuild=True)  # A/B mode: the replay comes before the blocks
+    session.record(3)
+    assert session.state["compiled"] == [True] * 4  # the rebuilt state's warm-up and its 3 rounds
+    session.finish(check=False)
+    again = RankSession(_Ctx(), Compiled(), RoundPlan(warmup=1, rounds=2, census=False, memory_census=False,
+                                                      numerics_steps=0))
+    again._time_round = session._time_round
+    again._agree = lambda ctx, values: list(values)
+    again.start()
+    again.record(2)
+    assert again.state["compiled"] == [True] * 3  # the next case in this process: compiled too
+    again.finish(check=False)

@@ -6,6 +6,7 @@ each with the verdict line and the relative difference it shows. Every case runs
 
     .venv/bin/python lab/investigations/numerics.py                 # the markdown tables
     .venv/bin/python lab/investigations/numerics.py --repeats 3     # fewer A/A runs per case
+    .venv/bin/python lab/investigations/numerics.py --parts planted # one table (aa, planted, reorder)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def _magnitude(line: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10, help="A/A runs per case (default 10)")
+    parser.add_argument("--parts", default="aa,planted,reorder", help="which tables (default: all three)")
     args = parser.parse_args()
 
     from ddpbench.gates.numerics import compare_numerics
@@ -43,14 +45,16 @@ def main() -> None:
     registry = PoolRegistry()
     two, four = registry.get(PoolSpec("gloo", 2, "cpu")), registry.get(PoolSpec("gloo", 4, "cpu"))
     try:
-        print("| A/A case (2 ranks) | runs | same (bitwise) | tensors per rank and step | replay spread |")
-        print("|---|---|---|---|---|")
-        cases = {"selfmade loop (SelfmadeTraining)": SelfmadeTraining(),
+        parts = set(args.parts.split(","))
+        cases = {} if "aa" not in parts else {"selfmade loop (SelfmadeTraining)": SelfmadeTraining(),
                  "all_reduce 1 MiB float32": Collective("all_reduce", 1 << 20),
                  "syncbn fused bs32 h256": SyncBNCase("fused", 32, 256),
                  "training mlp, hand-written all_reduce": Training("mlp", "manual"),
                  "training mlp, DDP": Training("mlp", "ddp"),
                  "transformer cpu-small, DDP": TransformerTraining(size="cpu-small", impl="ddp", measure_peak=False)}
+        if cases:
+            print("| A/A case (2 ranks) | runs | same (bitwise) | tensors per rank and step | replay spread |")
+            print("|---|---|---|---|---|")
         for label, workload in cases.items():
             first = _numerics(two, workload)
             same = sum(compare_numerics(first, _numerics(two, workload)).line.startswith("same (bitwise)")
@@ -59,8 +63,8 @@ def main() -> None:
 
         print("\n| change | ranks | verdict | relative difference | line |")
         print("|---|---|---|---|---|")
-        base = _numerics(two, SelfmadeTraining())
-        for bug in ("sum-grads", "half-loss", "frozen-param"):
+        base = _numerics(two, SelfmadeTraining()) if "planted" in parts else None
+        for bug in ("sum-grads", "half-loss", "frozen-param") if base is not None else ():
             verdict = compare_numerics(base, _numerics(two, SelfmadeTraining(bug=bug)))
             print(f"| planted: {bug} | 2 | {verdict.verdict} | {_magnitude(verdict.line)} | {verdict.line} |")
         reorders = (
@@ -73,7 +77,7 @@ def main() -> None:
              TransformerTraining(size="cpu-small", impl="ddp", measure_peak=False),
              TransformerTraining(size="cpu-small", impl="ddp", measure_peak=False, comm_hook="fp16")),
         )
-        for label, pool, before, after in reorders:
+        for label, pool, before, after in reorders if "reorder" in parts else ():
             verdict = compare_numerics(_numerics(pool, before), _numerics(pool, after))
             ranks = pool.spec.world_size
             print(f"| {label} | {ranks} | {verdict.verdict} | {_magnitude(verdict.line)} | {verdict.line} |")

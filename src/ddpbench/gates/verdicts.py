@@ -203,10 +203,12 @@ class GateReport:
                 and c.structure.accepted == accepted
                 and TIMING_UNMEASURED not in c.failed_by]
 
-    def unmeasured(self) -> list[str]:
-        """The cases whose structural change was accepted after the run but whose timing that
-        change had cut short (:attr:`CaseVerdict.timing_unmeasured`)."""
-        return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by]
+    def unmeasured(self, stopper: str | None = None) -> list[str]:
+        """The cases whose structural (or memory) change was accepted after the run but whose timing
+        that change had cut short (:attr:`CaseVerdict.timing_unmeasured`); ``stopper``: only those
+        stopped by it (``stopped_by_structure`` or ``stopped_by_memory``)."""
+        return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by
+                and (stopper is None or c.details.get(stopper))]
 
     def memory_regressions(self, accepted: bool) -> list[str]:
         """The cases whose memory census regressed: accepted as made on purpose, or not."""
@@ -266,12 +268,16 @@ class GateReport:
                 lines.append(f"{len(names)} memory regression(s) ({shown}): the peak of live tensor bytes in one "
                              f"step (or what held it, or what stays after the step) grew, a regression whatever "
                              f"the timing says ({accept_memory} accepts a change made on purpose)")
-        unmeasured = self.unmeasured()
-        if unmeasured:
+        for stopper, what, option in (("stopped_by_structure", "a structural change", "structure"),
+                                      ("stopped_by_memory", "a memory change", "memory")):
+            # Each line names the option that lets its own stopper through (a case stopped by both: both).
+            unmeasured = self.unmeasured(stopper)
+            if not unmeasured:
+                continue
             shown = ", ".join(unmeasured[:5]) + (" ..." if len(unmeasured) > 5 else "")
-            lines.append(f"{len(unmeasured)} case(s) stopped at their first look by a structural change that was "
+            lines.append(f"{len(unmeasured)} case(s) stopped at their first look by {what} that was "
                          f"accepted after the run ({shown}): their timing was not measured, so they cannot pass. "
-                         f"Run the A/B gate again with --dist-ab-accept-structure-change to time them in full")
+                         f"Run the A/B gate again with --dist-ab-accept-{option}-change to time them in full")
         for verdict, allowed, option, cause in (
                 (Verdict.MISSING, allow_missing, allow,
                  f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),

@@ -278,4 +278,4 @@ def test_the_stored_baseline_gate_judges_memory_and_accepts_a_change_made_on_pur
     with pytest.raises(SystemExit) as exited:  # a usage error, exit status 2
         cli.main(["compare", str(base), str(cur), "--memory-tolerance", "lots"])
     assert exited.value.code == 2
-    assert "--memory-tolerance: 'lots': give a share of the baseline's figure" in capsys.readouterr().err
+    assert "--memory-tolerance: 'lots' is not a percentage; write e.g. 5% or 5" in capsys.readouterr().err

@@ -243,15 +243,43 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> Census | NotCounted:
 # ----------------------------------------------------------------------------------------------
 
 CATEGORIES = _object("bytes per category (an object)")
+BOOLEAN = expect("true or false", lambda value: isinstance(value, bool))
+# Every field ddpbench writes into a memory census (ddpbench.engine.memory), each checked on
+# reading: a report or a gate reads them as what they say, so "false" as text is not true.
 MEMORY = Shape(_object("the case's memory census (an object)"), (
     Field("version", VERSION, required=True),
     Field("method", TEXT, required=True),
     Field("device", TEXT, required=True),
     Field("peak_bytes", BYTES, required=True),  # the largest rank's, max_peak_bytes, where recorded
+    Field("max_peak_bytes", BYTES),
+    Field("peak_bytes_per_rank", expect("a list of byte counts (null: a rank without a census)",
+                                        lambda value: isinstance(value, list)), each=Kind(
+        lambda value: value is None or BYTES.accepts(value), BYTES.wanted + " or null")),
     Field("peak_at", _object("an object (module, phase)")),
     Field("at_peak", CATEGORIES, nullable=False, default={}),
+    Field("before_step_bytes", BYTES),
     Field("after_step_bytes", BYTES, nullable=False, default=0),
     Field("after_step", CATEGORIES, nullable=False, default={}),
+    Field("steps_counted", expect("a whole number of steps >= 1", lambda value: _whole(value) and value >= 1)),
+    Field("optimizers", expect("a list of optimizers (objects: name, foreach)", lambda value: isinstance(value, list)),
+          each=_object("an object (name, foreach)")),
+    Field("other_devices_peak_bytes", _object("bytes per device (an object)")),
+    Field("ranks_disagree", BOOLEAN, nullable=False, default=False),
+    Field("measured", _object("the measured CUDA figures (an object)")),
+    Field("incomplete", expect("text (why the census misses tensors)", _text)),
+))
+PEAK_AT = Shape(MEMORY["peak_at"].kind, (
+    Field("module", expect("text (a module's name) or null", lambda value: isinstance(value, str))),
+    Field("phase", expect("text (forward, backward, optimizer...) or null", lambda value: isinstance(value, str))),
+))
+OPTIMIZER = Shape(_object("an object (name, foreach)"), (
+    Field("name", expect("text (the optimizer's class)", _text), required=True),
+    Field("foreach", BOOLEAN),
+))
+MEASURED = Shape(MEMORY["measured"].kind, (
+    Field("max_allocated_bytes", BYTES),
+    Field("max_reserved_bytes", BYTES),
+    Field("census_over_allocated", COUNT),
 ))
 
 
@@ -285,21 +313,24 @@ def read_memory(record: Any, where: str = MEMORY_KEY) -> MemoryCensus | NotCount
     MEMORY.kind.check(record, where)
     version = MEMORY["version"].read(record, where)
     if version != MEMORY_VERSION:
-        return NotCounted(f"memory census version {version!r} (this ddpbench reads version {MEMORY_VERSION})")
-    if record.get("incomplete") is not None:
-        return NotCounted(f"its memory census is incomplete ({record['incomplete']})")
+        return NotCounted(f"memory census version {shown(version)} (this ddpbench reads version {MEMORY_VERSION})")
+    incomplete = MEMORY["incomplete"].read(record, where)
+    if incomplete is not None:
+        return NotCounted(f"its memory census is incomplete ({incomplete})")
+    MEMORY.check(record, where)
     method, device = MEMORY["method"].read(record, where), MEMORY["device"].read(record, where)
-    peak = MEMORY["peak_bytes"].check(record.get("max_peak_bytes", record.get("peak_bytes")), f"{where}.peak_bytes")
-    peak_at = MEMORY["peak_at"].check(record.get("peak_at") or {}, f"{where}.peak_at")
-    measured = record.get("measured")
-    allocated = None
-    if isinstance(measured, dict) and measured.get("max_allocated_bytes") is not None:
-        allocated = BYTES.check(measured["max_allocated_bytes"], f"{where}.measured.max_allocated_bytes")
+    peak = record["peak_bytes"] if record.get("max_peak_bytes") is None else record["max_peak_bytes"]
+    peak_at = PEAK_AT.check(record.get("peak_at") or {}, f"{where}.peak_at")
+    for i, optimizer in enumerate(record.get("optimizers") or []):
+        OPTIMIZER.check(optimizer, f"{where}.optimizers[{i}]")
+    for name, nbytes in (record.get("other_devices_peak_bytes") or {}).items():
+        BYTES.check(nbytes, f"{where}.other_devices_peak_bytes.{name}")
+    measured = MEASURED.check(record["measured"], f"{where}.measured") if record.get("measured") is not None else {}
     at_peak = _categories(record, "at_peak", where)
     after = MEMORY["after_step_bytes"].read(record, where)
     return MemoryCensus(method, device, peak, at_peak, after, _categories(record, "after_step", where),
-                        peak_at.get("module"), peak_at.get("phase"), bool(record.get("ranks_disagree", False)),
-                        allocated)
+                        peak_at.get("module"), peak_at.get("phase"), MEMORY["ranks_disagree"].read(record, where),
+                        measured.get("max_allocated_bytes"))
 
 
 # ----------------------------------------------------------------------------------------------

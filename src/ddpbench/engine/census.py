@@ -11,16 +11,14 @@ from typing import Any, Callable, NamedTuple
 
 # Version 2: each entry also names its group (``group``) and, for send/recv, its ``peer``, and says
 # when its bytes depend on the data (``data_dependent_bytes``); a record may say its collectives
-# vary between steps (``varies_between_steps``) and how many ops it counted (``ops_counted``).
+# vary between steps (``varies_between_steps``, with each op's entries in ``steps``) and how many ops
+# it counted (``ops_counted``); a case's record keeps every rank's (``ranks_counted``, ``other_ranks``).
 CENSUS_VERSION = 2
 CENSUS_METHOD = "dispatch:c10d"
 
 #: torch.distributed's names for the kinds a record may hold.
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "reduce", "gather",
          "scatter", "barrier", "send", "recv")
-
-# The fields of a record whose equality means "the same collectives" (ranks agree, sides compare).
-STRUCTURE_KEYS = ("collectives", "ddp_buckets", "ops_per_round")
 
 # The engine's census round counts at least this many ops, each apart: a step whose collectives
 # differ between steps (one every other step) shows as such instead of as whichever phase one op
@@ -29,9 +27,6 @@ CENSUS_MIN_OPS = 2
 
 # The fields of an entry that tell one family of calls from another (its key).
 ENTRY_KEY = ("kind", "dtype", "group_size", "group", "peer")
-
-# A record's fields that keep the gates from judging it, each with why.
-UNJUDGED_KEYS = ("incomplete", "varies_between_steps")
 
 
 def _nbytes(value) -> int:
@@ -571,6 +566,8 @@ class CollectiveCensus:
         variation = self.variation(ops_per_round)
         if variation is not None:
             record["varies_between_steps"] = variation
+            if len(self.op_starts) > 1:  # each op's own profile: the gates compare them step by step
+                record["steps"] = [self._entries(op, 1, per_call=True) for op in self._ops()]
         incomplete = self.incompleteness()
         if incomplete is not None:
             record["incomplete"] = incomplete
@@ -643,21 +640,10 @@ def take_census_round(workload, state, *, ops_per_round: int = 1, count_kernel_l
 
 
 def combine_census(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The case's census from every rank's record: rank 0's, with ``ranks_disagree: true`` when
-    some rank counted other collectives (or DDP buckets); None when no rank took one. A rank whose
-    census is incomplete or varies between steps makes the case's so (the first such rank's reason,
-    named), since rank 0's count is then not known to be the whole story."""
-    present = [r for r in records if r is not None]
-    if not present:
-        return None
-    first = dict(records[0] if records[0] is not None else present[0])
-    if len(present) != len(records) or any(
-            any(r.get(key) != first.get(key) for key in STRUCTURE_KEYS) for r in present[1:]):
-        first["ranks_disagree"] = True
-    for key in UNJUDGED_KEYS:
-        if first.get(key) is None:
-            for rank, r in enumerate(records):
-                if r is not None and r.get(key):
-                    first[key] = f"rank {rank}: {r[key]}"
-                    break
-    return first
+    """The case's census from every rank's record (:func:`ddpbench.storage.per_rank.combine`): rank
+    0's whole, with ``ranks_counted`` and, where some rank counted other collectives, DDP buckets
+    or steps (or none), ``ranks_disagree: true`` and ``other_ranks``, each group of such ranks
+    with the fields that differ, so that the gates compare rank by rank; None when no rank took one."""
+    from ..storage.per_rank import combine
+
+    return combine(records)

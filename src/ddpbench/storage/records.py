@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..gates.verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
+from . import per_rank
 
 # Where each record is kept. In a case's extra_info:
 CENSUS_KEY = "census"  # the case's census (the candidate's in A/B mode)
@@ -148,7 +149,51 @@ VERSION = expect("a whole number (the version of its format)", _whole)
 
 
 class NotCounted(str):
-    """Why a record is not compared (another version, marked incomplete...): read, but not judged."""
+    """Why a record is not compared (another version, marked incomplete...): read, but not judged.
+    ``partial``: the record was taken but misses part of the step (marked incomplete, or varying
+    between steps without each step's profile): against a side counted in full, that is a change."""
+
+    partial = False
+
+
+def partially_counted(why: str) -> NotCounted:
+    """A :class:`NotCounted` for a record that misses part of what it counts."""
+    out = NotCounted(why)
+    out.partial = True
+    return out
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """A record kept for every rank, read (:mod:`.per_rank`): per group of ranks with one record,
+    (those ranks, the record read, a :class:`NotCounted`, or None where they recorded none);
+    ``whole``: the record read as a reader of rank 0's alone reads it (the case's figures: the
+    largest peak, the measured CUDA figures, ``ranks_disagree``)."""
+
+    groups: tuple[tuple[tuple[int, ...], Any], ...]
+    count: int
+    whole: Any
+
+    @property
+    def disagree(self) -> bool:
+        return len(self.groups) > 1
+
+
+def read_ranks(record: dict, where: str, read_one: Callable[[Any, str], Any], case_keys: tuple[str, ...] = ()):
+    """``read_one(record)`` when the record kept rank 0's alone (an older run), else :class:`Ranks`
+    with each group of ranks' record read by ``read_one`` (named ``where[ranks 1-2]``)."""
+    try:
+        groups = per_rank.expand(record, case_keys)
+    except ValueError as exc:
+        raise RecordError(f"{where}.{exc}") from None
+    whole = read_one(record, where)
+    if groups is None:
+        return whole
+    read = []
+    for ranks, one in groups:
+        at = where if 0 in ranks else f"{where}[ranks {per_rank.ranks_text(ranks)}]"
+        read.append((tuple(ranks), None if one is None else read_one(one, at)))
+    return Ranks(tuple(read), record[per_rank.RANKS_KEY], whole)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,6 +213,8 @@ CENSUS = Shape(_object("the case's census (an object)"), (
     Field("graph_breaks", expect("a number >= 0 or null", _count)),
     Field("recompiles", expect("a number >= 0 or null", _count)),
     Field("cuda_kernel_launches", expect("a number >= 0 or null", _count)),
+    Field("steps", expect("a list of each step's collectives (lists)",
+                          lambda value: isinstance(value, list) and all(isinstance(s, list) for s in value))),
 ))
 # One entry of census["collectives"]; version 1 records only the first six fields.
 CENSUS_ENTRY = Shape(_object("an object (kind, dtype, group_size, count, bytes, call_bytes)"), (
@@ -187,8 +234,9 @@ _VERSION_1_ENTRY = Shape(CENSUS_ENTRY.kind, CENSUS_ENTRY.fields[:6])
 
 @dataclass(frozen=True)
 class Census:
-    """A census as read: (kind, dtype, group size, group, peer) -> (count, bytes, call sizes, why
-    the bytes depend on the data or None); version 1's group and peer are None."""
+    """One rank's census as read: (kind, dtype, group size, group, peer) -> (count, bytes, call
+    sizes, why the bytes depend on the data or None); version 1's group and peer are None. Where
+    the steps' collectives vary, ``steps`` holds each counted op's, ``collectives`` their average."""
 
     version: int
     method: str
@@ -198,30 +246,29 @@ class Census:
     recompiles: float | None
     kernel_launches: float | None
     ranks_disagree: bool
+    steps: tuple[dict, ...] | None = None  # each op's collectives, where they vary between steps
 
 
-def read_census(census: Any, where: str = CENSUS_KEY) -> Census | NotCounted:
-    """The census checked, or why it is not counted (a version this ddpbench does not read, marked
-    incomplete or varying between steps); ``where`` names it in messages. A census read already
-    is returned as it is."""
-    if isinstance(census, (Census, NotCounted)):
+def read_census(census: Any, where: str = CENSUS_KEY) -> Census | Ranks | NotCounted:
+    """The census checked: one rank's :class:`Census` (a record that kept rank 0's alone) or
+    :class:`Ranks` of them, or why it is not counted (a version this ddpbench does not read, marked
+    incomplete, varying between steps without each step's profile); ``where`` names it in
+    messages. A census read already is returned as it is."""
+    if isinstance(census, (Census, Ranks, NotCounted)):
         return census
     CENSUS.kind.check(census, where)
     version = CENSUS["version"].read(census, where)
     if version not in READABLE_CENSUS_VERSIONS:
         return NotCounted(f"census version {shown(version)} (this ddpbench reads versions "
                           f"{', '.join(map(str, READABLE_CENSUS_VERSIONS))})")
-    incomplete = CENSUS["incomplete"].read(census, where)
-    if incomplete is not None:  # part of the step escapes the count
-        return NotCounted(f"its census is incomplete ({incomplete})")
-    varies = CENSUS["varies_between_steps"].read(census, where)
-    if varies is not None:
-        return NotCounted(f"its collectives vary between steps ({varies})")
-    CENSUS.check(census, where)
+    return read_ranks(census, where, _read_rank_census)
+
+
+def _read_collectives(entries: list, where: str, version: int) -> dict:
     entry_shape = CENSUS_ENTRY if version >= 2 else _VERSION_1_ENTRY
     collectives: dict = {}
-    for i, entry in enumerate(census["collectives"]):
-        entry_shape.check(entry, f"{where}.collectives[{i}]")
+    for i, entry in enumerate(entries):
+        entry_shape.check(entry, f"{where}[{i}]")
         calls = None if entry.get("call_bytes") is None else tuple(sorted(entry["call_bytes"]))
         data = entry.get("data_dependent_bytes") if version >= 2 else None
         key = (entry["kind"], entry["dtype"], entry["group_size"], *((entry["group"], entry.get("peer"))
@@ -232,10 +279,26 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> Census | NotCounted:
             collectives[key] = (before[0] + entry["count"], before[1] + entry["bytes"], merged, before[3] or data)
         else:
             collectives[key] = (entry["count"], entry["bytes"], calls, data)
+    return collectives
+
+
+def _read_rank_census(census: dict, where: str) -> Census | NotCounted:
+    version = CENSUS["version"].read(census, where)
+    incomplete = CENSUS["incomplete"].read(census, where)
+    if incomplete is not None:  # part of the step escapes the count
+        return partially_counted(f"its census is incomplete ({incomplete})")
+    varies = CENSUS["varies_between_steps"].read(census, where)
+    steps = CENSUS["steps"].read(census, where)
+    if varies is not None and steps is None:  # saved before each step's profile was kept
+        return partially_counted(f"its collectives vary between steps ({varies})")
+    CENSUS.check(census, where)
+    collectives = _read_collectives(census["collectives"], f"{where}.collectives", version)
+    if steps is not None:
+        steps = tuple(_read_collectives(step, f"{where}.steps[{i}]", version) for i, step in enumerate(steps))
     buckets = census.get("ddp_buckets")
     return Census(version, census["method"], collectives, None if buckets is None else tuple(sorted(buckets)),
                   census.get("graph_breaks"), census.get("recompiles"), census.get("cuda_kernel_launches"),
-                  census.get("ranks_disagree", False))
+                  census.get("ranks_disagree", False), steps)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,17 +340,27 @@ def _categories(record: dict, name: str, where: str) -> dict[str, int]:
     return {str(k): BYTES.check(v, f"{where}.{name}.{k}") for k, v in value.items()}
 
 
-def read_memory(record: Any, where: str = MEMORY_KEY) -> MemoryCensus | NotCounted:
-    """The judged figures of a memory census, or why it is not counted (another version, marked
-    incomplete); ``where`` names it in messages. A record read already is returned as it is."""
-    if isinstance(record, (MemoryCensus, NotCounted)):
+# The fields of a combined memory record that are the case's, not one rank's (ddpbench.engine.memory).
+MEMORY_CASE_KEYS = ("peak_bytes_per_rank", "max_peak_bytes", "measured")
+
+
+def read_memory(record: Any, where: str = MEMORY_KEY) -> MemoryCensus | Ranks | NotCounted:
+    """The judged figures of a memory census: one rank's :class:`MemoryCensus` (a record that kept
+    rank 0's alone: with the largest rank's peak) or :class:`Ranks` of them, or why it is not
+    counted (another version, marked incomplete); ``where`` names it in messages. A record read
+    already is returned as it is."""
+    if isinstance(record, (MemoryCensus, Ranks, NotCounted)):
         return record
     MEMORY.kind.check(record, where)
     version = MEMORY["version"].read(record, where)
     if version != MEMORY_VERSION:
         return NotCounted(f"memory census version {version!r} (this ddpbench reads version {MEMORY_VERSION})")
+    return read_ranks(record, where, _read_rank_memory, MEMORY_CASE_KEYS)
+
+
+def _read_rank_memory(record: dict, where: str) -> MemoryCensus | NotCounted:
     if record.get("incomplete") is not None:
-        return NotCounted(f"its memory census is incomplete ({record['incomplete']})")
+        return partially_counted(f"its memory census is incomplete ({record['incomplete']})")
     method, device = MEMORY["method"].read(record, where), MEMORY["device"].read(record, where)
     peak = MEMORY["peak_bytes"].check(record.get("max_peak_bytes", record.get("peak_bytes")), f"{where}.peak_bytes")
     peak_at = MEMORY["peak_at"].check(record.get("peak_at") or {}, f"{where}.peak_at")

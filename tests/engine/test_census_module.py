@@ -368,6 +368,32 @@ def test_a_step_that_varies_keeps_each_step_s_profile(fake_group):
     assert "steps" not in take_census(lambda: dist.all_reduce(t), ops_counted=2)
 
 
+def test_an_all_to_all_whose_splits_do_not_follow_the_data_is_judged_on_bytes(fake_group):
+    n, rounds = fake_group, [0]
+
+    def marks(step, ops_counted=2):
+        record = take_census(step, ops_counted=ops_counted)
+        return {c["kind"]: c["data_dependent_bytes"] for c in record["collectives"]}
+
+    def even():  # split sizes given, all equal: the bytes are the tensor's
+        dist.all_to_all_single(torch.ones(2 * n), torch.ones(2 * n), [2] * n, [2] * n)
+        dist.all_to_all([torch.ones(2) for _ in range(n)], [torch.ones(2) for _ in range(n)])
+
+    def fixed():  # uneven, but the same in every step: a fixed partition, not a router's
+        dist.all_to_all_single(torch.ones(2 * n), torch.ones(2 * n), [2] * n, [n + 1] + [1] * (n - 1))
+
+    def routed():  # uneven, and other splits each step: set by the data
+        rounds[0] += 1
+        first = 1 + rounds[0] % 2
+        dist.all_to_all_single(torch.ones(2 * n), torch.ones(2 * n), [2] * n, [first, 2 * n - first]
+                               + [0] * (n - 2))
+
+    assert marks(even) == {"all_to_all": None}
+    assert marks(fixed) == {"all_to_all": None}
+    assert marks(fixed, ops_counted=None) == {"all_to_all": "splits"}  # one op counted cannot tell
+    assert marks(routed) == {"all_to_all": "splits"}
+
+
 def test_a_thread_started_during_the_census_counts_and_stops_counting_when_it_ends(fake_group):
     import threading
 

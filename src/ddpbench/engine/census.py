@@ -137,8 +137,9 @@ def _inside_object_collective() -> bool:
 
 class Call(NamedTuple):
     """One counted collective: its entry's key (kind, dtype, group size, group, peer), its payload
-    bytes, why those bytes depend on the data (None: they do not), the group's name in this process
-    and how far it moves that group's sequence number (the unseen check)."""
+    bytes, why those bytes depend on the data (None: they do not), the group's name in this process,
+    how far it moves that group's sequence number (the unseen check) and an all_to_all's uneven
+    split sizes (how the census tells splits that stay from splits the data sets)."""
 
     kind: str
     dtype: str
@@ -149,6 +150,7 @@ class Call(NamedTuple):
     data_dependent: str | None
     group_name: str
     sequence_steps: int = 1
+    splits: tuple | None = None
 
 
 # c10d op name -> (kind, argument holding the payload, argument holding the process group). The
@@ -211,16 +213,24 @@ def _bound_arguments(func, args, kwargs) -> dict[str, Any]:
     return named
 
 
-def _call(kind, tensors, pg, nbytes=None, peer=None, data_dependent=None, steps=1) -> Call:
+def _call(kind, tensors, pg, nbytes=None, peer=None, splits=None, steps=1) -> Call:
+    """``splits``: an all_to_all's uneven split sizes, its bytes marked ``splits`` (data-dependent)
+    unless every op the census counts splits alike (:meth:`CollectiveCensus._settle_splits`)."""
     size = int(pg.size())
-    if data_dependent is None and _inside_object_collective():
-        data_dependent = "object"
+    data_dependent = "splits" if splits is not None else "object" if _inside_object_collective() else None
     return Call(kind, "none" if tensors is None else _dtype_name(tensors), size, group_identity(pg), peer,
-                _nbytes(tensors) if nbytes is None else int(nbytes), data_dependent, pg.group_name, steps)
+                _nbytes(tensors) if nbytes is None else int(nbytes), data_dependent, pg.group_name, steps,
+                splits)
 
 
 def _uneven(sizes) -> bool:
     return bool(sizes) and len({int(s) for s in sizes}) > 1
+
+
+def _uneven_splits(*sizes) -> tuple | None:
+    """The split sizes as a call's mark when some are uneven (even or none: None; their bytes are the
+    tensor's, whatever the data)."""
+    return tuple(tuple(int(s) for s in each or ()) for each in sizes) if any(_uneven(s) for s in sizes) else None
 
 
 def _c10d_call(name: str, named: dict) -> list[Call]:
@@ -235,12 +245,12 @@ def _c10d_call(name: str, named: dict) -> list[Call]:
     peer = None
     if kind in ("send", "recv"):
         peer = _peer_offset(pg, named.get("dst", named.get("src")), is_global=False)
-    splits = None
-    if name == "alltoall_base_" and (named.get("input_split_sizes") or named.get("output_split_sizes")):
-        splits = "splits"  # the caller's split sizes: in a mixture of experts, set by the data
-    elif name == "alltoall_" and _uneven([t.numel() for t in (tensors or [])]):
-        splits = "splits"
-    return [_call(kind, tensors, pg, peer=peer, data_dependent=splits)]
+    splits = None  # the caller's uneven split sizes: in a mixture of experts, set by the data
+    if name == "alltoall_base_":
+        splits = _uneven_splits(named.get("input_split_sizes"), named.get("output_split_sizes"))
+    elif name == "alltoall_":
+        splits = _uneven_splits([t.numel() for t in (tensors or [])])
+    return [_call(kind, tensors, pg, peer=peer, splits=splits)]
 
 
 def _functional_call(name: str, named: dict) -> list[Call]:
@@ -257,9 +267,8 @@ def _functional_call(name: str, named: dict) -> list[Call]:
     if kind in ("send", "recv"):
         peer = _peer_offset(pg, named.get("dst", named.get("src")), is_global=True)
     splits = None
-    if name == "all_to_all_single" and (_uneven(named.get("input_split_sizes"))
-                                        or _uneven(named.get("output_split_sizes"))):
-        splits = "splits"
+    if name == "all_to_all_single":
+        splits = _uneven_splits(named.get("input_split_sizes"), named.get("output_split_sizes"))
     return [_call(kind, tensors, pg, _nbytes(tensors) * (size if gathered else 1), peer, splits)]
 
 
@@ -441,6 +450,7 @@ class CollectiveCensus:
         self._mode.__exit__(*exc)
         self._mode = None
         self._check_unseen(_sequence_numbers())
+        self._settle_splits()
         if self._profiler is not None:
             import torch
 
@@ -462,6 +472,22 @@ class CollectiveCensus:
             moved = number - before.get(name, (pg, 0))[1]  # a group made during the round started at 0
             if moved > counted.get(name, 0):
                 self.unseen[group_identity(pg)] = (moved, counted.get(name, 0))
+
+    def _settle_splits(self) -> None:
+        """An all_to_all whose uneven splits were the same in every op counted (a fixed partition,
+        not a router's) moves bytes the data does not set: its mark is cleared, so it is judged.
+        One op counted cannot tell."""
+        ops = self._ops()
+        if len(ops) < 2:
+            return
+
+        def split_calls(op: list[Call], key: tuple) -> list:
+            return sorted((c.nbytes, c.splits) for c in op if c.data_dependent == "splits" and c[:5] == key)
+
+        keys = {call[:5] for call in self.calls if call.data_dependent == "splits"}
+        steady = {key for key in keys if all(split_calls(op, key) == split_calls(ops[0], key) for op in ops[1:])}
+        self.calls[:] = [call._replace(data_dependent=None) if call.data_dependent == "splits" and call[:5] in steady
+                         else call for call in self.calls]
 
     def _ops(self) -> list[list[Call]]:
         bounds = self.op_starts + [len(self.calls)]

@@ -123,11 +123,23 @@ def rank1_extra_round(state):
         dist.all_reduce(state["t"], group=state["group"])
 
 
-def test_ranks_that_issue_different_collectives_are_flagged(pool):
+def rank1_twice_round(state):
+    rank1_extra_round(state)
+    rank1_extra_round(state)
+
+
+def test_ranks_that_issue_different_collectives_are_kept_and_compared_rank_by_rank(pool):
     census, per_rank = census_of(pool, ddpbench.FunctionWorkload(own_group_setup, rank1_extra_round))
-    assert census["ranks_disagree"] is True
-    assert census["collectives"] == []  # rank 0's own record
+    assert census["ranks_disagree"] is True and census["ranks_counted"] == 2
+    assert census["collectives"] == []  # rank 0's own record...
     assert entries(per_rank[1]["census"])[("all_reduce", "float32", 1)]["count"] == 1
+    (rank1,) = census["other_ranks"]  # ... and rank 1's, where it differs
+    assert rank1["ranks"] == "1" and rank1["fields"]["collectives"] == per_rank[1]["census"]["collectives"]
+    # Rank 1 alone issues one more: the ranks disagree on both sides, and rank 1's change is judged.
+    twice, _ = census_of(pool, ddpbench.FunctionWorkload(own_group_setup, rank1_twice_round))
+    verdict = compare_census(json.loads(json.dumps(census)), json.loads(json.dumps(twice)))
+    assert verdict.verdict == "regression" and verdict.line == "rank 1: all_reduce float32 ×1 on ranks 1: 1 → 2 per " \
+                                                              "step, +32 B"
 
 
 # ---- DDP training: its buckets are its all_reduce calls -----------------------------------------

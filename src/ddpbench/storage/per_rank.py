@@ -5,6 +5,7 @@ other rank (a pipeline's middle stage), and a list of N whole records would grow
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 RANKS_KEY = "ranks_counted"  # how many ranks' records were kept (absent: rank 0's only, an older run)
@@ -61,7 +62,7 @@ def combine(records: list[dict[str, Any] | None], case_keys: tuple[str, ...] = (
             if own == base:
                 continue
             fields = {k: own.get(k) for k in sorted(set(own) | set(base)) if own.get(k) != base.get(k)}
-        key = repr(fields)
+        key = json.dumps(fields, sort_keys=True, default=repr)
         groups.setdefault(key, ([], fields))[0].append(rank)
     combined = dict(base, **{RANKS_KEY: len(records)})
     if groups:

@@ -174,10 +174,6 @@ class Ranks:
     count: int
     whole: Any
 
-    @property
-    def disagree(self) -> bool:
-        return len(self.groups) > 1
-
 
 def read_ranks(record: dict, where: str, read_one: Callable[[Any, str], Any], case_keys: tuple[str, ...] = ()):
     """``read_one(record)`` when the record kept rank 0's alone (an older run), else :class:`Ranks`

@@ -418,8 +418,8 @@ class ABRecord:
     baseline's census and memory census (None where the run recorded none)."""
 
     summary: dict[str, Any]
-    baseline_census: Census | NotCounted | None
-    baseline_memory: MemoryCensus | NotCounted | None
+    baseline_census: Census | Ranks | NotCounted | None
+    baseline_memory: MemoryCensus | Ranks | NotCounted | None
 
 
 def read_ab(record: Any, where: str = AB_KEY) -> ABRecord:

@@ -87,6 +87,11 @@ def test_a_run_that_kept_rank_zero_s_alone_is_still_read():
         "same", "rank 0's census compared: the ranks disagree on both sides and the baseline kept rank 0's alone")
 
 
+def test_records_of_other_world_sizes_are_not_counted():
+    assert compare_census(combine_census(PIPELINE[:2]), combine_census(PIPELINE)) == StructureVerdict(
+        "not counted", "the baseline kept the census of 2 ranks, the current of 3")
+
+
 def test_a_malformed_rank_group_is_a_named_error(tmp_path, capsys):
     bad = dict(combine_census(TWICE), other_ranks=[{"ranks": "3", "fields": {}}])
     b = write(tmp_path / "base.json", run_doc([bench(NAME, STEADY, {"census": combine_census(PIPELINE)})]))

@@ -146,7 +146,6 @@ def _uncounted(sides: dict[str, Any]) -> StructureVerdict:
     :class:`NotCounted` or None): a record that misses part of the step against one counted in full
     is a regression until accepted, since nothing counted partially is judged as whole; else
     ``not counted``."""
-    (base_name, base), (cur_name, cur) = sides.items()
     other = [f"{name}: {why}" for name, why in sides.items() if isinstance(why, str)]
     counted = [name for name, read in sides.items() if read is not None and not isinstance(read, str)]
     partial = [name for name, read in sides.items() if getattr(read, "partial", False)]
@@ -206,8 +205,8 @@ def by_rank(base: Any, cur: Any, current_label: str, judge: Callable[[Any, Any],
                                     f"{'the ' + kept[0] if len(kept) == 1 else 'both'} kept rank 0's alone")
         return verdict
     if base.count != cur.count:
-        return StructureVerdict(NOT_COUNTED, f"{what}s of {base.count} ranks on the baseline, {cur.count} on the "
-                                             f"{current_label}")
+        return StructureVerdict(NOT_COUNTED, f"the baseline kept the {what} of {base.count} ranks, the "
+                                             f"{current_label} of {cur.count}")
     pairs: dict[tuple[int, int], list[int]] = {}
     base_at, cur_at = _group_of(base), _group_of(cur)
     for rank in range(base.count):

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers.benchjson import bench, run_cli, run_doc, write
 from helpers.census_records import census
 from ddpbench.engine.census import combine_census
 from ddpbench.engine.memory import combine_memory
 from ddpbench.gates.memory import compare_memory
 from ddpbench.gates.structure import StructureVerdict, compare_census
+from ddpbench.storage.records import RecordError
 
 MiB = 1 << 20
 NAME = "test_pipeline[gloo-3p]"
@@ -90,6 +93,21 @@ def test_a_run_that_kept_rank_zero_s_alone_is_still_read():
 def test_records_of_other_world_sizes_are_not_counted():
     assert compare_census(combine_census(PIPELINE[:2]), combine_census(PIPELINE)) == StructureVerdict(
         "not counted", "the baseline kept the census of 2 ranks, the current of 3")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"ranks_counted": 0}, "census.ranks_counted is 0, expected a whole number of ranks >= 1"),
+    ({"other_ranks": "1"}, "census.other_ranks is '1', expected a list of groups of ranks (objects: ranks, fields)"),
+    ({"other_ranks": [{"ranks": "2-1", "fields": {}}]}, "census.other_ranks[0].ranks is '2-1', expected ranks as "
+                                                        "ascending runs (\"1-3,7\"), each below ranks_counted (3) "
+                                                        "and named once"),
+    ({"other_ranks": [{"ranks": "1", "fields": {"collectives": "send"}}]},
+     "census[ranks 1].collectives is 'send', expected a list of collectives"),
+])
+def test_a_malformed_rank_record_is_an_error_naming_its_field(change, message):
+    with pytest.raises(RecordError) as caught:
+        compare_census(combine_census(PIPELINE), dict(combine_census(TWICE), **change))
+    assert str(caught.value) == message and caught.value.side == "current"
 
 
 def test_a_malformed_rank_group_is_a_named_error(tmp_path, capsys):

@@ -178,6 +178,8 @@ class Ranks:
 def read_ranks(record: dict, where: str, read_one: Callable[[Any, str], Any], case_keys: tuple[str, ...] = ()):
     """``read_one(record)`` when the record kept rank 0's alone (an older run), else :class:`Ranks`
     with each group of ranks' record read by ``read_one`` (named ``where[ranks 1-2]``)."""
+    for item in RANK_FIELDS:
+        item.read(record, where)
     try:
         groups = per_rank.expand(record, case_keys)
     except ValueError as exc:
@@ -196,6 +198,13 @@ def read_ranks(record: dict, where: str, read_one: Callable[[Any, str], Any], ca
 # The census: what one step launches (extra_info["census"], ddpbench.gates.structure)
 # ----------------------------------------------------------------------------------------------
 
+# A case's record keeps every rank's (:mod:`.per_rank`); read_ranks checks each group's ranks.
+RANK_FIELDS = (
+    Field(per_rank.RANKS_KEY, expect("a whole number of ranks >= 1", lambda value: _whole(value) and value >= 1)),
+    Field(per_rank.OTHERS_KEY, expect("a list of groups of ranks (objects: ranks, fields)",
+                                      lambda value: isinstance(value, list)), each=_object("an object (ranks, fields)")),
+)
+
 CENSUS = Shape(_object("the case's census (an object)"), (
     Field("version", VERSION, required=True),
     Field("incomplete", expect("text (why the census misses collectives)", _text)),
@@ -211,6 +220,7 @@ CENSUS = Shape(_object("the case's census (an object)"), (
     Field("cuda_kernel_launches", expect("a number >= 0 or null", _count)),
     Field("steps", expect("a list of each step's collectives (lists)",
                           lambda value: isinstance(value, list) and all(isinstance(s, list) for s in value))),
+    *RANK_FIELDS,
 ))
 # One entry of census["collectives"]; version 1 records only the first six fields.
 CENSUS_ENTRY = Shape(_object("an object (kind, dtype, group_size, count, bytes, call_bytes)"), (
@@ -311,6 +321,7 @@ MEMORY = Shape(_object("the case's memory census (an object)"), (
     Field("at_peak", CATEGORIES, nullable=False, default={}),
     Field("after_step_bytes", BYTES, nullable=False, default=0),
     Field("after_step", CATEGORIES, nullable=False, default={}),
+    *RANK_FIELDS,
 ))
 
 

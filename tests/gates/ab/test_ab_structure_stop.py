@@ -46,6 +46,17 @@ def test_a_structural_regression_ends_the_case_after_its_first_look():
     assert "regression (structure; timing inconclusive at its first look)" in text
 
 
+def test_a_change_on_one_rank_alone_ends_the_case_after_its_first_look():
+    """Rank 1 issues one more all_reduce than rank 0 on both sides, and one more again on the
+    candidate: judged on rank 0's census alone, the ranks disagreeing on both sides, it read `same`."""
+    outcome = _case(([BASE, GREW], [BASE, census(("all_reduce", "float32", 2, [1 << 20, 4096, 4096]))]))
+    assert len(outcome.levels_applied) == 1
+    assert outcome.stopped_by_structure == "rank 1: all_reduce float32 ×2: 2 → 3 per step, +4.0 KiB"
+    summary = outcome.summary({})
+    assert summary["census_baseline"]["other_ranks"] == [{"ranks": "1", "fields": {
+        "collectives": GREW["collectives"]}}]
+
+
 def test_no_stop_when_the_change_is_accepted_improves_or_reorders_or_a_side_has_no_census():
     accepted = dataclasses.replace(SETTINGS, stop_on_structural_regression=False)
     for censuses, settings in (((BASE, GREW), accepted), ((GREW, BASE), SETTINGS),

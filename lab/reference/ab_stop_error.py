@@ -115,17 +115,19 @@ def main(argv=None) -> None:
     parser.add_argument("--tau", type=float, default=0.0, help="sd of each pool pair's lasting offset (default 0)")
     parser.add_argument("--slower", type=float, default=None,
                         help="the candidate's true ratio (default: 1 + the engine's threshold)")
+    parser.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES),
+                        help="the rules to simulate (default all; `interval` bootstraps every look, the slowest)")
     parser.add_argument("--bound-only", action="store_true",
                         help="count the cases in which some look's stop bound lies within 1 + threshold (no bootstrap)")
     args = parser.parse_args(argv)
     settings = ABSettings()
     slower = 1.0 + settings.threshold if args.slower is None else args.slower
     most = sum(settings.stage_sizes(POOL_PAIRS) + settings.extra_stage_sizes(POOL_PAIRS))
-    rules = rule_stop_levels(settings)
+    rules = {rule: levels for rule, levels in rule_stop_levels(settings).items() if rule in args.rules}
     rng = np.random.default_rng(args.seed)
     if args.bound_only:
         draws = [_draw(rng, slower, args.sigma, args.tau, most) for _ in range(args.cases)]
-        for rule in ("equal", "spending"):
+        for rule in [rule for rule in rules if rules[rule] is not None]:
             passed = sum(stop_bound_passes(x, settings, rules[rule]) for x in draws)
             print(f"{args.cases} cases, true ratio {slower:.3f}, seed {args.seed}, rule {rule}: some look's stop "
                   f"bound within 1 + threshold in {passed} ({100 * passed / args.cases:.2f}%; stop levels "
@@ -136,7 +138,7 @@ def main(argv=None) -> None:
     print(f"{args.cases} cases, true ratio {slower:.3f}, sigma {args.sigma:g}, tau {args.tau:g}, seed {args.seed}; "
           f"threshold {settings.threshold:g}; looks at {list(itertools.accumulate(settings.stage_sizes(POOL_PAIRS)))} "
           f"+ extra {settings.extra_stage_sizes(POOL_PAIRS)} pairs")
-    for rule in RULES:
+    for rule in rules:
         verdicts = [r[rule][0] for r in results]
         counts = ", ".join(f"{verdicts.count(v)} {v}" for v in stats.VERDICTS)
         stopped = sum(v in STOPS for v in verdicts)

@@ -5,6 +5,7 @@ lab/reference/ab_flow_check.sh).
     .venv/bin/python lab/reference/ab_gate_model.py                      # equal split vs spending (power 1)
     .venv/bin/python lab/reference/ab_gate_model.py --powers 0.5 1 1.5 3 --extra-pairs 48 24
     .venv/bin/python lab/reference/ab_gate_model.py --tau-scale 0      # no lasting pool offsets
+    .venv/bin/python lab/reference/ab_gate_model.py --spread-1mb 0.17 0.022  # 1 MB as recorded with ranks pinned
 
 Each case of ab.yml's selection, in its run order, is drawn as ab_stop_error.py draws one: pairs
 whose log ratios are normal (sd sigma) plus each pool pair's lasting offset (sd tau), on two pool
@@ -96,15 +97,20 @@ def main(argv=None) -> None:
     parser.add_argument("--powers", type=float, nargs="+", default=[1.0], help="spending powers (stats.stop_levels)")
     parser.add_argument("--extra-pairs", type=int, nargs="+", default=[48], help="pairs per extra look")
     parser.add_argument("--tau-scale", type=float, default=1.0, help="multiplies every case's tau")
+    parser.add_argument("--spread-1mb", type=float, nargs=2, metavar=("SIGMA", "TAU"),
+                        help="the 1 MB cases' sigma and tau instead of the recorded ones")
     parser.add_argument("--seconds-per-pair", type=float, nargs=len(CASES), default=SECONDS_PER_PAIR)
     parser.add_argument("--analysis-s", type=float, default=ANALYSIS_S_AT_288, help="an analysis at 288 pairs")
     parser.add_argument("--case-s", type=float, default=CASE_S)
     parser.add_argument("--run-s", type=float, default=RUN_S)
     args = parser.parse_args(argv)
     ANALYSIS_S_AT_288, CASE_S, RUN_S = args.analysis_s, args.case_s, args.run_s
+    cases = CASES if args.spread_1mb is None else tuple(
+        (name, *args.spread_1mb) if "1MB" in name else (name, sigma, tau) for name, sigma, tau in CASES)
     print(f"ab.yml's 7 cases, A/A, {args.cases} drawn each, {args.runs} runs, budget {args.budget:g} s, "
-          f"tau x {args.tau_scale:g}, seed {args.seed}")
-    print("| looks | rule | analysis | decided | " + " | ".join(name for name, _, _ in CASES)
+          f"tau x {args.tau_scale:g}, seed {args.seed}; (sigma, tau) per case: "
+          + ", ".join(f"{sigma:g}, {tau:g}" for _, sigma, tau in cases))
+    print("| looks | rule | analysis | decided | " + " | ".join(name for name, _, _ in cases)
           + " | run wall (model) median [IQR] s | decided without a cap |")
     print("|---" * (len(CASES) + 6) + "|")
     for extra in args.extra_pairs:
@@ -116,7 +122,7 @@ def main(argv=None) -> None:
         rules.update({f"spending {p:g}": stats.stop_levels(error, look_pairs, p) for p in args.powers})
         rules["interval only"] = (error,) * len(look_pairs)  # stands in for the rule before 2026-11-26
         firsts = []
-        for c, (_, sigma, tau) in enumerate(CASES):
+        for c, (_, sigma, tau) in enumerate(cases):
             rng = np.random.default_rng([args.seed, c])
             per_case = []
             for _ in range(args.cases):

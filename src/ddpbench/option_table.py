@@ -75,9 +75,10 @@ ACCEPT_MEMORY_CHANGE = Option(
          "after the step than the baseline's) made on purpose: shown as accepted instead of failing the gate")
 MEMORY_TOLERANCE = Option(
     "--dist-ab-memory-tolerance", command_flag="--memory-tolerance", type=opts.parse_memory_tolerance,
-    default=None, metavar="FRACTION",
-    help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): more than FRACTION "
-         "(e.g. 0.1) above the baseline's is a memory regression. Default: shown, not judged")
+    default=None, metavar="PCT",
+    help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): more than PCT "
+         "(e.g. 10%%, as the thresholds are written; a bare number below 1 is refused as ambiguous) above the "
+         "baseline's is a memory regression. Default: shown, not judged")
 ACCEPT_NUMERICS_CHANGE = Option(
     "--dist-ab-accept-numerics-change", command_flag="--accept-numerics-change", action="store_true",
     help="a numerics change (a seeded replay of the first steps computes other values than the baseline's, "
@@ -85,9 +86,9 @@ ACCEPT_NUMERICS_CHANGE = Option(
          "failing the gate")
 NUMERICS_TOLERANCE = Option(
     "--dist-ab-numerics-tolerance", command_flag="--numerics-tolerance", type=opts.parse_numerics_tolerance,
-    default=None, metavar="FRACTION",
+    default=None, metavar="PCT",
     help="a relative difference of the replayed steps' figures (norms and sums of parameters, gradients, "
-         "optimizer state, loss) up to FRACTION (e.g. 1e-5) reads 'within noise' instead of 'changed', for "
+         "optimizer state, loss) up to PCT (e.g. 0.01%%) reads 'within noise' instead of 'changed', for "
          "teams that allow floating-point reordering. Default: 0, bitwise unless the baseline's own replays "
          "differ")
 FAIL_ON_INCONCLUSIVE = Option(

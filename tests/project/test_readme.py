@@ -195,9 +195,12 @@ def _short(command: str) -> str:
 @pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
 def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
     args = shlex.split(command)[1:]
-    # The README's baseline interpreter is an example: use this one.
-    args = [f"--dist-baseline-python={sys.executable}" if arg.startswith("--dist-baseline-python=") else arg
+    # The README's baseline interpreter and checkout are examples: use this one and the copy.
+    args = [f"--dist-baseline-python={sys.executable}" if arg.startswith("--dist-baseline-python=")
+            else f"--dist-baseline-path={suite_copy}" if arg.startswith("--dist-baseline-path=") else arg
             for arg in args]
+    example = next(body for marker, body in code_blocks("python") if marker and marker.startswith("readme-example:"))
+    (suite_copy / "test_my_step.py").write_text(example)  # the example the gating commands name
     monkeypatch.setenv("DDPBENCH_SECRET", "0123456789abcdef" * 4)  # for --dist-controller
     out = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
                           "-p", "no:cacheprovider"],

@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from ..shown_text import markdown_code, markdown_text, printable
 from ..storage.records import BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY, BASELINE_NUMERICS_KEY, CENSUS_KEY, \
     LOST_CASES_KEY, MEMORY_KEY, NUMERICS_KEY, ABRecord, RecordError, read_ab
 from .memory import compare_memory
@@ -239,10 +240,12 @@ class GateReport:
                 and c.structure.accepted == accepted
                 and TIMING_UNMEASURED not in c.failed_by]
 
-    def unmeasured(self) -> list[str]:
-        """The cases whose structural change was accepted after the run but whose timing that
-        change had cut short (:attr:`CaseVerdict.timing_unmeasured`)."""
-        return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by]
+    def unmeasured(self, stopper: str | None = None) -> list[str]:
+        """The cases whose structural (or memory) change was accepted after the run but whose timing
+        that change had cut short (:attr:`CaseVerdict.timing_unmeasured`); ``stopper``: only those
+        stopped by it (``stopped_by_structure``, ``stopped_by_memory`` or ``stopped_by_numerics``)."""
+        return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by
+                and (stopper is None or c.details.get(stopper))]
 
     def memory_regressions(self, accepted: bool) -> list[str]:
         """The cases whose memory census regressed: accepted as made on purpose, or not."""
@@ -323,12 +326,17 @@ class GateReport:
                              f"computes other values than the baseline's, past its own replay-to-replay band, a "
                              f"regression whatever the timing says ({accept_numerics} accepts a change made on "
                              f"purpose)")
-        unmeasured = self.unmeasured()
-        if unmeasured:
+        for stopper, what, option in (("stopped_by_structure", "a structural change", "structure"),
+                                      ("stopped_by_memory", "a memory change", "memory"),
+                                      ("stopped_by_numerics", "a numerics change", "numerics")):
+            # Each line names the option that lets its own stopper through (a case stopped by both: both).
+            unmeasured = self.unmeasured(stopper)
+            if not unmeasured:
+                continue
             shown = ", ".join(unmeasured[:5]) + (" ..." if len(unmeasured) > 5 else "")
-            lines.append(f"{len(unmeasured)} case(s) stopped at their first look by a structural change that was "
+            lines.append(f"{len(unmeasured)} case(s) stopped at their first look by {what} that was "
                          f"accepted after the run ({shown}): their timing was not measured, so they cannot pass. "
-                         f"Run the A/B gate again with --dist-ab-accept-structure-change to time them in full")
+                         f"Run the A/B gate again with --dist-ab-accept-{option}-change to time them in full")
         for verdict, allowed, option, cause in (
                 (Verdict.MISSING, allow_missing, allow,
                  f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
@@ -429,26 +437,31 @@ def _row(report: GateReport, case: CaseVerdict) -> list[str]:
 
 
 def format_text(report: GateReport) -> str:
-    lines = [f"{report.title} ({report.summary()})", *report.preamble]
-    lines += [f"note: {n}" for n in report.notes]
-    lines += [f"WARNING: {w}" for w in report.warnings]
+    """The report for a terminal: every line and cell printable (a run file's strings are input,
+    and a newline or an escape sequence in one must not reach the terminal as such)."""
+    lines = [f"{report.title} ({report.summary()})", *map(printable, report.preamble)]
+    lines += [f"note: {printable(n)}" for n in report.notes]
+    lines += [f"WARNING: {printable(w)}" for w in report.warnings]
     if not report.cases:
-        return "\n".join(lines + ["no cases to compare"] + report.footer)
-    rows = [_headers(report)] + [_row(report, case) for case in report.sorted_cases()]
+        return "\n".join(lines + ["no cases to compare"] + [printable(line) for line in report.footer])
+    rows = [_headers(report)] + [[printable(cell) for cell in _row(report, case)] for case in report.sorted_cases()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines.append("  ".join(cell.ljust(w) for cell, w in zip(rows[0], widths)).rstrip())
     for row, case in zip(rows[1:], report.sorted_cases()):
         flag = "  <<" if case.verdict.fails else ""
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + flag)
-    return "\n".join(lines + report.footer)
+    return "\n".join(lines + [printable(line) for line in report.footer])
 
 
 def format_markdown(report: GateReport) -> str:
+    """The report as a pull-request comment: every cell and line from a run file shown literally
+    (:func:`~ddpbench.shown_text.markdown_text`: no new line, heading, image, link, HTML or
+    @mention can come from a case name, a module name or a side's path)."""
     status = "regressions found" if report.regressions else "no regression"
     lines = [f"### {report.title}: {status}", "", report.summary() + ".", ""]
-    lines += [f"- {line}" for line in report.preamble]
-    lines += [f"- {n}" for n in report.notes]
-    lines += [f"- **Warning:** {w}" for w in report.warnings]
+    lines += [f"- {markdown_text(line)}" for line in report.preamble]
+    lines += [f"- {markdown_text(n)}" for n in report.notes]
+    lines += [f"- **Warning:** {markdown_text(w)}" for w in report.warnings]
     if report.preamble or report.notes or report.warnings:
         lines.append("")
     if not report.cases:
@@ -456,13 +469,13 @@ def format_markdown(report: GateReport) -> str:
     headers = _headers(report)
     lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for case in report.sorted_cases():
-        row = _row(report, case)
-        row[0] = f"`{row[0]}`"
-        row[-1] = case.verdict.markdown + _resolution(case) + _verdict_note(case)
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+        row = [markdown_text(cell) for cell in _row(report, case)]
+        row[0] = markdown_code(case.name)
+        row[-1] = case.verdict.markdown + markdown_text(_resolution(case) + _verdict_note(case))
+        lines.append("| " + " | ".join(row) + " |")
     if report.footer:
         lines.append("")
-        lines += [f"- {line.strip()}" for line in report.footer]
+        lines += [f"- {markdown_text(line.strip())}" for line in report.footer]
     return "\n".join(lines)
 
 

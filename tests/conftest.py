@@ -35,12 +35,16 @@ def _no_xdist_marks_for_child_pytest_runs(monkeypatch):
 @pytest.fixture(autouse=True)
 def _child_pytest_runs_without_the_memory_census(request, monkeypatch):
     """Each rank of a pytest run that a test starts would import torch's memory tracker (a second or
-    more of CPU) for a record only memory tests read: theirs (marker ``memory_census``) keep it."""
+    more of CPU) for a record only memory tests read: theirs (marker ``memory_census``) keep it; likewise
+    the numerics replay (two more set-ups per case), kept by the marker ``numerics``."""
     if "pytester" in request.fixturenames:
         request.getfixturevalue("pytester")  # first: pytester clears PYTEST_ADDOPTS when it starts
     if request.node.get_closest_marker("memory_census") is None:
         addopts = os.environ.get("PYTEST_ADDOPTS", "")
         monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-memory-census=off".strip())
+    if request.node.get_closest_marker("numerics") is None:  # likewise the numerics replay's two set-ups
+        addopts = os.environ.get("PYTEST_ADDOPTS", "")
+        monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-numerics-steps=0".strip())
 
 
 def pytest_collection_modifyitems(items):

@@ -135,7 +135,8 @@ class DistBenchmark:
         if plan.ops_per_round is None:  # the default: auto for CUDA cases, 1 on the CPU
             plan = dataclasses.replace(plan, ops_per_round="auto" if self.spec.device == "cuda" else 1)
         if self.benchmark.disabled:
-            return RoundPlan(warmup=0, rounds=1, census=plan.census, memory_census=plan.memory_census)
+            return RoundPlan(warmup=0, rounds=1, census=plan.census, memory_census=plan.memory_census,
+                             numerics_steps=plan.numerics_steps)
         if rounds is not None or warmup is not None:
             plan = dataclasses.replace(plan, warmup=plan.warmup if warmup is None else warmup,
                                        rounds=plan.rounds if rounds is None else rounds)

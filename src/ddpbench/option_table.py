@@ -79,6 +79,18 @@ MEMORY_TOLERANCE = Option(
     help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): more than PCT "
          "(e.g. 10%%, as the thresholds are written; a bare number below 1 is refused as ambiguous) above the "
          "baseline's is a memory regression. Default: shown, not judged")
+ACCEPT_NUMERICS_CHANGE = Option(
+    "--dist-ab-accept-numerics-change", command_flag="--accept-numerics-change", action="store_true",
+    help="a numerics change (a seeded replay of the first steps computes other values than the baseline's, "
+         "past its own replay-to-replay band and the tolerance) made on purpose: shown as accepted instead of "
+         "failing the gate")
+NUMERICS_TOLERANCE = Option(
+    "--dist-ab-numerics-tolerance", command_flag="--numerics-tolerance", type=opts.parse_numerics_tolerance,
+    default=None, metavar="FRACTION",
+    help="a relative difference of the replayed steps' figures (norms and sums of parameters, gradients, "
+         "optimizer state, loss) up to FRACTION (e.g. 1e-5) reads 'within noise' instead of 'changed', for "
+         "teams that allow floating-point reordering. Default: 0, bitwise unless the baseline's own replays "
+         "differ")
 FAIL_ON_INCONCLUSIVE = Option(
     "--dist-ab-fail-on-inconclusive", command_flag="--fail-on-inconclusive", action="store_true",
     help="exit 1 when a case is inconclusive (neither a change nor the same within the threshold); by "
@@ -86,7 +98,7 @@ FAIL_ON_INCONCLUSIVE = Option(
 
 #: The gate's options in both spellings, in the order both list them.
 GATE_OPTIONS = (ALLOW_MISSING, ALLOW_BASELINE_FAILURE, ACCEPT_STRUCTURE_CHANGE, ACCEPT_MEMORY_CHANGE,
-                MEMORY_TOLERANCE, FAIL_ON_INCONCLUSIVE)
+                MEMORY_TOLERANCE, ACCEPT_NUMERICS_CHANGE, NUMERICS_TOLERANCE, FAIL_ON_INCONCLUSIVE)
 
 # ----------------------------------------------------------------------------------------------
 # Shared by the ddpbench commands that read saved runs (compare, report, history)
@@ -149,6 +161,11 @@ CASES = OptionGroup("ddpbench", "ddpbench distributed benchmarks", (
                 "tensor bytes per rank, what held them at the peak (parameters, gradients, optimizer "
                 "state, activations, temporaries, DDP buckets, FSDP2 buffers), where it fell and what "
                 "stays after the step, into extra_info['memory']; off: no extra step. Default: on"),
+    Option("--dist-numerics-steps", type=opts.parse_numerics_steps, default=3, metavar="K",
+           help="after the recorded rounds (A/B: before the blocks), twice on a state of its own (every "
+                "rank's torch, random and numpy seeded before a second set-up, torn down after): K untimed "
+                "steps, each with a SHA-256 and norms of the parameters, gradients, optimizer state and "
+                "loss, into extra_info['numerics'] for the numerics verdict; 0: none. Default: 3"),
 ))
 
 NODES = OptionGroup("ddpbench-nodes", "ddpbench across nodes (ranks started by torchrun)", (

@@ -182,6 +182,27 @@ def parse_precision(text: str) -> float:
     return number
 
 
+def parse_numerics_tolerance(text: str) -> float:
+    """'1e-5' or '0.001%' -> 1e-05: the relative difference of the numerics replay's figures that still
+    reads 'within noise'."""
+    number = _share(text)
+    if number is None or not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a relative difference, e.g. 1e-5 or 0.001% (0 or more)")
+    return number
+
+
+def parse_numerics_steps(text: str) -> int:
+    """'3' -> 3: the steps of the numerics replay, 0 (none) or more."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--dist-numerics-steps {text!r}: give a whole number of steps, 0 (no "
+                                         f"replay) or more, e.g. 3")
+    return value
+
+
 def parse_memory_tolerance(text: str) -> float:
     """'10%' or '10' -> 0.1: how far above the baseline's a measured CUDA memory figure may go,
     written as every gate's threshold is (:func:`parse_percent`); 0 judges any growth."""

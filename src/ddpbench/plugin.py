@@ -418,6 +418,7 @@ def dist_round_plan(request) -> RoundPlan:
         cuda_graphs=config.getoption("dist_cuda_graphs", False),
         census=config.getoption("dist_census", "on") == "on",
         memory_census=config.getoption("dist_memory_census", "on") == "on",
+        numerics_steps=config.getoption("dist_numerics_steps", 3),
     )
 
 

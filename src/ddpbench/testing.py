@@ -202,3 +202,63 @@ def train_steps(ctx, workload, steps: int) -> dict[str, Any]:
         return {"losses": losses, "params": flat_parameters(state["loop"].module())}
     finally:
         workload.teardown(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Planted numerics bugs: a hand-written data-parallel step with no check of its own, so that only
+# the numerics fingerprint (ddpbench.engine.numerics) can tell a bug from the correct step
+# ----------------------------------------------------------------------------------------------
+
+PLANT_ENV = "DDPBENCH_PLANT_NUMERICS"
+#: The bugs :class:`SelfmadeTraining` can plant: gradients summed over ranks instead of averaged,
+#: the loss scaled by 0.5, the first parameter left out of the optimizer.
+PLANTED_BUGS = ("sum-grads", "half-loss", "frozen-param")
+
+
+def planted_bug(text: str | None) -> str:
+    """The bug :data:`PLANT_ENV` names ('' for none); ValueError for another word."""
+    text = (text or "").strip()
+    if text and text not in PLANTED_BUGS:
+        raise ValueError(f"{PLANT_ENV}={text!r}: expected one of {', '.join(PLANTED_BUGS)} (or unset)")
+    return text
+
+
+@dataclass(frozen=True)
+class SelfmadeTraining(Workload):
+    """A user's hand-written data-parallel step: a small MLP, SGD without momentum (so that leaving
+    a parameter out of the optimizer changes no memory), gradients all-reduced one by one and
+    divided by the world size. ``bug`` (or this rank's :data:`PLANT_ENV`, read at set-up) plants
+    one of :data:`PLANTED_BUGS`; none changes the collectives or the memory a step holds."""
+
+    bug: str = ""
+    hidden: int = 64
+    batch: int = 16
+    lr: float = 0.1
+
+    def setup(self, ctx):
+        import torch
+
+        bug = planted_bug(self.bug or os.environ.get(PLANT_ENV))
+        model = torch.nn.Sequential(torch.nn.Linear(32, self.hidden), torch.nn.ReLU(), torch.nn.Linear(self.hidden, 4))
+        params = list(model.parameters())
+        optimizer = torch.optim.SGD(params[1:] if bug == "frozen-param" else params, lr=self.lr)
+        generator = torch.Generator().manual_seed(1000 + ctx.rank)
+        data = (torch.randn(self.batch, 32, generator=generator), torch.randint(0, 4, (self.batch,), generator=generator))
+        return {"model": model, "optimizer": optimizer, "data": data, "bug": bug, "world": ctx.world_size}
+
+    def run_round(self, state):
+        import torch
+        import torch.distributed as dist
+
+        model, optimizer, (x, y) = state["model"], state["optimizer"], state["data"]
+        model.zero_grad(set_to_none=True)  # every gradient, in the optimizer or not: the same memory either way
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        if state["bug"] == "half-loss":
+            loss = loss * 0.5
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            if state["bug"] != "sum-grads":
+                p.grad /= state["world"]
+        optimizer.step()
+        return loss.detach()

@@ -154,6 +154,31 @@ def test_a_memory_tolerance_bisect_cannot_read_is_bad_input(tmp_path):
         check_input(repo, shas[0], shas[1], Options(pytest_args=["--dist-ab-memory-tolerance=lots"]))
 
 
+def _numerics(grad: float) -> dict:
+    steps = [{"param w": ["p0", 1.0, 1.0, 1.0]}, {"param w": [f"p{grad}", 1.0, 1.0, 1.0],
+                                                  "grad w": [f"g{grad}", grad, grad, grad]}]
+    return {"version": 1, "steps": 1, "digests": ["d0", f"d{grad}"], "tensors": [steps], "replay_spread": 0.0}
+
+
+def test_a_probe_is_read_with_the_numerics_acceptance_and_tolerance_its_gate_ran_with(tmp_path, subjects):
+    # Each commit changes what the steps compute (gradients x2) on purpose; the gate ran with
+    # --dist-ab-accept-numerics-change and passed every probe: nothing to bisect.
+    changed = _ab("same", numerics_baseline=_numerics(1.0), timing_verdict="same")
+
+    def doc(ab, grad):
+        return run_doc([bench("test_a", [0.001] * 3, {"ab": ab, "numerics": _numerics(grad)})])
+
+    docs = [doc(changed, 2.0)] * 3
+    search = _canned(tmp_path, docs, ["--dist-ab-accept-numerics-change"])
+    assert search.search() == 0 and "no regression between GOOD" in search.out.getvalue()
+    search = _canned(tmp_path / "tolerated", docs, ["--dist-ab-numerics-tolerance=1.5"])
+    assert search.search() == 0 and "no regression between GOOD" in search.out.getvalue()
+    # Without either, the change is read as the regression its gate failed on.
+    search = _canned(tmp_path / "unaccepted", [doc(changed, 1.0)] + [doc(changed, 2.0)] * 2)
+    assert search.search() == 0 and f"first bad commit: {search.checkout.commits[1]}" in search.out.getvalue()
+    assert "numerics: changed from step 1 of 1" in search.out.getvalue()
+
+
 def test_a_probe_that_did_not_judge_a_case_bad_judged_is_a_skip_not_good(tmp_path, subjects):
     # BAD: test_a twice as slow, test_b unchanged. Commit 1 lacks test_a (skipped there, or not
     # collected): read by the verdicts present only it would be good, and commit 2 named.

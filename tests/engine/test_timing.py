@@ -223,7 +223,7 @@ class _Counting(Workload):
 
 def test_refresh_builds_the_state_anew_and_warms_it_up_untimed():
     log = {"setup": 0, "teardown": 0}
-    session = RankSession(_FakeCtx(), _Counting(log), RoundPlan(warmup=1, rounds=3))
+    session = RankSession(_FakeCtx(), _Counting(log), RoundPlan(warmup=1, rounds=3, numerics_steps=0))
     session._time_round = lambda ctx, run_round, state: (run_round(state), 0.001)[1]
     session._agree = lambda ctx, values: list(values)
     session.start()
@@ -237,6 +237,36 @@ def test_refresh_builds_the_state_anew_and_warms_it_up_untimed():
     assert len(times) == 3
     session.finish(check=False)
     assert log["teardown"] == 2  # the last state is torn down once
+
+
+def test_the_numerics_replay_runs_after_everything_timed_on_states_of_its_own():
+    log = {"setup": 0, "teardown": 0}
+    session = RankSession(_FakeCtx(), _Counting(log), RoundPlan(warmup=1, rounds=3, numerics_steps=2))
+    session._time_round = lambda ctx, run_round, state: (run_round(state), 0.001)[1]
+    session._agree = lambda ctx, values: list(values)
+    session.start()
+    session.record(3)
+    assert (log["setup"], log["teardown"]) == (1, 0)  # nothing of it before or between the timed rounds
+    metrics = session.finish(check=False)
+    # the timed state is torn down first; then two replays, each a set-up of its own, 2 steps, a teardown
+    assert (log["setup"], log["teardown"]) == (3, 3)
+    assert log["rounds_by_generation"] == [1] * 7 + [2, 2, 3, 3]
+    assert metrics["numerics"]["steps"] == 2 and metrics["numerics"]["replays"] == 2
+    assert metrics["engine_numerics_s"] >= 0
+
+
+def test_in_ab_mode_the_replay_comes_before_the_blocks_and_the_state_is_built_anew():
+    log = {"setup": 0, "teardown": 0}
+    session = RankSession(_FakeCtx(), _Counting(log), RoundPlan(warmup=1, rounds=3, numerics_steps=1))
+    session._time_round = lambda ctx, run_round, state: (run_round(state), 0.001)[1]
+    session._agree = lambda ctx, values: list(values)
+    session.start()
+    session.replay_numerics(rebuild=True)  # what the A/B task start does
+    assert (log["setup"], log["teardown"]) == (4, 3)  # never two states alive at once
+    session.record(2)
+    assert log["rounds_by_generation"][-3:] == [4, 4, 4]  # the rebuilt state's warm-up, then the block
+    session.finish(check=False)
+    assert (log["setup"], log["teardown"]) == (4, 4)  # no second replay at the end
 
 
 # ----------------------------------------------------------------------------------------------

@@ -193,7 +193,8 @@ def test_ab_labels_reach_the_job_and_are_documented():
     # A re-run reads the event it started with: a label added later needs a run of its own.
     assert {"labeled", "unlabeled", "synchronize"} <= set(trigger["types"])
     readme = (ROOT / "README.md").read_text()
-    for label in ("benchmarks-removed", "rank-protocol-changed", "structure-changed", "memory-changed"):
+    for label in ("benchmarks-removed", "rank-protocol-changed", "structure-changed", "memory-changed",
+                  "numerics-changed"):
         assert f"`{label}`" in readme
         assert f"'{label}'" in str(ab["env"])  # read from the pull request's labels
 
@@ -210,6 +211,8 @@ def _ab_step(name: str):
     (("structure-changed",), {"structure"}),  # one label accepts its own change only
     (("memory-changed",), {"memory"}),
     (("memory-changed", "structure-changed"), {"structure", "memory"}),
+    (("numerics-changed",), {"numerics"}),
+    (("numerics-changed", "memory-changed", "structure-changed"), {"structure", "memory", "numerics"}),
 ])
 @pytest.mark.parametrize("name, command, prefix", [
     ("A/B gate (collectives and one training case)", "pytest", "--dist-ab-"),
@@ -224,7 +227,8 @@ def test_ab_change_labels_pass_their_accepting_options(tmp_path, labels, accepte
     result = _run_step(step, shell, env, workspace, labels=labels)
     assert result.returncode == 0, result.stdout + result.stderr
     given = args.read_text().splitlines()
-    assert {kind for kind in ("structure", "memory") if f"{prefix}accept-{kind}-change" in given} == accepted, given
+    assert {kind for kind in ("structure", "memory", "numerics")
+            if f"{prefix}accept-{kind}-change" in given} == accepted, given
     if command == "pytest":  # the rest of the gate's command line is as before
         assert "--benchmark-json=ab.json" in given and "--dist-baseline-python=../base/.venv/bin/python" in given
     else:

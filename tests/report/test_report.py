@@ -445,3 +445,22 @@ def test_a_damaged_memory_census_is_named(tmp_path, capsys, memory, message):
     path = write(tmp_path / "run.json", run_doc([bench("test_x", [0.01], {"memory": memory})]))
     assert cli.main(["report", str(path), "--no-charts"]) == 2
     assert "test_x: extra_info " + message in capsys.readouterr().err
+
+
+def test_the_numerics_table_shows_each_case_s_replay_and_leaves_out_what_is_not_counted(tmp_path, capsys):
+    def record(spread=0.0, first=None, **more):
+        steps = [{"param w": ["p0", 1.0, 1.0, 1.0]}, {"param w": ["p1", 1.0, 1.0, 1.0], "loss": ["l1", 2.5, 2.5, 2.5]}]
+        return dict({"version": 1, "steps": 1, "digests": ["a" * 64, "b" * 64], "tensors": [steps],
+                     "replay_spread": spread, "first_nondeterministic_step": first}, **more)
+
+    benches = [bench("test_exact", [0.01], {"numerics": record()}),
+               bench("test_noisy", [0.01], {"numerics": record(2e-7, 1)}),
+               bench("test_unseeded", [0.01], {"numerics": record(not_reproducible="rank 0: the set-up differs")})]
+    text = report.markdown_report(load_run(write(tmp_path / "run.json", run_doc(benches))))
+    header, rows = _table_rows(text, "## Numerics")
+    assert header == ["Case", "Steps", "Ranks", "Replays agree", "Last step digest", "Loss (rank 0)"]
+    assert rows == [["test_exact", "1", "1", "bitwise", "bbbbbbbbbbbb", "2.5"],
+                    ["test_noisy", "1", "1", "from step 1, up to 2e-07", "bbbbbbbbbbbb", "2.5"]]
+    damaged = write(tmp_path / "bad.json", run_doc([bench("test_x", [0.01], {"numerics": record(digests="x")})]))
+    assert cli.main(["report", str(damaged), "--no-charts"]) == 2
+    assert "test_x: extra_info numerics.digests is 'x'" in capsys.readouterr().err

@@ -15,6 +15,8 @@ DEFAULT_COLLECT_TIMEOUT = 300.0  # --collect-timeout: GOOD's and BAD's pytest --
 ACCEPT_STRUCTURE_OPTION = "--dist-ab-accept-structure-change"
 ACCEPT_MEMORY_OPTION = "--dist-ab-accept-memory-change"
 MEMORY_TOLERANCE_OPTION = "--dist-ab-memory-tolerance"
+ACCEPT_NUMERICS_OPTION = "--dist-ab-accept-numerics-change"
+NUMERICS_TOLERANCE_OPTION = "--dist-ab-numerics-tolerance"
 # Options bisect sets itself on every A/B run; given among the pytest args they are refused.
 OWN_OPTIONS = ("--dist-baseline-path", "--dist-baseline-python", "--benchmark-json", "--dist-ab-max-time",
                "--dist-ab-fail-on-inconclusive")
@@ -72,6 +74,29 @@ class Options:
             if arg == MEMORY_TOLERANCE_OPTION and i + 1 < len(args):
                 return parse_memory_tolerance(args[i + 1])
         return None
+
+    def gate_reading(self) -> dict:
+        """The rest of how each probe's gate read its run: the memory and numerics changes it
+        accepted and the tolerances it allowed (:func:`~ddpbench.gates.verdicts.ab_verdicts_of_run`)."""
+        from argparse import ArgumentTypeError
+
+        from ..options import parse_numerics_tolerance
+
+        tolerance = None
+        for i, arg in enumerate(self.pytest_args):
+            value = None
+            if arg.startswith(NUMERICS_TOLERANCE_OPTION + "="):
+                value = arg.partition("=")[2]
+            elif arg == NUMERICS_TOLERANCE_OPTION and i + 1 < len(self.pytest_args):
+                value = self.pytest_args[i + 1]
+            if value is not None:
+                try:
+                    tolerance = parse_numerics_tolerance(value)
+                except ArgumentTypeError:  # the probe's own pytest refuses it, naming the problem
+                    tolerance = None
+        return {"accept_memory_change": self.accept_memory_change, "memory_tolerance": self.memory_tolerance,
+                "accept_numerics_change": ACCEPT_NUMERICS_OPTION in self.pytest_args,
+                "numerics_tolerance": tolerance}
 
     def sets(self, option: str) -> bool:
         """Whether the pytest args set ``option`` (``--dist-ab-threshold``: also ``--dist-ab-threshold=10%``)."""

@@ -87,7 +87,9 @@ def run(args) -> int:
                                   calibration=args.calibration, allow_different=set().union(*args.allow_different),
                                   accept_structure_change=args.accept_structure_change,
                                   accept_memory_change=args.accept_memory_change,
-                                  memory_tolerance=args.memory_tolerance)
+                                  memory_tolerance=args.memory_tolerance,
+                                  accept_numerics_change=args.accept_numerics_change,
+                                  numerics_tolerance=args.numerics_tolerance)
         if not (args.baseline or args.current):
             result.selection = selection.lines
             result.preamble += selection.lines
@@ -131,7 +133,8 @@ def _print_ab_verdicts(args, run: stored.Run, doc: dict) -> int:
     or a case the candidate lost), each profiled case's grown ops beneath them."""
     try:
         cases = verdicts.ab_verdicts_of_run(doc, args.accept_structure_change, args.accept_memory_change,
-                                            args.memory_tolerance)
+                                            args.memory_tolerance, args.accept_numerics_change,
+                                            args.numerics_tolerance)
         profiles = _profiles(run)
     except verdicts.VerdictError as exc:
         return error(NAME, f"{run.path}: {exc}")

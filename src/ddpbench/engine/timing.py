@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple
 from ..pool.base import TaskError
 from .census import combine_census, dynamo_snapshot, take_census_round
 from .memory import combine_memory, measured_cuda, take_memory_census_round
+from .numerics import combine_numerics, take_numerics
 from .phases import PhaseClock
 from .rounds import (ThreadCpuReader, agreed_max, capture_cuda_graph, pinned_to, refuse_uncapturable, repeated, replay,
                      time_round_cpu, time_round_cuda)
@@ -64,6 +65,9 @@ class RoundPlan:
     census: bool = True
     # After warm-up, one untimed step under the memory census (ddpbench.engine.memory).
     memory_census: bool = True
+    # Steps of the numerics replay (ddpbench.engine.numerics): on a state of its own, set up and torn
+    # down around it, after the recorded rounds (A/B: before the blocks); 0: none.
+    numerics_steps: int = 3
     # After the recorded rounds, this many rounds of each of the workload's variants
     # (Workload.variants), interleaved with as many more rounds of the workload itself; 0: none.
     variant_rounds: int = 0
@@ -191,6 +195,7 @@ class RankSession:
         self._graph = None
         self.census: dict[str, Any] | None = None  # the census round's record (plan.census)
         self.memory_census: dict[str, Any] | None = None  # the memory census's record (plan.memory_census)
+        self.numerics: dict[str, Any] | None = None  # the numerics replay's record (plan.numerics_steps)
         self._dynamo_at_start = None
         self.variant_times: dict[str, list[float]] = {}
         if plan.cuda_graphs:
@@ -267,6 +272,20 @@ class RankSession:
             if self.plan.cuda_graphs:
                 self._capture()
 
+    def replay_numerics(self, rebuild: bool = False) -> None:
+        """The numerics replays (:func:`.numerics.take_numerics`), untimed, on states of their own:
+        the session's state is torn down first (never two alive at once), and with ``rebuild`` set
+        up and warmed up anew after, as a :meth:`refresh` does (A/B mode, before its blocks)."""
+        if not self.plan.numerics_steps or self.numerics is not None:
+            return
+        with pinned_to(self.core):
+            with self.clock.phase("setup"):
+                self.close()
+            with self.clock.phase("numerics"):
+                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps)
+        if rebuild:
+            self.refresh(max(1, self.plan.warmup))
+
     def record(self, rounds: int, stop_when_precise: bool = False) -> tuple[list[float], list | None]:
         """Up to ``rounds`` recorded rounds; with ``stop_when_precise``, fewer once the median of
         the cross-rank maxima is known to the plan's precision (all ranks take the same decision).
@@ -327,6 +346,7 @@ class RankSession:
                         metrics.update(check_outcome(self.workload, self.workload.check(self.state), self.ctx.rank))
         finally:
             self.close()
+        self.replay_numerics()  # after everything timed, on a state of its own
         # Where a case's untimed seconds go (max over ranks in extra_info); see docs/results.md, "Harness overhead per case".
         metrics.update(self.clock.metrics())
         metrics.update(self._engine_metrics(peaks))
@@ -342,6 +362,8 @@ class RankSession:
         if self.memory_census is not None:  # the allocator's peaks over the recorded rounds beside it
             measured = peaks is not None and self._peak_reset
             metrics["memory"] = measured_cuda(self.memory_census, *peaks) if measured else self.memory_census
+        if self.numerics is not None:
+            metrics["numerics"] = self.numerics
         if self.fixed_cost_s is not None:
             metrics["round_fixed_cost_s"] = self.fixed_cost_s
         if self.plan.cuda_graphs:
@@ -435,15 +457,18 @@ def combine_rank_metrics(per_rank_metrics: list[dict[str, Any]]) -> dict[str, An
     """Numbers: the maximum over ranks (peak memory, open fds...); the census and the memory census:
     every rank's record, rank 0's whole and the others' differences
     (:func:`ddpbench.engine.census.combine_census`, :func:`ddpbench.engine.memory.combine_memory`);
-    anything else: rank 0's."""
+    the numerics: every rank's digests (:func:`ddpbench.engine.numerics.combine_numerics`); anything
+    else: rank 0's."""
     combined: dict[str, Any] = {}
     if any("census" in metrics for metrics in per_rank_metrics):
         combined["census"] = combine_census([metrics.get("census") for metrics in per_rank_metrics])
     if any("memory" in metrics for metrics in per_rank_metrics):
         combined["memory"] = combine_memory([metrics.get("memory") for metrics in per_rank_metrics])
+    if any("numerics" in metrics for metrics in per_rank_metrics):
+        combined["numerics"] = combine_numerics([metrics.get("numerics") for metrics in per_rank_metrics])
     for metrics in per_rank_metrics:
         for key, value in metrics.items():
-            if key in ("census", "memory"):
+            if key in ("census", "memory", "numerics"):
                 continue
             if key not in combined:
                 combined[key] = value

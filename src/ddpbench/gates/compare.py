@@ -11,11 +11,12 @@ from typing import Any
 from ..storage.runs import Run, RunError
 from . import fingerprint, stats, verdicts
 from .calibration import MAX_CORRECTION, MAX_PROBE_SPREAD, drift_factor, overload, probe_spread, within_correction
-from ..storage.records import MEMORY_KEY
+from ..storage.records import MEMORY_KEY, NUMERICS_KEY
 from .memory import compare_memory
+from .numerics import compare_numerics
 from .structure import NOT_COUNTED, StructureVerdict, compare_census
 from .verdict_words import Verdict
-from .verdicts import MEMORY_COLUMN, STRUCTURE_COLUMN, CaseVerdict, Column, GateReport
+from .verdicts import MEMORY_COLUMN, NUMERICS_COLUMN, STRUCTURE_COLUMN, CaseVerdict, Column, GateReport
 
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_CONFIDENCE = stats.DEFAULT_CONFIDENCE
@@ -201,23 +202,28 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                  confidence: float = DEFAULT_CONFIDENCE, calibration: str = "auto",
                  seed: int = 0, allow_different: set[str] | frozenset[str] = frozenset(),
                  accept_structure_change: bool = False, accept_memory_change: bool = False,
-                 memory_tolerance: float | None = None) -> Comparison:
+                 memory_tolerance: float | None = None, accept_numerics_change: bool = False,
+                 numerics_tolerance: float | None = None) -> Comparison:
     """Each case's verdict, timing, structure and memory (the cases' records were read and checked
     when the runs were); :class:`CompareError` for bad settings and for runs that are not
     comparable (facts not in ``allow_different`` differ). ``accept_structure_change`` /
     ``accept_memory_change``: structural / memory regressions are shown as accepted, not failing;
-    ``memory_tolerance``: judge the measured CUDA max allocated too (a share of the baseline's)."""
+    ``memory_tolerance``: judge the measured CUDA max allocated too (a share of the baseline's);
+    ``accept_numerics_change`` / ``numerics_tolerance``: as the numerics verdict takes them."""
     if not threshold >= 0:
         raise CompareError(f"--threshold must be >= 0, got {threshold}")
     if not 0 < confidence < 1:
         raise CompareError(f"--confidence must be between 0 and 1, got {confidence}")
     if memory_tolerance is not None and not memory_tolerance >= 0:
         raise CompareError(f"--memory-tolerance must be >= 0, got {memory_tolerance}")
+    if numerics_tolerance is not None and not numerics_tolerance >= 0:
+        raise CompareError(f"--numerics-tolerance must be >= 0, got {numerics_tolerance}")
     if calibration not in ("auto", "always", "never"):
         raise CompareError(f"--calibration must be auto, always or never, got {calibration!r}")
     allowed = set(allow_different)
     result = Comparison("ddpbench compare", [], threshold, confidence,
-                        columns=[ROUNDS_COLUMN, CALIBRATION_COLUMN, STRUCTURE_COLUMN, MEMORY_COLUMN],
+                        columns=[ROUNDS_COLUMN, CALIBRATION_COLUMN, STRUCTURE_COLUMN, MEMORY_COLUMN,
+                                 NUMERICS_COLUMN],
                         preamble=[f"baseline: {base.path}", f"current:  {cur.path}"],
                         baseline=str(base.path), current=str(cur.path))
     _check_comparable(result, base, cur, allowed)
@@ -267,12 +273,15 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
             verdict.verdict, verdict.reason = Verdict.INCONCLUSIVE, f"unlike: {what}"
             verdict.structure = StructureVerdict(NOT_COUNTED, "the cases are unlike")
             verdict.memory = StructureVerdict(NOT_COUNTED, "the cases are unlike")
+            verdict.numerics = StructureVerdict(NOT_COUNTED, "the cases are unlike")
         else:
             if differ:
                 verdict.reason = f"unlike, allowed: {what}"
             verdict.judge_structure(compare_census(bcase.census, ccase.census), accept_structure_change)
             verdict.judge_memory(compare_memory(bcase.memory, ccase.memory, tolerance=memory_tolerance),
                                  accept_memory_change)
+            verdict.judge_numerics(compare_numerics(bcase.numerics, ccase.numerics, tolerance=numerics_tolerance),
+                                   accept_numerics_change)
         result.cases.append(verdict)
     if unlike:
         result.warnings.append(
@@ -280,6 +289,8 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
             f"(see each case); --allow-different {','.join(sorted(unlike))} compares them anyway")
     if not any(MEMORY_KEY in case.extra_info for run in (base, cur) for case in run.cases.values()):
         result.columns.remove(MEMORY_COLUMN)  # runs saved before the memory census: their table as it was
+    if not any(NUMERICS_KEY in case.extra_info for run in (base, cur) for case in run.cases.values()):
+        result.columns.remove(NUMERICS_COLUMN)  # likewise before the numerics replay
     result.cases = result.sorted_cases()
     return result
 

@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..shown_text import markdown_code, markdown_text, printable
-from ..storage.records import BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY, CENSUS_KEY, LOST_CASES_KEY, MEMORY_KEY, \
-    ABRecord, RecordError, read_ab
+from ..storage.records import BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY, BASELINE_NUMERICS_KEY, CENSUS_KEY, \
+    LOST_CASES_KEY, MEMORY_KEY, NUMERICS_KEY, ABRecord, RecordError, read_ab
 from .memory import compare_memory
+from .numerics import compare_numerics
 from .structure import STRUCTURE_VERDICTS, StructureVerdict, accept, compare_census
 from .stats import slowdown_ruled_out
 from .verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
@@ -53,6 +54,7 @@ class CaseVerdict:
     timing_verdict: Verdict | None = None  # the timing's own verdict, once the components decided ``verdict``
     memory: StructureVerdict | None = None  # the memory censuses compared (ddpbench.gates.memory)
     failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide)
+    numerics: StructureVerdict | None = None  # the numerics replays compared (ddpbench.gates.numerics)
 
     @property
     def rules_out_slowdown(self) -> float | None:
@@ -91,6 +93,13 @@ class CaseVerdict:
         self.memory = accept(memory) if accepted else memory
         self.decide_from_components()
 
+    def judge_numerics(self, numerics: StructureVerdict, accepted: bool = False) -> None:
+        """Add the numerics verdict and decide the case (:func:`decide`): an unaccepted change of
+        what the steps compute makes it a regression whatever the timing says (``accepted``: the
+        gate's option to accept it)."""
+        self.numerics = accept(numerics) if accepted else numerics
+        self.decide_from_components()
+
     def decide_from_components(self) -> None:
         """Set ``verdict`` to what the gate decides from the timing's own verdict (kept in
         ``timing_verdict``) and the components judged so far (:func:`decide`); a component's
@@ -105,13 +114,13 @@ class CaseVerdict:
         """Stopped at its first look by a structural regression (A/B), its timing inconclusive
         there: the first look's level is below the smallest p its pairs can give, so the timing
         could never have read ``regression``. Its slowdown was not measured."""
-        stopped = self.details.get("stopped_by_structure") or self.details.get("stopped_by_memory")
-        return bool(stopped) and self.timing_verdict is Verdict.INCONCLUSIVE
+        return stopped_by(self.details) is not None and self.timing_verdict is Verdict.INCONCLUSIVE
 
 
 # The components beside the timing that can fail a case, as the decided verdict's note names them.
 STRUCTURE_FAILS = "structure"
 MEMORY_FAILS = "memory"
+NUMERICS_FAILS = "numerics"
 TIMING_UNMEASURED = "timing not measured"
 
 
@@ -125,7 +134,9 @@ def component_failures(case: CaseVerdict) -> list[str]:
         failures.append(STRUCTURE_FAILS)
     if case.memory is not None and case.memory.fails:
         failures.append(MEMORY_FAILS)
-    accepted = [judged for judged in (case.structure, case.memory)
+    if case.numerics is not None and case.numerics.fails:
+        failures.append(NUMERICS_FAILS)
+    accepted = [judged for judged in (case.structure, case.memory, case.numerics)
                 if judged is not None and judged.accepted and judged.verdict is Verdict.REGRESSION]
     if not failures and accepted and case.timing_unmeasured:
         failures.append(TIMING_UNMEASURED)
@@ -157,6 +168,11 @@ def record_decision(ab: dict[str, Any], case: CaseVerdict) -> None:
         ab["memory_line"] = case.memory.line
         if case.memory.accepted:
             ab["memory_accepted"] = True
+    if case.numerics is not None:
+        ab["numerics_verdict"] = case.numerics.verdict
+        ab["numerics_line"] = case.numerics.line
+        if case.numerics.accepted:
+            ab["numerics_accepted"] = True
 
 
 @dataclass(frozen=True)
@@ -169,6 +185,26 @@ class Column:
 
 STRUCTURE_COLUMN = Column("structure", lambda case: case.structure.cell() if case.structure else "-")
 MEMORY_COLUMN = Column("memory", lambda case: case.memory.cell() if case.memory else "-")
+
+
+def numerics_cell(case: CaseVerdict) -> str:
+    """The numerics column: its line, which starts with its own word (same (bitwise), within noise,
+    changed), or ``not counted: why``."""
+    judged = case.numerics
+    if judged is None:
+        return "-"
+    if judged.verdict is Verdict.NOT_COUNTED:
+        return judged.cell()
+    return judged.line + (" (accepted)" if judged.accepted else "")
+
+
+NUMERICS_COLUMN = Column("numerics", numerics_cell)
+
+
+def stopped_by(details: dict[str, Any]) -> str | None:
+    """Which exact verdict ended an A/B case after its first look ("structure", "memory",
+    "numerics"), or None."""
+    return next((name for name in ("structure", "memory", "numerics") if details.get(f"stopped_by_{name}")), None)
 
 
 @dataclass
@@ -207,7 +243,7 @@ class GateReport:
     def unmeasured(self, stopper: str | None = None) -> list[str]:
         """The cases whose structural (or memory) change was accepted after the run but whose timing
         that change had cut short (:attr:`CaseVerdict.timing_unmeasured`); ``stopper``: only those
-        stopped by it (``stopped_by_structure`` or ``stopped_by_memory``)."""
+        stopped by it (``stopped_by_structure``, ``stopped_by_memory`` or ``stopped_by_numerics``)."""
         return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by
                 and (stopper is None or c.details.get(stopper))]
 
@@ -215,6 +251,11 @@ class GateReport:
         """The cases whose memory census regressed: accepted as made on purpose, or not."""
         return [c.fullname or c.name for c in self.cases
                 if c.memory is not None and c.memory.verdict is Verdict.REGRESSION and c.memory.accepted == accepted]
+
+    def numerics_regressions(self, accepted: bool) -> list[str]:
+        """The cases whose numerics changed: accepted as made on purpose, or not."""
+        return [c.fullname or c.name for c in self.cases if c.numerics is not None
+                and c.numerics.verdict is Verdict.REGRESSION and c.numerics.accepted == accepted]
 
     def sorted_cases(self) -> list[CaseVerdict]:
         order = {v: i for i, v in enumerate(VERDICTS)}
@@ -230,9 +271,12 @@ class GateReport:
         judged = [("accepted" if c.memory.accepted else c.memory.verdict) for c in self.cases
                   if c.memory is not None]
         memory = ", ".join(f"{judged.count(v)} {v}" for v in shown if judged.count(v))
+        words = [("accepted" if c.numerics.accepted else c.numerics.verdict if c.numerics.verdict is Verdict.NOT_COUNTED
+                  else c.numerics.line.partition(":")[0].split(" from ")[0]) for c in self.cases if c.numerics is not None]
+        numerics = ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(sorted(words)))
         return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; ratio = {self.current_label} / "
                 f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else "")
-                + (f"; memory: {memory}" if memory else ""))
+                + (f"; memory: {memory}" if memory else "") + (f"; numerics: {numerics}" if numerics else ""))
 
     def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
                     option_prefix: str = "--", allow_baseline_failure: bool = False) -> tuple[int, list[str]]:
@@ -244,6 +288,7 @@ class GateReport:
         allow_failed = f"{option_prefix}allow-baseline-failure"
         accept_change = f"{option_prefix}accept-structure-change"
         accept_memory = f"{option_prefix}accept-memory-change"
+        accept_numerics = f"{option_prefix}accept-numerics-change"
         status, lines = 0, []
         if self.count(Verdict.REGRESSION):
             status = 1
@@ -269,8 +314,21 @@ class GateReport:
                 lines.append(f"{len(names)} memory regression(s) ({shown}): the peak of live tensor bytes in one "
                              f"step (or what held it, or what stays after the step) grew, a regression whatever "
                              f"the timing says ({accept_memory} accepts a change made on purpose)")
+        for accepted, names in ((False, self.numerics_regressions(False)), (True, self.numerics_regressions(True))):
+            if not names:
+                continue
+            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+            if accepted:
+                lines.append(f"{len(names)} numerics change(s) accepted by {accept_numerics} ({shown}): shown, "
+                             f"not failing")
+            else:
+                lines.append(f"{len(names)} numerics change(s) ({shown}): a seeded replay of the first steps "
+                             f"computes other values than the baseline's, past its own replay-to-replay band, a "
+                             f"regression whatever the timing says ({accept_numerics} accepts a change made on "
+                             f"purpose)")
         for stopper, what, option in (("stopped_by_structure", "a structural change", "structure"),
-                                      ("stopped_by_memory", "a memory change", "memory")):
+                                      ("stopped_by_memory", "a memory change", "memory"),
+                                      ("stopped_by_numerics", "a numerics change", "numerics")):
             # Each line names the option that lets its own stopper through (a case stopped by both: both).
             unmeasured = self.unmeasured(stopper)
             if not unmeasured:
@@ -311,7 +369,8 @@ class GateReport:
 
 
 # What a case's details keep in JSON: the raw rounds and the sides' descriptions stay in the run.
-_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids", BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY)
+_BULKY_DETAILS = ("baseline", "candidate", "sides", "pool_pids", BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY,
+                  BASELINE_NUMERICS_KEY)
 
 
 def _case_dict(case: CaseVerdict) -> dict[str, Any]:
@@ -349,17 +408,17 @@ def _headers(report: GateReport) -> list[str]:
 def _verdict_note(case: CaseVerdict) -> str:
     """What follows the verdict word: why (a reason), and what the timing said when the structure
     made the case a regression."""
-    stopped = case.details.get("stopped_by_structure") or case.details.get("stopped_by_memory")
-    first_look = " at its first look" if stopped else ""
+    stopper = stopped_by(case.details)
+    first_look = " at its first look" if stopper else ""
     notes = [case.reason] if case.reason else []
-    by = [name for name in (STRUCTURE_FAILS, MEMORY_FAILS) if name in case.failed_by]
+    by = [name for name in (STRUCTURE_FAILS, MEMORY_FAILS, NUMERICS_FAILS) if name in case.failed_by]
     if by and case.timing_verdict != case.verdict:
         notes.append(f"{' and '.join(by)}; timing {case.timing_verdict}{first_look}")
     if TIMING_UNMEASURED in case.failed_by:
-        what = "structural" if case.details.get("stopped_by_structure") else "memory"
-        stopper = "structure" if what == "structural" else "memory census"
+        what = {"structure": "structural"}.get(stopper, stopper)
+        name = {"structure": "structure", "memory": "memory census"}.get(stopper, "numerics replay")
         notes.append(f"{what} change accepted after the run; timing not measured: {case.timing_verdict} at "
-                     f"its first look, where the {stopper} stopped it")
+                     f"its first look, where the {name} stopped it")
     return f" ({'; '.join(notes)})" if notes else ""
 
 
@@ -431,10 +490,11 @@ def format_json(report: GateReport) -> str:
 
 def ab_verdict(name: str, ab: dict[str, Any] | ABRecord, candidate_median_s: float | None, census: Any = None,
                accept_structure_change: bool = False, memory: Any = None, accept_memory_change: bool = False,
-               memory_tolerance: float | None = None) -> CaseVerdict:
+               memory_tolerance: float | None = None, numerics: Any = None, accept_numerics_change: bool = False,
+               numerics_tolerance: float | None = None) -> CaseVerdict:
     """A case's A/B verdict from its ``extra_info["ab"]`` (the timing verdict and the baseline's
-    census and memory census) and the candidate's ``census`` and ``memory``
-    (``extra_info["census"]`` / ``["memory"]``), each as saved or as read already (a loaded
+    census, memory census and numerics) and the candidate's ``census``, ``memory`` and ``numerics``
+    (``extra_info["census"]`` / ``["memory"]`` / ``["numerics"]``), each as saved or as read already (a loaded
     :class:`~ddpbench.storage.runs.Case` holds them read); :class:`VerdictError` when a field does
     not hold what it should (a damaged or hand-edited run)."""
     try:
@@ -457,6 +517,9 @@ def ab_verdict(name: str, ab: dict[str, Any] | ABRecord, candidate_median_s: flo
             case.judge_memory(compare_memory(record.baseline_memory, memory, "candidate",
                                              (f"ab.{BASELINE_MEMORY_KEY}", MEMORY_KEY), memory_tolerance),
                               accept_memory_change)
+            case.judge_numerics(compare_numerics(record.baseline_numerics, numerics, "candidate",
+                                                 (f"ab.{BASELINE_NUMERICS_KEY}", NUMERICS_KEY), numerics_tolerance),
+                                accept_numerics_change)
     except RecordError as exc:
         raise VerdictError(f"{name}: extra_info {exc}. The run's file is damaged or was edited: restore it "
                            f"or run the A/B comparison again") from None
@@ -465,11 +528,13 @@ def ab_verdict(name: str, ab: dict[str, Any] | ABRecord, candidate_median_s: flo
 
 def ab_verdicts(results: list[tuple[str, dict, float | None, dict | None]],
                 accept_structure_change: bool = False, accept_memory_change: bool = False,
-                memory_tolerance: float | None = None) -> list[CaseVerdict]:
+                memory_tolerance: float | None = None, accept_numerics_change: bool = False,
+                numerics_tolerance: float | None = None) -> list[CaseVerdict]:
     """The verdicts of an A/B run in progress: (case id, extra_info["ab"], candidate median, the
     case's extra_info or None), the candidate's census and memory census read from that extra_info now."""
     return [ab_verdict(name, summary, median, (info or {}).get(CENSUS_KEY), accept_structure_change,
-                       (info or {}).get(MEMORY_KEY), accept_memory_change, memory_tolerance)
+                       (info or {}).get(MEMORY_KEY), accept_memory_change, memory_tolerance,
+                       (info or {}).get(NUMERICS_KEY), accept_numerics_change, numerics_tolerance)
             for name, summary, median, info in results]
 
 
@@ -487,6 +552,7 @@ AB_COLUMNS = [
     Column("wall (s)", _ab_number("wall_s", "{:.1f}")),
     STRUCTURE_COLUMN,
     MEMORY_COLUMN,
+    NUMERICS_COLUMN,
 ]
 
 
@@ -505,12 +571,15 @@ def ab_report(cases: list[CaseVerdict], sides: dict | None = None) -> GateReport
         sides = next((c.details["sides"] for c in cases if isinstance(c.details.get("sides"), dict)), {})
     columns = [column for column in AB_COLUMNS if column is not MEMORY_COLUMN or any(
         c.memory is not None and not c.memory.line.startswith("neither side") for c in cases)]
+    columns = [column for column in columns if column is not NUMERICS_COLUMN or any(
+        c.numerics is not None and not c.numerics.line.startswith("neither side") for c in cases)]
     return GateReport("ddpbench A/B verdicts", cases, threshold, current_label="candidate", columns=columns,
                       footer=[f"  {name}: {describe_side(desc)}" for name, desc in (sides or {}).items()])
 
 
 def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False, accept_memory_change: bool = False,
-                       memory_tolerance: float | None = None) -> list[CaseVerdict]:
+                       memory_tolerance: float | None = None, accept_numerics_change: bool = False,
+                       numerics_tolerance: float | None = None) -> list[CaseVerdict]:
     """The A/B verdicts stored in a pytest-benchmark JSON run (cases without ``ab`` are skipped),
     the cases the candidate lost included."""
     out = []
@@ -521,7 +590,8 @@ def ab_verdicts_of_run(doc: dict, accept_structure_change: bool = False, accept_
             out.append(ab_verdict(case.get("fullname") or case.get("name", "?"), ab,
                                   (case.get("stats") or {}).get("median"), info.get(CENSUS_KEY),
                                   accept_structure_change, info.get(MEMORY_KEY), accept_memory_change,
-                                  memory_tolerance))
+                                  memory_tolerance, info.get(NUMERICS_KEY), accept_numerics_change,
+                                  numerics_tolerance))
     for lost in doc.get(LOST_CASES_KEY) or []:
         if isinstance(lost, dict) and isinstance(lost.get("ab"), dict):
             out.append(ab_verdict(str(lost.get("name", "?")), lost["ab"], None))

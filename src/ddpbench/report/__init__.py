@@ -1,5 +1,6 @@
 """``ddpbench report``: markdown tables and PNG charts of one saved run, a section per family,
-each family's table in its own module here, then the memory census (docs/design.md#report)."""
+each family's table in its own module here, then the memory census and the numerics replay
+(docs/design.md#report)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from .collectives import collectives_figure, collectives_series, collectives_tab
 from .comparison import compare_chart
 from .families import FAMILY_TABLES, by_family, family
 from .memory import INTRODUCTION, memory_table
+from .numerics import INTRODUCTION as NUMERICS_INTRODUCTION
+from .numerics import numerics_table
 from .training import training_figure
 from .transformer import transformer_figure
 
@@ -37,6 +40,9 @@ def markdown_report(run: Run) -> str:
     memory = memory_table(list(run.cases.values()))
     if memory:
         parts.append(f"## Memory\n\n{INTRODUCTION}\n\n" + with_provenance(memory, line))
+    numerics = numerics_table(list(run.cases.values()))
+    if numerics:
+        parts.append(f"## Numerics\n\n{NUMERICS_INTRODUCTION}\n\n" + with_provenance(numerics, line))
     return "\n\n".join(parts) + "\n"
 
 

@@ -14,10 +14,12 @@ from . import per_rank
 # Where each record is kept. In a case's extra_info:
 CENSUS_KEY = "census"  # the case's census (the candidate's in A/B mode)
 MEMORY_KEY = "memory"  # the case's memory census (the candidate's in A/B mode)
+NUMERICS_KEY = "numerics"  # the case's numerics replay (the candidate's in A/B mode)
 AB_KEY = "ab"  # an A/B case's verdict, its figures and the baseline's records
 # In extra_info["ab"]:
 BASELINE_CENSUS_KEY = "census_baseline"
 BASELINE_MEMORY_KEY = "memory_baseline"
+BASELINE_NUMERICS_KEY = "numerics_baseline"
 # At the run's top level:
 RUN_KEY = "ddpbench_run"  # whether the run measured everything it set out to (:func:`run_record`)
 LOST_CASES_KEY = "ddpbench_ab_lost"  # the cases an A/B candidate lost: they have no benchmark entry
@@ -28,6 +30,7 @@ FINGERPRINT_KEY = "ddpbench_fingerprint"  # what decides the cases' measurements
 
 READABLE_CENSUS_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
 MEMORY_VERSION = 1
+NUMERICS_VERSION = 1
 FINGERPRINT_VERSION = 1
 
 
@@ -414,6 +417,91 @@ def _read_rank_memory(record: dict, where: str) -> MemoryCensus | NotCounted:
 
 
 # ----------------------------------------------------------------------------------------------
+# The numerics replay: digests and figures of the trainable state per step (extra_info["numerics"],
+# ddpbench.gates.numerics)
+# ----------------------------------------------------------------------------------------------
+
+
+def _digest_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_text(v) for v in value)
+
+
+def _figures(value: Any) -> bool:
+    """A tensor's ``[digest, l2, l1, sum]`` (a figure may be nan or inf: a step that diverged)."""
+    return (isinstance(value, list) and len(value) == 4 and _text(value[0])
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value[1:]))
+
+
+NUMERICS = Shape(_object("the case's numerics (an object)"), (
+    Field("version", VERSION, required=True),
+    Field("incomplete", expect("text (why part of the replay is missing)", _text)),
+    Field("not_reproducible", expect("text (why the replays differ from the set-up on)", _text)),
+    Field("steps", expect("a whole number of steps >= 0", lambda value: _whole(value) and value >= 0), required=True),
+    Field("digests", expect("a list of digests (text), one per step and the set-up", _digest_list), required=True),
+    Field("tensors", expect("per rank, per step, an object of tensors", lambda value: isinstance(value, list)
+                            and bool(value) and all(isinstance(r, list) for r in value)), required=True),
+    Field("replay_spread", expect("a number >= 0 or null", _count)),
+    Field("first_nondeterministic_step", expect("a step (a whole number >= 0) or null",
+                                                lambda value: _whole(value) and value >= 0)),
+))
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """A numerics record as read: the steps replayed, one digest per step over every rank (step 0:
+    the freshly set-up state), per rank per step ``{tensor: [digest, l2, l1, sum]}`` (a later
+    rank's filled in from rank 0's), and its own replay-to-replay band (0.0: bitwise equal)."""
+
+    steps: int
+    digests: tuple[str, ...]
+    ranks: list[list[dict[str, list]]]
+    replay_spread: float
+    first_nondeterministic_step: int | None
+
+
+def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCounted:
+    """The numerics record checked, or why it is not counted (another version, marked incomplete,
+    a set-up not reproducible under fixed seeds); ``where`` names it in messages. A record read
+    already is returned as it is."""
+    if isinstance(record, (Numerics, NotCounted)):
+        return record
+    NUMERICS.kind.check(record, where)
+    version = NUMERICS["version"].read(record, where)
+    if version != NUMERICS_VERSION:
+        return NotCounted(f"numerics version {version!r} (this ddpbench reads version {NUMERICS_VERSION})")
+    incomplete = NUMERICS["incomplete"].read(record, where)
+    if incomplete is not None:
+        return NotCounted(f"its numerics replay is incomplete ({incomplete})")
+    NUMERICS.check(record, where)
+    why = record.get("not_reproducible")
+    if why is not None:
+        return NotCounted(f"its set-up is not reproducible under fixed seeds ({why})")
+    digests = record["digests"]
+    if len(digests) != record["steps"] + 1:
+        raise RecordError(f"{where}.digests holds {len(digests)} digests, expected {record['steps'] + 1} "
+                          f"(the set-up and each of its {record['steps']} steps)")
+    ranks: list[list[dict[str, list]]] = []
+    for r, steps in enumerate(record["tensors"]):
+        if len(steps) != len(digests):
+            raise RecordError(f"{where}.tensors[{r}] holds {len(steps)} steps, expected {len(digests)}")
+        read_steps = []
+        for s, tensors in enumerate(steps):
+            if not isinstance(tensors, dict):
+                raise RecordError(f"{where}.tensors[{r}][{s}] is {shown(tensors)}, expected an object of tensors")
+            for name, figures in tensors.items():
+                if not _figures(figures):
+                    raise RecordError(f"{where}.tensors[{r}][{s}].{name} is {shown(figures)}, expected "
+                                      f"[digest, l2, l1, sum]")
+            read_steps.append(tensors if r == 0 else {**ranks[0][s], **tensors})
+        ranks.append(read_steps)
+    spread = NUMERICS["replay_spread"].read(record, where)
+    if spread is None and record.get("first_nondeterministic_step") is not None:
+        return NotCounted("its replays differ by an amount that cannot be stated")
+    return Numerics(record["steps"], tuple(digests), ranks, float(spread or 0.0),
+                    NUMERICS["first_nondeterministic_step"].read(record, where))
+
+
+# ----------------------------------------------------------------------------------------------
 # An A/B case's record (extra_info["ab"], ddpbench.gates.verdicts)
 # ----------------------------------------------------------------------------------------------
 
@@ -462,6 +550,7 @@ class ABRecord:
     summary: dict[str, Any]
     baseline_census: Census | Ranks | NotCounted | None
     baseline_memory: MemoryCensus | Ranks | NotCounted | None
+    baseline_numerics: Numerics | NotCounted | None = None
 
 
 def read_ab(record: Any, where: str = AB_KEY) -> ABRecord:
@@ -473,8 +562,10 @@ def read_ab(record: Any, where: str = AB_KEY) -> ABRecord:
         if record.get(side) is not None:
             SIDE_FIGURES.check(record[side], f"{where}.{side}")
     census, memory = record.get(BASELINE_CENSUS_KEY), record.get(BASELINE_MEMORY_KEY)
+    numerics = record.get(BASELINE_NUMERICS_KEY)
     return ABRecord(record, None if census is None else read_census(census, f"{where}.{BASELINE_CENSUS_KEY}"),
-                    None if memory is None else read_memory(memory, f"{where}.{BASELINE_MEMORY_KEY}"))
+                    None if memory is None else read_memory(memory, f"{where}.{BASELINE_MEMORY_KEY}"),
+                    None if numerics is None else read_numerics(numerics, f"{where}.{BASELINE_NUMERICS_KEY}"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -503,12 +594,13 @@ EXTRA_INFO = Shape(Kind(lambda value: isinstance(value, dict), "not an object of
 
 @dataclass(frozen=True)
 class CaseRecords:
-    """What ddpbench recorded in a case's extra_info, read: its census, memory census and A/B
-    record (None where it recorded none)."""
+    """What ddpbench recorded in a case's extra_info, read: its census, memory census, A/B record
+    and numerics record (None where it recorded none)."""
 
     census: Census | NotCounted | None = None
     memory: MemoryCensus | NotCounted | None = None
     ab: ABRecord | None = None
+    numerics: Numerics | NotCounted | None = None
 
 
 def read_extra_info(info: dict) -> CaseRecords:
@@ -525,7 +617,8 @@ def read_extra_info(info: dict) -> CaseRecords:
         except RecordError as exc:
             raise RecordError(f"extra_info {exc}", record=key) from None
 
-    return CaseRecords(read(CENSUS_KEY, read_census), read(MEMORY_KEY, read_memory), read(AB_KEY, read_ab))
+    return CaseRecords(read(CENSUS_KEY, read_census), read(MEMORY_KEY, read_memory), read(AB_KEY, read_ab),
+                       read(NUMERICS_KEY, read_numerics))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..gates import fingerprint
-from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, Ranks, \
-    RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
+from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, \
+    Numerics, Ranks, RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
 from .writing import RUN_NAME, run_number, saved_run_files
 
 # commit_info branches that name no branch: a detached checkout (a CI job's pull request merge)
@@ -40,10 +40,12 @@ class Case:
     census: Census | Ranks | NotCounted | None = field(init=False)  # extra_info["census"], read
     memory: MemoryCensus | Ranks | NotCounted | None = field(init=False)  # extra_info["memory"], read
     ab: ABRecord | None = field(init=False)  # extra_info["ab"], read
+    numerics: Numerics | NotCounted | None = field(init=False)  # extra_info["numerics"], read
 
     def __post_init__(self):
         records = read_extra_info(self.extra_info)
         self.census, self.memory, self.ab = records.census, records.memory, records.ab
+        self.numerics = records.numerics
 
     @property
     def median(self) -> float:

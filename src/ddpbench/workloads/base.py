@@ -73,6 +73,15 @@ class Workload:
 
         return discover_targets(state)
 
+    def numerics_targets(self, state: Any) -> list:
+        """What the numerics replay (``extra_info["numerics"]``: a few seeded, untimed steps on a
+        state of their own) fingerprints after set-up and after each step: the ``nn.Module``
+        objects (parameters, gradients, buffers), optimizers (their state) and tensors of the
+        training state, besides the loss ``run_round`` returns. The default is what the memory
+        census follows (:meth:`memory_census_targets`); override it to leave out what may differ
+        from run to run without changing what the step computes (a timestamp, a cache)."""
+        return self.memory_census_targets(state)
+
     def extra_info(self, world_size: int, median_s: float,
                    rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         """Case-level extra_info computed in the controller from the median round time and, when

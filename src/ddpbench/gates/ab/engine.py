@@ -18,12 +18,14 @@ from typing import Any
 
 from ...engine.census import combine_census
 from ...engine.memory import combine_memory
+from ...engine.numerics import combine_numerics
 from ...engine.modes import placement_info
 from ...engine.timing import max_over_ranks
 from ...storage.records import RecordError
 from . import schedule
 from .. import stats
 from ..memory import compare_memory
+from ..numerics import compare_numerics
 from ..structure import compare_census
 from ..verdict_words import Verdict
 from . import strata
@@ -77,6 +79,10 @@ class ABSettings:
     # Likewise a case whose two memory censuses at set-up show a memory regression (exact too, so
     # decided there). Off when the gate accepts memory changes (--dist-ab-accept-memory-change).
     stop_on_memory_regression: bool = True
+    # Likewise a case whose two numerics replays at set-up show a change (exact too). Off when the
+    # gate accepts numerics changes (--dist-ab-accept-numerics-change).
+    stop_on_numerics_regression: bool = True
+    numerics_tolerance: float | None = None  # --dist-ab-numerics-tolerance, as the stop reads the replays
 
     def stage_sizes(self, pool_pairs: int) -> list[int]:
         """The pairs each stage adds, first to last, if every stage is run."""
@@ -189,6 +195,8 @@ class ABOutcome:
     stopped_by_structure: str | None = None
     # Likewise the memory regression that ended it (settings.stop_on_memory_regression).
     stopped_by_memory: str | None = None
+    # Likewise the numerics change that ended it (settings.stop_on_numerics_regression).
+    stopped_by_numerics: str | None = None
     # The stop level of each look taken (settings.stop_level_per_look), first to last.
     stop_levels_applied: tuple[float, ...] = ()
 
@@ -234,12 +242,17 @@ class ABOutcome:
         memory = combine_memory([m.get("memory") for m in self.baseline_metrics])
         if memory is not None:
             info["memory_baseline"] = memory
+        numerics = combine_numerics([m.get("numerics") for m in self.baseline_metrics])
+        if numerics is not None:
+            info["numerics_baseline"] = numerics
         if settings.stratify_placement:
             info["stratify_placement"] = True  # asked for; block_summary says whether it applied
         if self.stopped_by_structure is not None:
             info["stopped_by_structure"] = self.stopped_by_structure
         if self.stopped_by_memory is not None:
             info["stopped_by_memory"] = self.stopped_by_memory
+        if self.stopped_by_numerics is not None:
+            info["stopped_by_numerics"] = self.stopped_by_numerics
         return info
 
 
@@ -301,6 +314,7 @@ class _Case:
         self.stratified = False  # whether the last look summarised the pairs by placement
         self.censuses: dict[str, Any] = {}  # per side, its first pool's census at set-up (None: none)
         self.memories: dict[str, Any] = {}  # per side, its first pool's memory census at set-up (None: none)
+        self.numerics: dict[str, Any] = {}  # per side, its first pool's numerics replay at set-up (None: none)
 
     def _run(self, name: str, j: int, fn, *args):
         return _on(name, j, self.pools[name][j], fn, *args, timeout_s=self.timeout_s)
@@ -316,6 +330,7 @@ class _Case:
                 if j == 0:  # a baseline whose engine predates the census replies without one
                     self.censuses[name] = combine_census([reply.get("census") for reply in replies])
                     self.memories[name] = combine_memory([reply.get("memory") for reply in replies])
+                    self.numerics[name] = combine_numerics([reply.get("numerics") for reply in replies])
                 # Every pool times the ops per round the first one chose ("auto" chooses once).
                 plan = dataclasses.replace(plan, ops_per_round=replies[0]["ops_per_round"])
         if not all(math.isfinite(e) and e > 0 for e in estimates):
@@ -404,6 +419,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         stopped_by_structure = (_structural_regression(case.censuses) if settings.stop_on_structural_regression
                                 else None)
         stopped_by_memory = _memory_regression(case.memories) if settings.stop_on_memory_regression else None
+        stopped_by_numerics = (_numerics_regression(case.numerics, settings.numerics_tolerance)
+                               if settings.stop_on_numerics_regression else None)
         rng = schedule.case_rng(case_id, seed)
         stage_sizes = settings.stage_sizes(case.pool_pairs)
         every_stage = stage_sizes + settings.extra_stage_sizes(case.pool_pairs)
@@ -427,8 +444,9 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                 cap_ends_planned = looks < len(stage_sizes)
                 applied.append(stats.level_for_last_look(settings.alpha, len(stage_sizes), looks))
             # A cap that ends the planned looks early leaves no time for an extra look either.
-            # A structural or memory regression decided the case at set-up: its first look is enough.
-            last = cap_ends_planned or not next_fits or stopped_by_structure or stopped_by_memory
+            # A structural, memory or numerics regression decided the case at set-up: its first look is enough.
+            last = (cap_ends_planned or not next_fits or stopped_by_structure or stopped_by_memory
+                    or stopped_by_numerics)
             # A look that cannot decide and is not the last needs no interval: its bootstrap (seconds
             # at a few hundred pairs) would change nothing, so the pairs go on at once.
             if not last and not case.may_decide(applied[-1], stop_levels[looks - 1]):
@@ -449,6 +467,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                      levels_applied=tuple(applied), settings=settings,
                      wall_s=time.monotonic() - started, seed=seed, stratified=case.stratified,
                      stopped_by_structure=stopped_by_structure, stopped_by_memory=stopped_by_memory,
+                     stopped_by_numerics=stopped_by_numerics,
                      stop_levels_applied=stop_levels[:len(applied)])
 
 
@@ -468,6 +487,17 @@ def _memory_regression(memories: dict[str, Any]) -> str | None:
     baseline's (``gates.memory``), or None, as :func:`_structural_regression`."""
     try:
         verdict = compare_memory(memories.get(schedule.BASELINE), memories.get(schedule.CANDIDATE), "candidate")
+    except RecordError:
+        return None
+    return (verdict.line or verdict.verdict) if verdict.verdict is Verdict.REGRESSION else None
+
+
+def _numerics_regression(numerics: dict[str, Any], tolerance: float | None) -> str | None:
+    """The line naming a numerics change of the candidate's replay against the baseline's
+    (``gates.numerics``), or None, as :func:`_structural_regression`."""
+    try:
+        verdict = compare_numerics(numerics.get(schedule.BASELINE), numerics.get(schedule.CANDIDATE), "candidate",
+                                   tolerance=tolerance)
     except RecordError:
         return None
     return (verdict.line or verdict.verdict) if verdict.verdict is Verdict.REGRESSION else None

@@ -285,9 +285,10 @@ def side_exposed_communication(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def profiled_plan(plan, candidate_metrics: list[dict[str, Any]]):
     """The case's plan with the ops per round the measured rounds used (so "auto" is not chosen
-    anew, and both sides run alike), without a census or memory census (the case already has them)."""
+    anew, and both sides run alike), without a census, memory census or numerics replay (the case already
+    has them)."""
     chosen = next((m.get("ops_per_round") for m in candidate_metrics if m.get("ops_per_round")), None)
-    plan = dataclasses.replace(plan, census=False, memory_census=False)
+    plan = dataclasses.replace(plan, census=False, memory_census=False, numerics_steps=0)
     return dataclasses.replace(plan, ops_per_round=chosen) if chosen else plan
 
 

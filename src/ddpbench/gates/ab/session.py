@@ -51,6 +51,8 @@ class ABSession:
     accept_structure_change: bool = False  # --dist-ab-accept-structure-change
     accept_memory_change: bool = False  # --dist-ab-accept-memory-change
     memory_tolerance: float | None = None  # --dist-ab-memory-tolerance (None: measured figures not judged)
+    accept_numerics_change: bool = False  # --dist-ab-accept-numerics-change
+    numerics_tolerance: float | None = None  # --dist-ab-numerics-tolerance (None: the default, none)
     profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
     budget: RunBudget | None = None  # --dist-ab-run-budget: each case's cap is its share of what is left
@@ -94,7 +96,10 @@ class ABSession:
                               stratify_placement=config.getoption("dist_ab_stratify_placement", False),
                               stop_on_structural_regression=not config.getoption("dist_ab_accept_structure_change",
                                                                                  False),
-                              stop_on_memory_regression=not config.getoption("dist_ab_accept_memory_change", False))
+                              stop_on_memory_regression=not config.getoption("dist_ab_accept_memory_change", False),
+                              stop_on_numerics_regression=not config.getoption("dist_ab_accept_numerics_change",
+                                                                               False),
+                              numerics_tolerance=config.getoption("dist_ab_numerics_tolerance", None))
         first_stage_blocks = 2 * settings.stage_sizes(settings.pools_per_side)[0]
         if first_stage_blocks * settings.block_time_s > settings.max_time_s:
             option = "--dist-ab-max-time" if max_time or not run_budget else "--dist-ab-run-budget"
@@ -113,6 +118,8 @@ class ABSession:
                    accept_structure_change=config.getoption("dist_ab_accept_structure_change", False),
                    accept_memory_change=config.getoption("dist_ab_accept_memory_change", False),
                    memory_tolerance=config.getoption("dist_ab_memory_tolerance", None),
+                   accept_numerics_change=config.getoption("dist_ab_accept_numerics_change", False),
+                   numerics_tolerance=config.getoption("dist_ab_numerics_tolerance", None),
                    profile=config.getoption("dist_ab_profile", DEFAULT_PROFILE),
                    profile_root=_profile_root(config, seed), budget=budget)
 
@@ -261,7 +268,7 @@ class ABSession:
         """The run's verdicts, each case's decided verdict written back into its extra_info["ab"]
         (record_decision): the run file says what the gate decided and exited on."""
         cases = ab_verdicts(self.results, self.accept_structure_change, self.accept_memory_change,
-                            self.memory_tolerance)
+                            self.memory_tolerance, self.accept_numerics_change, self.numerics_tolerance)
         for (_, summary, _, _), case in zip(self.results, cases):
             record_decision(summary, case)
         return ab_report(cases, self.sides())

@@ -9,19 +9,20 @@ from ...engine.timing import RankSession
 
 def start(ctx, key: str, workload, plan) -> dict:
     """Set-up and warm-up; returns ``estimate_s`` (the fastest warm-up round, max over ranks, all
-    its ops), ``ops_per_round`` (what "auto" chose) and ``census`` / ``memory`` (this rank's census records, or
-    None: the plan asked for none)."""
+    its ops), ``ops_per_round`` (what "auto" chose) and ``census`` / ``memory`` / ``numerics`` (this rank's
+    records, or None: the plan asked for none)."""
     stop(ctx, key)  # a session a failed case left behind
     session = RankSession(ctx, workload, plan)
     ctx.scratch[key] = session
     try:
         session.start()
+        session.replay_numerics(rebuild=True)  # both sides alike, before any block: decided at the first look
     except BaseException:
         ctx.scratch.pop(key, None)
         session.close()
         raise
     return {"estimate_s": session.round_estimate_s, "ops_per_round": session.ops_per_round,
-            "census": session.census, "memory": session.memory_census}
+            "census": session.census, "memory": session.memory_census, "numerics": session.numerics}
 
 
 def block(ctx, key: str, rounds: int, fresh_state: bool = False) -> tuple[list[float], list | None]:

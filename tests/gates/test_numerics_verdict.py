@@ -1,0 +1,153 @@
+"""The numerics verdict (ddpbench.gates.numerics) on records made here: bitwise same, within the
+baseline's own replay band or a tolerance, changed (naming the first step, the largest relative
+difference and the tensor), not counted (a side without a record, a set-up not reproducible), a
+damaged record (bad input, exit 2), and both gates deciding on it (exit 1, accepted: exit 0)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from ddpbench import cli
+from ddpbench.engine.numerics import combine_numerics
+from ddpbench.gates import verdicts
+from ddpbench.gates.numerics import compare_numerics
+from ddpbench.storage.records import RecordError
+
+
+def _rank(scale: float = 1.0, loss: float = 2.0, spread: float = 0.0, first=None) -> dict:
+    """One rank's record of 2 steps: a weight and its gradient, the loss; ``scale`` multiplies the
+    gradient from step 1 on (a change of the reduction)."""
+    steps = [{"param w": ["p0", 4.0, 8.0, 1.0]}]
+    for s in (1, 2):
+        grad = [f"g{s}-{scale}", 2.0 * scale, 4.0 * scale, -1.0 * scale]
+        steps.append({"param w": [f"p{s}-{scale}", 4.0 - s * scale * 0.1, 8.0, 1.0], "grad w": grad,
+                      "loss": [f"l{s}-{scale}", loss / s, loss / s, loss / s]})
+    digests = [str(sorted(step.items())) for step in steps]
+    return {"version": 1, "seed": 0, "steps": 2, "replays": 2, "digests": digests, "tensors": steps,
+            "replay_spread": spread, "first_nondeterministic_step": first}
+
+
+def _case(**kwargs) -> dict:
+    return combine_numerics([_rank(**kwargs), _rank(**kwargs)])
+
+
+def test_equal_digests_are_same_bitwise():
+    verdict = compare_numerics(_case(), _case())
+    assert (verdict.verdict, verdict.line) == ("same", "same (bitwise): 2 steps on 2 ranks")
+
+
+def test_a_change_names_its_first_step_the_largest_difference_and_the_tensor():
+    verdict = compare_numerics(_case(), _case(scale=2.0))  # gradients summed over 2 ranks, not averaged
+    assert verdict.verdict == "regression"
+    assert verdict.line.startswith("changed from step 1 of 2")
+    assert "largest relative difference 1 (100%) in grad w at step 1 on rank 0" in verdict.line
+    assert verdict.fails
+
+
+def test_the_loss_is_named_when_it_moved():
+    verdict = compare_numerics(_case(), _case(loss=1.0))
+    assert verdict.verdict == "regression" and "loss at step 1 2 → 1" in verdict.line
+
+
+def test_within_the_baseline_s_own_band_or_the_tolerance_is_within_noise():
+    moved = _case(scale=1.000001)
+    assert compare_numerics(_case(), moved).verdict == "regression"  # a bitwise baseline: any change counts
+    noisy = compare_numerics(_case(spread=1e-5, first=1), moved)
+    assert noisy.verdict == "same" and noisy.line.startswith("within noise: bits differ from step 1 of 2")
+    assert "the baseline's own replays differ by up to 1e-05" in noisy.line
+    tolerated = compare_numerics(_case(), moved, tolerance=1e-5)
+    assert tolerated.verdict == "same" and "tolerance 1e-05" in tolerated.line
+    past = compare_numerics(_case(spread=1e-7, first=1), moved)
+    assert past.verdict == "regression" and "past the baseline's own replay band 1e-07" in past.line
+
+
+def test_another_set_of_tensors_is_a_change_naming_them():
+    cur = _case()
+    for rank in (0,):
+        for step in cur["tensors"][rank][1:]:
+            del step["grad w"]  # a parameter left out of the backward
+    cur["digests"] = [d + "x" for d in cur["digests"]]
+    cur["digests"][0] = _case()["digests"][0]
+    verdict = compare_numerics(_case(), cur)
+    assert verdict.verdict == "regression" and "only the baseline holds grad w" in verdict.line
+
+
+def test_what_cannot_be_compared_is_not_counted():
+    assert compare_numerics(None, _case()).line == "the baseline recorded no numerics replay"
+    assert compare_numerics(None, None).line == "neither side recorded a numerics replay"
+    lost = dict(_case(), not_reproducible="rank 0: the freshly set-up state differs between two replays")
+    verdict = compare_numerics(_case(), lost)
+    assert verdict.verdict == "not counted" and "not reproducible under fixed seeds" in verdict.line
+    assert compare_numerics(_case(), dict(_case(), version=2)).verdict == "not counted"
+    one_rank = combine_numerics([_rank()])
+    assert compare_numerics(_case(), one_rank).verdict == "not counted"
+    assert compare_numerics(_case(), combine_numerics([_rank(), None])).verdict == "not counted"
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda r: r.update(digests="abc"), r"numerics.digests is 'abc', expected a list of digests"),
+    (lambda r: r["tensors"][0][1].update({"grad w": [1, 2]}), r"numerics.tensors\[0\]\[1\].grad w is \[1, 2\]"),
+    (lambda r: r.update(steps=5), r"numerics.digests holds 3 digests, expected 6"),
+    (lambda r: r.update(replay_spread=-1), r"numerics.replay_spread is -1, expected a number >= 0"),
+])
+def test_a_damaged_record_is_named(damage, message):
+    record = _case()
+    damage(record)
+    with pytest.raises(RecordError, match=message):
+        compare_numerics(_case(), record)
+
+
+def test_the_decided_verdict_fails_on_it_and_an_accepted_change_passes():
+    case = verdicts.CaseVerdict("test_step", "same")
+    case.judge_numerics(compare_numerics(_case(), _case(scale=2.0)))
+    assert case.verdict == "regression" and case.failed_by == ["numerics"]
+    assert case.timing_verdict == "same"
+    accepted = verdicts.CaseVerdict("test_step", "same")
+    accepted.judge_numerics(compare_numerics(_case(), _case(scale=2.0)), accepted=True)
+    assert accepted.verdict == "same" and accepted.numerics.accepted
+    ab: dict = {}
+    verdicts.record_decision(ab, case)
+    assert ab["numerics_verdict"] == "regression" and ab["numerics_line"].startswith("changed from step 1")
+
+
+def test_the_stored_gate_exits_1_on_a_change_and_0_when_accepted(tmp_path, capsys):
+    from helpers.benchjson import bench, run_doc, write
+
+    rounds = [0.010, 0.0101, 0.0099, 0.0100, 0.0102, 0.0098] * 3  # the same rounds: the timing reads same
+    base = write(tmp_path / "base.json", run_doc([bench("test_step", rounds, {"numerics": _case()})]))
+    cur = write(tmp_path / "cur.json", run_doc([bench("test_step", rounds, {"numerics": _case(scale=2.0)})]))
+    same = write(tmp_path / "same.json", run_doc([bench("test_step", rounds, {"numerics": _case()})]))
+    assert cli.main(["compare", str(base), str(same)]) == 0
+    assert "same (bitwise): 2 steps on 2 ranks" in capsys.readouterr().out
+    assert cli.main(["compare", str(base), str(cur)]) == 1
+    out = capsys.readouterr().out
+    assert "changed from step 1 of 2: largest relative difference 1 (100%) in grad w" in out
+    assert "regression (numerics; timing same)" in out and "--accept-numerics-change accepts" in out
+    assert cli.main(["compare", str(base), str(cur), "--accept-numerics-change"]) == 0
+    assert "1 numerics change(s) accepted by --accept-numerics-change" in capsys.readouterr().out
+    assert cli.main(["compare", str(base), str(cur), "--numerics-tolerance", "1.5"]) == 0
+    assert "within noise" in capsys.readouterr().out
+    damaged = _case()
+    damaged["digests"] = 7
+    bad = write(tmp_path / "bad.json", run_doc([bench("test_step", rounds, {"numerics": damaged})]))
+    assert cli.main(["compare", str(base), str(bad)]) == 2
+    assert "numerics.digests is 7" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # a usage error, exit status 2
+        cli.main(["compare", str(base), str(cur), "--numerics-tolerance", "lots"])
+    assert exited.value.code == 2
+
+
+def test_an_ab_record_is_judged_against_its_baseline_s_replay():
+    ab = {"verdict": "same", "timing_verdict": "same", "ratio": 1.0, "numerics_baseline": _case()}
+    case = verdicts.ab_verdict("test_step", copy.deepcopy(ab), 0.01, numerics=_case(scale=2.0))
+    assert case.verdict == "regression" and case.numerics.line.startswith("changed from step 1 of 2")
+    assert verdicts.ab_verdict("test_step", copy.deepcopy(ab), 0.01, numerics=_case(scale=2.0),
+                               accept_numerics_change=True).verdict == "same"
+    broken = dict(ab, numerics_baseline=dict(_case(), tensors="x"))
+    with pytest.raises(verdicts.VerdictError, match="ab.numerics_baseline.tensors"):
+        verdicts.ab_verdict("test_step", broken, 0.01, numerics=_case())
+    report = verdicts.format_text(verdicts.ab_report([case]))
+    assert "numerics" in report.splitlines()[1] and json.dumps(verdicts.ab_report([case]).to_dict())

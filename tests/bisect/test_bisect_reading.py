@@ -176,7 +176,7 @@ def test_a_probe_is_read_with_the_numerics_acceptance_and_tolerance_its_gate_ran
     # Without either, the change is read as the regression its gate failed on.
     search = _canned(tmp_path / "unaccepted", [doc(changed, 1.0)] + [doc(changed, 2.0)] * 2)
     assert search.search() == 0 and f"first bad commit: {search.checkout.commits[1]}" in search.out.getvalue()
-    assert "numerics: regression: changed from step 1 of 1" in search.out.getvalue()
+    assert "numerics: changed from step 1 of 1" in search.out.getvalue()
 
 
 def test_a_probe_that_did_not_judge_a_case_bad_judged_is_a_skip_not_good(tmp_path, subjects):

@@ -195,12 +195,18 @@ def _short(command: str) -> str:
 @pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
 def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
     args = shlex.split(command)[1:]
-    # The README's baseline interpreter and checkout are examples: use this one and the copy.
-    args = [f"--dist-baseline-python={sys.executable}" if arg.startswith("--dist-baseline-python=")
-            else f"--dist-baseline-path={suite_copy}" if arg.startswith("--dist-baseline-path=") else arg
-            for arg in args]
+    # The README's baseline interpreter and checkout are examples: this interpreter, and a base
+    # checkout beside the copy with the example and ddpbench's source (A/B refuses a base path
+    # through which the baseline would import the candidate's files).
     example = next(body for marker, body in code_blocks("python") if marker and marker.startswith("readme-example:"))
+    base = suite_copy.parent / "base"
+    if not base.exists():
+        shutil.copytree(ROOT / "src", base / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        (base / "test_my_step.py").write_text(example)
     (suite_copy / "test_my_step.py").write_text(example)  # the example the gating commands name
+    args = [f"--dist-baseline-python={sys.executable}" if arg.startswith("--dist-baseline-python=")
+            else arg.replace("=../base", f"={base}") if arg.startswith("--dist-baseline-path=") else arg
+            for arg in args]
     monkeypatch.setenv("DDPBENCH_SECRET", "0123456789abcdef" * 4)  # for --dist-controller
     out = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
                           "-p", "no:cacheprovider"],

@@ -67,28 +67,36 @@ class Options:
         ``argparse.ArgumentTypeError`` when it cannot be read (check_input refuses that first)."""
         from ..options import parse_memory_tolerance
 
-        return self._option_value(MEMORY_TOLERANCE_OPTION, parse_memory_tolerance)
-
-    @property
-    def accept_numerics_change(self) -> bool:
-        """A numerics change the probe's gate accepted is accepted here (as the structure's)."""
-        return ACCEPT_NUMERICS_OPTION in self.pytest_args
-
-    @property
-    def numerics_tolerance(self) -> float | None:
-        """The probe's gate's --dist-ab-numerics-tolerance (None: not set), as the memory tolerance."""
-        from ..options import parse_numerics_tolerance
-
-        return self._option_value(NUMERICS_TOLERANCE_OPTION, parse_numerics_tolerance)
-
-    def _option_value(self, option: str, parse):
         args = self.pytest_args
         for i, arg in enumerate(args):
-            if arg.startswith(option + "="):
-                return parse(arg.split("=", 1)[1])
-            if arg == option and i + 1 < len(args):
-                return parse(args[i + 1])
+            if arg.startswith(MEMORY_TOLERANCE_OPTION + "="):
+                return parse_memory_tolerance(arg.split("=", 1)[1])
+            if arg == MEMORY_TOLERANCE_OPTION and i + 1 < len(args):
+                return parse_memory_tolerance(args[i + 1])
         return None
+
+    def gate_reading(self) -> dict:
+        """The rest of how each probe's gate read its run: the memory and numerics changes it
+        accepted and the tolerances it allowed (:func:`~ddpbench.gates.verdicts.ab_verdicts_of_run`)."""
+        from argparse import ArgumentTypeError
+
+        from ..options import parse_numerics_tolerance
+
+        tolerance = None
+        for i, arg in enumerate(self.pytest_args):
+            value = None
+            if arg.startswith(NUMERICS_TOLERANCE_OPTION + "="):
+                value = arg.partition("=")[2]
+            elif arg == NUMERICS_TOLERANCE_OPTION and i + 1 < len(self.pytest_args):
+                value = self.pytest_args[i + 1]
+            if value is not None:
+                try:
+                    tolerance = parse_numerics_tolerance(value)
+                except ArgumentTypeError:  # the probe's own pytest refuses it, naming the problem
+                    tolerance = None
+        return {"accept_memory_change": self.accept_memory_change, "memory_tolerance": self.memory_tolerance,
+                "accept_numerics_change": ACCEPT_NUMERICS_OPTION in self.pytest_args,
+                "numerics_tolerance": tolerance}
 
     def sets(self, option: str) -> bool:
         """Whether the pytest args set ``option`` (``--dist-ab-threshold``: also ``--dist-ab-threshold=10%``)."""
@@ -146,11 +154,9 @@ def check_input(cwd: Path, good: str, bad: str, options: Options) -> Checkout:
         if any(a == option or a.startswith(option + "=") for a in options.pytest_args):
             hint = " (give it as ddpbench bisect --max-time)" if option == "--dist-ab-max-time" else ""
             raise BisectError(f"{option} among the pytest arguments: bisect sets it on every A/B run{hint}")
-    for option, read in ((MEMORY_TOLERANCE_OPTION, lambda: options.memory_tolerance),
-                         (NUMERICS_TOLERANCE_OPTION, lambda: options.numerics_tolerance)):
-        try:
-            read()  # for its check: each probe is read with it
-        except argparse.ArgumentTypeError as exc:
-            raise BisectError(f"{option} among the pytest arguments: {exc}") from None
+    try:
+        options.memory_tolerance  # noqa: B018 - read for its check: each probe is read with it
+    except argparse.ArgumentTypeError as exc:
+        raise BisectError(f"{MEMORY_TOLERANCE_OPTION} among the pytest arguments: {exc}") from None
     untracked = [printable(line[3:]) for line in status if line.startswith("??")]
     return Checkout(top, prefix, good_sha, bad_sha, commits, untracked)

@@ -53,21 +53,20 @@ class Probe:
         return " -- ".join(part for part in (cases, printable(self.note)) if part)
 
 
-def cases_of_run(doc: dict, accept_structure_change: bool, accept_memory_change: bool = False,
-                 memory_tolerance: float | None = None, accept_numerics_change: bool = False,
-                 numerics_tolerance: float | None = None) -> list[ProbeCase]:
+def cases_of_run(doc: dict, accept_structure_change: bool, **gate) -> list[ProbeCase]:
     """A run file's A/B verdicts, read as the gate that ran it read them (its acceptance of
-    structural, memory and numerics changes and its tolerances included); VerdictError when they
-    cannot be read."""
+    structural changes included; ``gate``: its other options of :func:`ab_verdicts_of_run`, the
+    memory and numerics acceptances and tolerances); VerdictError when they cannot be read."""
     return [ProbeCase(v.name, v.verdict, v.ratio,
                       (v.ci_low, v.ci_high) if v.ci_low is not None and v.ci_high is not None else None,
-                      "; ".join(f"{what}: {judged.cell()}" for what, judged in (("structure", v.structure),
-                                                                             ("memory", v.memory),
-                                                                             ("numerics", v.numerics))
-                                if judged is not None and judged.verdict != "same"),
+                      "; ".join(f"{what}: {text}" for what, text in (
+                          ("structure", v.structure.cell() if v.structure is not None
+                           and v.structure.verdict != "same" else ""),
+                          ("memory", v.memory.cell() if v.memory is not None and v.memory.verdict != "same" else ""),
+                          ("numerics", v.numerics.line if v.numerics is not None
+                           and v.numerics.verdict is Verdict.REGRESSION else "")) if text),
                       v.reason or "")
-            for v in ab_verdicts_of_run(doc, accept_structure_change, accept_memory_change, memory_tolerance,
-                                        accept_numerics_change, numerics_tolerance)]
+            for v in ab_verdicts_of_run(doc, accept_structure_change, **gate)]
 
 
 def seed_of_run(doc: dict) -> int | None:

@@ -108,9 +108,7 @@ class ProbeRunner:
             probe.note = f"the A/B run did not give verdicts (pytest exit {status}): {log_tail(log, 3)}"
             return
         try:
-            options = self.options
-            cases = cases_of_run(doc, options.accept_structure_change, options.accept_memory_change,
-                                 options.memory_tolerance, options.accept_numerics_change, options.numerics_tolerance)
+            cases = cases_of_run(doc, self.options.accept_structure_change, **self.options.gate_reading())
         except VerdictError as exc:
             probe.outcome, probe.cases, probe.note = "skip", [], f"the A/B run's verdicts cannot be read: {exc}"
             return

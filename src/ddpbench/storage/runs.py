@@ -15,8 +15,7 @@ import numpy as np
 
 from ..gates import fingerprint
 from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, \
-    Numerics, Ranks, \
-    RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
+    Numerics, Ranks, RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
 from .writing import RUN_NAME, run_number, saved_run_files
 
 # commit_info branches that name no branch: a detached checkout (a CI job's pull request merge)

@@ -86,9 +86,9 @@ ACCEPT_NUMERICS_CHANGE = Option(
          "failing the gate")
 NUMERICS_TOLERANCE = Option(
     "--dist-ab-numerics-tolerance", command_flag="--numerics-tolerance", type=opts.parse_numerics_tolerance,
-    default=None, metavar="FRACTION",
+    default=None, metavar="PCT",
     help="a relative difference of the replayed steps' figures (norms and sums of parameters, gradients, "
-         "optimizer state, loss) up to FRACTION (e.g. 1e-5) reads 'within noise' instead of 'changed', for "
+         "optimizer state, loss) up to PCT (e.g. 0.01%%) reads 'within noise' instead of 'changed', for "
          "teams that allow floating-point reordering. Default: 0, bitwise unless the baseline's own replays "
          "differ")
 FAIL_ON_INCONCLUSIVE = Option(

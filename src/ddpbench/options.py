@@ -183,12 +183,9 @@ def parse_precision(text: str) -> float:
 
 
 def parse_numerics_tolerance(text: str) -> float:
-    """'1e-5' or '0.001%' -> 1e-05: the relative difference of the numerics replay's figures that still
-    reads 'within noise'."""
-    number = _share(text)
-    if number is None or not (math.isfinite(number) and number >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a relative difference, e.g. 1e-5 or 0.001% (0 or more)")
-    return number
+    """'0.01%' or '0.01' -> 1e-04: the relative difference of the numerics replay's figures that still
+    reads 'within noise', written as every gate's threshold is (:func:`parse_percent`)."""
+    return parse_percent(text, allow_zero=True)
 
 
 def parse_numerics_steps(text: str) -> int:

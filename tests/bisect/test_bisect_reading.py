@@ -171,7 +171,7 @@ def test_a_probe_is_read_with_the_numerics_acceptance_and_tolerance_its_gate_ran
     docs = [doc(changed, 2.0)] * 3
     search = _canned(tmp_path, docs, ["--dist-ab-accept-numerics-change"])
     assert search.search() == 0 and "no regression between GOOD" in search.out.getvalue()
-    search = _canned(tmp_path / "tolerated", docs, ["--dist-ab-numerics-tolerance=1.5"])
+    search = _canned(tmp_path / "tolerated", docs, ["--dist-ab-numerics-tolerance=150%"])
     assert search.search() == 0 and "no regression between GOOD" in search.out.getvalue()
     # Without either, the change is read as the regression its gate failed on.
     search = _canned(tmp_path / "unaccepted", [doc(changed, 1.0)] + [doc(changed, 2.0)] * 2)

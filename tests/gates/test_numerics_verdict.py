@@ -59,7 +59,7 @@ def test_within_the_baseline_s_own_band_or_the_tolerance_is_within_noise():
     assert noisy.verdict == "same" and noisy.line.startswith("within noise: bits differ from step 1 of 2")
     assert "the baseline's own replays differ by up to 1e-05" in noisy.line
     tolerated = compare_numerics(_case(), moved, tolerance=1e-5)
-    assert tolerated.verdict == "same" and "tolerance 1e-05" in tolerated.line
+    assert tolerated.verdict == "same" and "tolerance 0.001%" in tolerated.line
     past = compare_numerics(_case(spread=1e-7, first=1), moved)
     assert past.verdict == "regression" and "past the baseline's own replay band 1e-07" in past.line
 
@@ -128,7 +128,7 @@ def test_the_stored_gate_exits_1_on_a_change_and_0_when_accepted(tmp_path, capsy
     assert "regression (numerics; timing same)" in out and "--accept-numerics-change accepts" in out
     assert cli.main(["compare", str(base), str(cur), "--accept-numerics-change"]) == 0
     assert "1 numerics change(s) accepted by --accept-numerics-change" in capsys.readouterr().out
-    assert cli.main(["compare", str(base), str(cur), "--numerics-tolerance", "1.5"]) == 0
+    assert cli.main(["compare", str(base), str(cur), "--numerics-tolerance", "150%"]) == 0
     assert "within noise" in capsys.readouterr().out
     damaged = _case()
     damaged["digests"] = 7

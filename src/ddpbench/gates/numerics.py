@@ -92,7 +92,7 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
     band = max(base.replay_spread, tolerance)
     if band > 0 and worst <= band:
         why = (f"the baseline's own replays differ by up to {_relative(base.replay_spread)}"
-               if base.replay_spread >= tolerance else f"tolerance {tolerance:g}")
+               if base.replay_spread >= tolerance else f"tolerance {tolerance * 100:g}%")
         return StructureVerdict(Verdict.SAME, f"{WITHIN_NOISE}: bits differ from {where}, largest relative "
                                               f"difference {_relative(worst)} ({why}){note}")
     line = f"{CHANGED} from {where}"
@@ -109,5 +109,5 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
         line += f"; loss at step {max(first, 1)} {before_loss:.6g} → {after_loss:.6g}"
     if band > 0:
         line += (f"; past the baseline's own replay band {_relative(base.replay_spread)}"
-                 if base.replay_spread >= tolerance else f"; past tolerance {tolerance:g}")
+                 if base.replay_spread >= tolerance else f"; past tolerance {tolerance * 100:g}%")
     return StructureVerdict(Verdict.REGRESSION, line + note)

@@ -1,5 +1,5 @@
 """The pytest plugin: options, markers, parametrization and fixtures. It wires pytest to ddpbench and
-decides nothing itself (docs/design.md#options-and-the-plugin)."""
+decides nothing itself (docs/design/plugin-and-pool.md#options-and-the-plugin)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def _check_compare_target(config) -> None:
 
 
 def pin_cores(config) -> bool:
-    """--dist-pin-cores as given; unset: off, A/B mode included (docs/design.md, *The rank pool*)."""
+    """--dist-pin-cores as given; unset: off, A/B mode included (docs/design/plugin-and-pool.md#placement)."""
     return config.getoption("dist_pin_cores", None) == "auto"
 
 

@@ -119,7 +119,7 @@ def test_readme_is_a_manual_of_short_lines_in_its_sections():
     headings = [line[3:].strip() for line in lines if line.startswith("## ")]
     assert headings == SECTIONS
     assert not re.search(r"\d\s*ms\b", README), "measured figures belong in docs/results.md"
-    for doc in ("docs/results.md", "docs/design.md", "examples/tinyddp"):
+    for doc in ("docs/results.md", "docs/design/", "examples/tinyddp"):
         assert doc in README and (ROOT / doc).exists()
 
 
@@ -264,7 +264,7 @@ def test_readme_multinode_commands_work_as_tests_multinode_runs_them(monkeypatch
 
 
 # TransformerTraining's fields that are no knob of a case (not in its id; compute_only is the switch
-# of the compute-only variant that variants() makes, docs/design.md): the knob table leaves them out.
+# of the compute-only variant that variants() makes, docs/design/families.md): the knob table leaves them out.
 TRANSFORMER_SETTINGS = {"seed", "lr", "data_batches", "measure_peak", "compute_only"}
 
 
@@ -289,9 +289,9 @@ def _transformer_knob_problem(text: str) -> str:
 
 
 def test_the_transformer_table_has_one_row_per_knob():
-    # The table lives in docs/design.md (The families); the README's family table points there.
-    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-    assert "docs/design.md, *The families*" in README
+    # The table lives in docs/design/families.md#transformers; the README's family table points there.
+    design = (ROOT / "docs" / "design" / "families.md").read_text(encoding="utf-8")
+    assert "docs/design/families.md#transformers" in README
     assert _transformer_knob_problem(design) == ""
     row = next(line for line in design.splitlines() if line.startswith("| `static_graph`"))
     assert _transformer_knob_problem(design.replace(row + "\n", "")) == \

@@ -1,5 +1,5 @@
 """The memory census: the peak of live tensor bytes on one rank during one untimed step, what held them
-and where it fell (``extra_info["memory"]``; docs/design.md#memory-census)."""
+and where it fell (``extra_info["memory"]``; docs/design/census-and-memory.md#memory-census)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The stored-baseline gate: noise-aware verdicts between two saved runs, case by case, with the
 machine-drift correction, the comparability check and each case's structural and memory verdicts
-(docs/design.md#stored-run-gate, #machine-drift, #comparable-runs).
+(docs/design/gates.md#stored-run-gate, #machine-drift, #comparable-runs).
 """
 
 from __future__ import annotations

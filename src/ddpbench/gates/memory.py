@@ -1,4 +1,4 @@
-"""The memory verdict: two memory census records compared exactly (docs/design.md#the-memory-verdict)."""
+"""The memory verdict: two memory census records compared exactly (docs/design/gates.md#the-memory-verdict)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The gates' statistics, on scipy.stats: paired blocks for A/B (docs/design.md#the-ab-verdict),
-independent samples for stored runs (docs/design.md#stored-run-gate)."""
+"""The gates' statistics, on scipy.stats: paired blocks for A/B (docs/design/ab.md#the-ab-verdict),
+independent samples for stored runs (docs/design/gates.md#stored-run-gate)."""
 
 from __future__ import annotations
 

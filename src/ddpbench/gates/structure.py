@@ -1,5 +1,5 @@
 """The structural verdict: two census records (what one step of a case launches) compared exactly
-(docs/design.md#the-structural-verdict)."""
+(docs/design/gates.md#the-structural-verdict)."""
 
 from __future__ import annotations
 

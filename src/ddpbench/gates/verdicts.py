@@ -1,6 +1,6 @@
 """The gates' one vocabulary (:class:`~.verdict_words.Verdict`), one case verdict and one report with
-its formatters; the decided verdict made from its components (docs/design.md#gates,
-docs/design.md#the-decided-verdict).
+its formatters; the decided verdict made from its components (docs/design/gates.md#gates,
+docs/design/gates.md#the-decided-verdict).
 """
 
 from __future__ import annotations

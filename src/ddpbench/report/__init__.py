@@ -1,5 +1,5 @@
 """``ddpbench report``: markdown tables and PNG charts of one saved run, a section per family,
-each family's table in its own module here, then the memory census (docs/design.md#report)."""
+each family's table in its own module here, then the memory census (docs/design/storage-and-report.md#report)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ MiB = 1 << 20
 BASE = census(("all_reduce", "float32", 2, [MiB, MiB, 2 * MiB]), buckets=[2 * MiB, 2 * MiB])
 # ... and the change that split them: four calls, one more MiB, four buckets of the same bytes.
 GREW = census(("all_reduce", "float32", 2, [MiB, MiB, MiB, 2 * MiB]), buckets=[MiB] * 4)
-GREW_LINE = "all_reduce float32 ×2: 3 → 4 per step, +1.0 MiB; buckets 2 → 4"
+GREW_LINE = "all_reduce float32 in a group of 2: 3 → 4 per step, +1.0 MiB; buckets 2 → 4"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ def test_more_collectives_bytes_and_buckets_are_a_regression_with_a_line_naming_
 
 def test_fewer_are_an_improvement_with_the_same_line_reversed():
     assert compare_census(GREW, BASE) == StructureVerdict(
-        "improvement", "all_reduce float32 ×2: 4 → 3 per step, -1.0 MiB; buckets 4 → 2")
+        "improvement", "all_reduce float32 in a group of 2: 4 → 3 per step, -1.0 MiB; buckets 4 → 2")
 
 
 def test_a_census_that_differs_only_in_order_is_the_same():
@@ -60,22 +60,22 @@ def test_a_census_that_differs_only_in_order_is_the_same():
     # a new kind of collective, and one that went away
     (census(("all_reduce", "float32", 2, [MiB])),
      census(("all_gather", "bfloat16", 2, [2 * MiB, 2 * MiB]), ("all_reduce", "float32", 2, [MiB])),
-     "regression", "all_gather bfloat16 ×2: 0 → 2 per step, +4.0 MiB"),
+     "regression", "all_gather bfloat16 in a group of 2: 0 → 2 per step, +4.0 MiB"),
     (census(("broadcast", "float32", 4, [MiB]), ("all_reduce", "float32", 4, [MiB])),
      census(("all_reduce", "float32", 4, [MiB])),
-     "improvement", "broadcast float32 ×4: 1 → 0 per step, -1.0 MiB"),
+     "improvement", "broadcast float32 in a group of 4: 1 → 0 per step, -1.0 MiB"),
     # the same calls over another group is another collective
     (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 4, [MiB])),
-     "regression", "all_reduce float32 ×2: 1 → 0 per step, -1.0 MiB; all_reduce float32 ×4: 0 → 1 per step, "
+     "regression", "all_reduce float32 in a group of 2: 1 → 0 per step, -1.0 MiB; all_reduce float32 in a group of 4: 0 → 1 per step, "
                    "+1.0 MiB; mixed: some figures up, some down (a regression)"),
     # bytes alone, and more calls of the same bytes
     (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 2, [2 * MiB])),
-     "regression", "all_reduce float32 ×2: 1 per step, +1.0 MiB"),
+     "regression", "all_reduce float32 in a group of 2: 1 per step, +1.0 MiB"),
     (census(("all_reduce", "float32", 2, [2 * MiB])), census(("all_reduce", "float32", 2, [MiB, MiB])),
-     "regression", "all_reduce float32 ×2: 1 → 2 per step, same bytes"),
+     "regression", "all_reduce float32 in a group of 2: 1 → 2 per step, same bytes"),
     # the same calls and bytes in other sizes: neither more nor fewer, stopped until accepted
     (census(("all_reduce", "float32", 2, [MiB, 3 * MiB])), census(("all_reduce", "float32", 2, [2 * MiB, 2 * MiB])),
-     "regression", "all_reduce float32 ×2: 2 per step, same bytes in other sizes (1.0 MiB, 3.0 MiB → 2.0 MiB, "
+     "regression", "all_reduce float32 in a group of 2: 2 per step, same bytes in other sizes (1.0 MiB, 3.0 MiB → 2.0 MiB, "
                    "2.0 MiB); neither more nor fewer (a regression until accepted)"),
     # torch.compile's counters
     (census(graph_breaks=0, recompiles=1), census(graph_breaks=2, recompiles=1),
@@ -85,7 +85,7 @@ def test_a_census_that_differs_only_in_order_is_the_same():
     # one figure up and another down is a regression, and the line says it is mixed
     (census(("all_reduce", "float32", 2, [MiB]), buckets=[MiB, MiB]),
      census(("all_reduce", "float32", 2, [MiB, MiB]), buckets=[2 * MiB]),
-     "regression", "all_reduce float32 ×2: 1 → 2 per step, +1.0 MiB; buckets 2 → 1; mixed: some figures up, "
+     "regression", "all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 MiB; buckets 2 → 1; mixed: some figures up, "
                    "some down (a regression)"),
     # ranks that stop agreeing on the collectives
     (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 2, [MiB]), ranks_disagree=True),
@@ -143,31 +143,31 @@ SPLITS = {"data_dependent_bytes": "splits"}
 @pytest.mark.parametrize("before, after, verdict, line", [
     # all_gather_object of a longer string: 9 more pickled bytes are data, not structure
     (census(("all_gather", "uint8", 2, [64], OBJECT)), census(("all_gather", "uint8", 2, [73], OBJECT)),
-     "same", "all_gather uint8 ×2: +9 B (object: bytes depend on the data, not judged)"),
+     "same", "all_gather uint8 in a group of 2: +9 B (object: bytes depend on the data, not judged)"),
     # an all_to_all whose splits the data sets (a mixture of experts' routing)
     (census(("all_to_all", "float32", 4, [4096], SPLITS)), census(("all_to_all", "float32", 4, [1024], SPLITS)),
-     "same", "all_to_all float32 ×4: -3.0 KiB (splits: bytes depend on the data, not judged)"),
+     "same", "all_to_all float32 in a group of 4: -3.0 KiB (splits: bytes depend on the data, not judged)"),
     # ... their calls are still counted and judged
     (census(("all_gather", "uint8", 2, [64], OBJECT)), census(("all_gather", "uint8", 2, [64, 80], OBJECT)),
-     "regression", "all_gather uint8 ×2: 1 → 2 per step (object: bytes not judged)"),
+     "regression", "all_gather uint8 in a group of 2: 1 → 2 per step (object: bytes not judged)"),
     # a baseline whose split happened to be even (no mark) against one that was not: not judged either
     (census(("all_to_all", "float32", 4, [4096])), census(("all_to_all", "float32", 4, [5000], SPLITS)),
-     "same", "all_to_all float32 ×4: +904 B (splits: bytes depend on the data, not judged)"),
+     "same", "all_to_all float32 in a group of 4: +904 B (splits: bytes depend on the data, not judged)"),
     # two mesh dimensions of one size swapping their traffic
     (census(("all_reduce", "float32", 2, [MiB], {"group": "mesh_dp"}),
             ("all_reduce", "float32", 2, [4 * MiB], {"group": "mesh_tp"})),
      census(("all_reduce", "float32", 2, [4 * MiB], {"group": "mesh_dp"}),
             ("all_reduce", "float32", 2, [MiB], {"group": "mesh_tp"})),
-     "regression", "all_reduce float32 ×2 on mesh_dp: 1 per step, +3.0 MiB; all_reduce float32 ×2 on mesh_tp: "
+     "regression", "all_reduce float32 in mesh_dp (a group of 2): 1 per step, +3.0 MiB; all_reduce float32 in mesh_tp (a group of 2): "
                    "1 per step, -3.0 MiB; mixed: some figures up, some down (a regression)"),
     # a send that goes to the previous rank instead of the next
     (census(("send", "float32", 4, [MiB], {"peer": 1})), census(("send", "float32", 4, [MiB], {"peer": -1})),
-     "regression", "send float32 ×4 to -1: 0 → 1 per step, +1.0 MiB; send float32 ×4 to +1: 1 → 0 per step, "
+     "regression", "send float32 in a group of 4 to -1: 0 → 1 per step, +1.0 MiB; send float32 in a group of 4 to +1: 1 → 0 per step, "
                    "-1.0 MiB; mixed: some figures up, some down (a regression)"),
     # two version-1 records (saved by an older ddpbench) are still compared as they were
     (census(("all_reduce", "float32", 2, [MiB]), version=1),
      census(("all_reduce", "float32", 2, [MiB, MiB]), version=1),
-     "regression", "all_reduce float32 ×2: 1 → 2 per step, +1.0 MiB"),
+     "regression", "all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 MiB"),
 ])
 def test_data_dependent_bytes_groups_peers_and_old_records(before, after, verdict, line):
     assert compare_census(before, after) == StructureVerdict(verdict, line)
@@ -442,7 +442,9 @@ def test_the_ab_run_exits_1_on_a_structural_regression_and_compare_accepts_it_wh
     pytester.makepyfile(test_bench=PLANTED)
     result = pytester.runpytest_subprocess(*AB_RUN, "--benchmark-json=ab.json", timeout=300)
     assert result.ret == 1, result.stdout.str()
-    result.stdout.fnmatch_lines([f"*test_step*regression: {GREW_LINE}*regression (structure; timing *)*<<",
+    # The case's short row, the structural change on a line of its own under it.
+    result.stdout.fnmatch_lines(["*test_step*regression (structure; timing *)*<<",
+                                 f"    structure: regression: {GREW_LINE}",
                                  "*ddpbench A/B: 1 structural regression(s) (*test_step*)*"
                                  "--dist-ab-accept-structure-change accepts a change made on purpose)"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]

@@ -49,7 +49,8 @@ class Comparison(GateReport):
         return out
 
 
-ROUNDS_COLUMN = Column("rounds", lambda c: "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}")
+ROUNDS_COLUMN = Column("rounds", lambda c: "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}",
+                       own_line=False)
 
 
 def _calibration_cell(case: CaseVerdict) -> str:
@@ -58,7 +59,7 @@ def _calibration_cell(case: CaseVerdict) -> str:
     return f"probe ÷{case.calibration_factor:.3f}" if case.calibrated else "raw"
 
 
-CALIBRATION_COLUMN = Column("calibration", _calibration_cell)
+CALIBRATION_COLUMN = Column("calibration", _calibration_cell, own_line=False)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -292,6 +292,7 @@ def pytest_collection_finish(session):
     only lists the cases: --collect-only), and in A/B mode each side must import its own code."""
     state = session_state(session.config)
     state.uses_ddpbench = uses_ddpbench(session.config, session.items)
+    state.case_ids = frozenset(item.nodeid for item in session.items if is_case(item))
     if state.controller:
         return  # multi-node: the nodes' memory is not this machine's
     if not state.uses_ddpbench:
@@ -504,8 +505,25 @@ def _failed_cases(config) -> list[str]:
     return names
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    ab = session_state(config).ab
+    """After pytest-benchmark's table: each case's memory peak, why cases were skipped, then the
+    A/B verdicts, whose last line (beside pytest's counts) says the run's exit status and why."""
+    state = session_state(config)
+    if not state.uses_ddpbench:
+        return
+    from . import run_summary
+
+    bench_session = benchmark_session(config)
+    cases = run_summary.case_lines(getattr(bench_session, "benchmarks", None) or [])
+    if cases:
+        terminalreporter.write_sep("-", "ddpbench: each case's memory (the largest rank's, one step)")
+        for line in cases:
+            terminalreporter.write_line(line)
+    for line in run_summary.skip_lines(terminalreporter.stats.get("skipped", []), state.case_ids,
+                                       config.option.reportchars):
+        terminalreporter.write_line(line, yellow=True)
+    ab = state.ab
     if ab is None:
         return
     terminalreporter.write_sep("-", "ddpbench A/B")

@@ -87,8 +87,10 @@ def _kind(command: str) -> str:
     first = shlex.split(command)[0]
     if first.startswith("DDPBENCH_SECRET=") or command.startswith("export DDPBENCH_SECRET="):
         return "secret"
+    if command == "python3 -m venv .venv":
+        return "install"
     return {"make": "make", ".venv/bin/pytest": "pytest", ".venv/bin/ddpbench": "ddpbench",
-            ".venv/bin/torchrun": "torchrun"}.get(first, "unknown")
+            ".venv/bin/torchrun": "torchrun", ".venv/bin/pip": "install"}.get(first, "unknown")
 
 
 def _ids(kind: str) -> list[str]:
@@ -217,6 +219,34 @@ def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_cop
 def test_readme_ddpbench_command_is_accepted_by_the_cli(command):
     args = cli.parse_args(shlex.split(command)[1:])
     assert args.command in ("compare", "report", "history", "bisect", "census")
+
+
+def test_the_install_commands_work_as_written_and_keep_the_users_own_index(tmp_path):
+    # In your own project: a venv it makes, torch from PyTorch's CPU index for that one command (the
+    # --index-url option; PIP_EXTRA_INDEX_URL would replace the user's own extra index), then
+    # ddpbench from a checkout beside the project.
+    venv, torch_line, ddpbench_line = _ids("install")
+    assert venv == "python3 -m venv .venv" and "PIP_EXTRA_INDEX_URL" not in README
+    pin = re.search(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)
+    assert shlex.split(torch_line) == [".venv/bin/pip", "install", f"torch=={pin}", "--index-url",
+                                       "https://download.pytorch.org/whl/cpu"]
+    import torch
+
+    assert torch.__version__.split("+")[0] == pin  # make venv installs that pin from that index too
+    project = tmp_path / "my-project"
+    project.mkdir()
+    (tmp_path / "ddpbench").symlink_to(ROOT)
+    made = subprocess.run(shlex.split(venv), cwd=project, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0 and (project / ".venv" / "bin" / "pip").exists(), made.stderr
+    # The ddpbench line, as written, resolves offline against this environment (its CPU torch
+    # satisfies the constraints' pin): pip would install ddpbench from the checkout and nothing else.
+    args = shlex.split(ddpbench_line)
+    assert args[:2] == [".venv/bin/pip", "install"]
+    dry = subprocess.run([sys.executable, "-m", "pip", *args[1:], "--dry-run", "--no-index", "--no-build-isolation"],
+                         cwd=project, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and "Would install ddpbench-" in dry.stdout, dry.stdout + dry.stderr
+    would = dry.stdout.strip().splitlines()[-1].split()[2:]
+    assert [name.rsplit("-", 1)[0] for name in would] == ["ddpbench"]  # ddpbench alone
 
 
 def test_readme_make_targets_run_in_ci_or_here():

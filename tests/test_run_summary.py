@@ -26,8 +26,8 @@ def test_skips_are_counted_by_reason_for_ddpbench_cases_only():
                _skipped("t.py::test_unrelated", "no network")]
     cases = {"t.py::test_step[nccl-1p]", "t.py::test_other[nccl-1p]", "t.py::test_step[nccl-2p]"}
     assert run_summary.skip_lines(reports, cases, "fE") == [
-        f"ddpbench: 2 cases skipped: {NCCL} (pytest -rs lists them)",
-        f"ddpbench: 1 case skipped: {NCCL.replace('1 CUDA', '2 CUDA')} (pytest -rs lists them)"]
+        f"ddpbench: 2 cases skipped: {NCCL} (-rs lists them)",
+        f"ddpbench: 1 case skipped: {NCCL.replace('1 CUDA', '2 CUDA')} (-rs lists them)"]
     # Where pytest lists every skip itself, nothing is said twice.
     assert run_summary.skip_lines(reports, cases, "fEs") == [] == run_summary.skip_lines(reports, cases, "a")
 
@@ -61,5 +61,5 @@ def test_a_first_run_says_why_its_cases_skipped_without_rs(pytester):
                                            timeout=120)
     result.assert_outcomes(skipped=2, deselected=2)
     result.stdout.fnmatch_lines(["ddpbench: 1 case skipped: needs 1 CUDA device(s); no CUDA device here "
-                                 "(pytest -rs lists them)"])
+                                 "(-rs lists them)"])
     assert "not a ddpbench case" not in result.stdout.str()

@@ -32,7 +32,7 @@ def skip_lines(reports: Iterable[Any], cases: set[str], reportchars: str) -> lis
         if nodeid in cases and nodeid not in seen:
             seen.add(nodeid)
             reasons[skip_reason(report)] += 1
-    return [f"ddpbench: {n} case{'s' if n > 1 else ''} skipped: {reason} (pytest -rs lists them)"
+    return [f"ddpbench: {n} case{'s' if n > 1 else ''} skipped: {reason} (-rs lists them)"
             for reason, n in sorted(reasons.items(), key=lambda item: (-item[1], item[0]))]
 
 

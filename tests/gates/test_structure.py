@@ -221,16 +221,30 @@ def _runs(tmp_path, base_census, cur_census, cur_rounds=STEADY):
     return str(b), str(c)
 
 
+def _row_and_details(out: str) -> tuple[str, list[str]]:
+    """The case's row in the text table and the lines indented under it."""
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if NAME in line and not line.startswith(" "))
+    under = []
+    for line in lines[at + 1:]:
+        if not line.startswith("    "):
+            break
+        under.append(line)
+    return lines[at], under
+
+
 def test_compare_fails_on_a_structural_regression_whatever_the_timing_says(tmp_path, capsys):
     b, c = _runs(tmp_path, BASE, GREW)
     rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 1
-    row = next(line for line in out.splitlines() if NAME in line)
-    assert f"regression: {GREW_LINE}" in row and row.endswith("regression (structure; timing same)  <<")
+    row, under = _row_and_details(out)
+    assert row.endswith("regression (structure; timing same)  <<")
+    assert f"    structure: regression: {GREW_LINE}" in under  # on its own line under the case's row
     assert out.splitlines()[-1] == (
         f"1 structural regression(s) (benchmarks/test_x.py::{NAME}): what one step launches grew or changed, a "
         f"regression whatever the timing says (--accept-structure-change accepts a change made on purpose)")
-    assert "structure: 1 regression" in out.splitlines()[0]
+    title = " ".join(out.split("\ncase ", 1)[0].split())  # the summary wraps at 120 columns
+    assert "structure: 1 regression" in title
     rc, out, _ = run_cli(capsys, "compare", b, c, "--markdown")
     assert rc == 1 and "| structure | verdict |" in out
     assert f"| regression: {GREW_LINE} | ❌ **regression** (structure; timing same) |" in out
@@ -244,8 +258,8 @@ def test_an_accepted_structural_change_passes_and_is_still_shown(tmp_path, capsy
     b, c = _runs(tmp_path, BASE, GREW)
     rc, out, _ = run_cli(capsys, "compare", b, c, "--accept-structure-change")
     assert rc == 0
-    row = next(line for line in out.splitlines() if NAME in line)
-    assert f"regression, accepted: {GREW_LINE}" in row and row.endswith("same")
+    row, under = _row_and_details(out)
+    assert row.endswith("same") and f"    structure: regression, accepted: {GREW_LINE}" in under
     assert (f"1 structural change(s) accepted by --accept-structure-change (benchmarks/test_x.py::{NAME}): "
             f"shown, not failing") in out
     rc, out, _ = run_cli(capsys, "compare", b, c, "--accept-structure-change", "--json")
@@ -336,8 +350,9 @@ def test_an_ab_run_fails_on_a_structural_regression_unless_accepted(tmp_path, ca
     run = _ab_run(tmp_path, BASE, GREW)
     rc, out, _ = run_cli(capsys, "compare", run)
     assert rc == 1
-    row = next(line for line in out.splitlines() if NAME in line)
-    assert f"regression: {GREW_LINE}" in row and "regression (structure; timing same)  <<" in row
+    row, under = _row_and_details(out)
+    assert row.endswith("regression (structure; timing same)  <<")
+    assert f"    structure: regression: {GREW_LINE}" in under
     assert "--accept-structure-change accepts a change made on purpose" in out
     rc, out, _ = run_cli(capsys, "compare", run, "--accept-structure-change", "--markdown")
     assert rc == 0 and f"| regression, accepted: {GREW_LINE} | same |" in out

@@ -72,6 +72,28 @@ def test_percentages_for_the_ab_threshold():
             options.parse_percent(bad)
 
 
+def test_a_memory_tolerance_is_written_as_every_threshold_is():
+    # Before: "10" meant 1000% for the tolerance and 10% for the threshold.
+    for text in ("10", "10%", " 10% "):
+        assert options.parse_memory_tolerance(text) == pytest.approx(0.10) == options.parse_percent(text)
+    assert options.parse_memory_tolerance("0") == 0.0
+    # A bare number below 1 reads as a fraction too: refused, naming both spellings.
+    for parse in (options.parse_memory_tolerance, options.parse_percent, options.parse_percent_or_zero):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"'0.1' is ambiguous.*write the percent sign: 0.1% or 10%"):
+            parse("0.1")
+    assert options.parse_percent("0.5%") == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize("argv", [["--threshold", "10"], ["--memory-tolerance", "10"]])
+def test_compare_reads_a_bare_ten_as_ten_percent_in_both_options(argv):
+    from ddpbench.commands import compare
+
+    parser = argparse.ArgumentParser()
+    compare.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["compare", *argv])
+    assert getattr(args, argv[0][2:].replace("-", "_")) == pytest.approx(0.10)
+
+
 SECONDS_OPTIONS = ["--dist-timeout", "--dist-controller-wait", "--dist-min-time", "--dist-ab-max-time",
                    "--dist-ab-block-time", "--dist-ab-run-budget"]
 

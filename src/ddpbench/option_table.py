@@ -75,9 +75,10 @@ ACCEPT_MEMORY_CHANGE = Option(
          "after the step than the baseline's) made on purpose: shown as accepted instead of failing the gate")
 MEMORY_TOLERANCE = Option(
     "--dist-ab-memory-tolerance", command_flag="--memory-tolerance", type=opts.parse_memory_tolerance,
-    default=None, metavar="FRACTION",
-    help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): more than FRACTION "
-         "(e.g. 0.1) above the baseline's is a memory regression. Default: shown, not judged")
+    default=None, metavar="PCT",
+    help="also judge the measured CUDA max allocated (not exact: caching, fragmentation): more than PCT "
+         "(e.g. 10%%, as the thresholds are written; a bare number below 1 is refused as ambiguous) above the "
+         "baseline's is a memory regression. Default: shown, not judged")
 FAIL_ON_INCONCLUSIVE = Option(
     "--dist-ab-fail-on-inconclusive", command_flag="--fail-on-inconclusive", action="store_true",
     help="exit 1 when a case is inconclusive (neither a change nor the same within the threshold); by "

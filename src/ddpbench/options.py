@@ -183,24 +183,29 @@ def parse_precision(text: str) -> float:
 
 
 def parse_memory_tolerance(text: str) -> float:
-    """'10%' or '0.1' -> 0.1: how far above the baseline's a measured CUDA memory figure may go."""
-    number = _share(text)
-    if number is None or not (math.isfinite(number) and number >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a share of the baseline's figure, e.g. 10% or 0.1 "
-                                         f"(0 or more)")
-    return number
+    """'10%' or '10' -> 0.1: how far above the baseline's a measured CUDA memory figure may go,
+    written as every gate's threshold is (:func:`parse_percent`); 0 judges any growth."""
+    return parse_percent(text, allow_zero=True)
 
 
 def parse_percent(text: str, allow_zero: bool = False) -> float:
-    """'5%' or '5' -> 0.05 (a bare number is a percentage)."""
-    value = text.strip().rstrip("%")
+    """'5%' or '5' -> 0.05: the one convention of every gate's threshold and tolerance (a bare
+    number is a percentage). A bare number between 0 and 1 is refused: '0.1' reads as 0.1% here and
+    as a fraction (10%) elsewhere, and a silent 100x misreading would pass or fail the wrong
+    changes."""
+    value = text.strip()
+    bare = not value.endswith("%")
     try:
-        number = float(value)
+        number = float(value.rstrip("%"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a percentage; write e.g. 5% or 5") from None
     if not (0 <= number if allow_zero else 0 < number) or not number < 1000:
         raise argparse.ArgumentTypeError(
             f"{text!r}: the percentage must be {'0 or more' if allow_zero else 'above 0'} (e.g. 5%)")
+    if bare and 0 < number < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is ambiguous: a bare number is a percentage ({number:g}%), but {text.strip()} also reads "
+            f"as a fraction ({number * 100:g}%); write the percent sign: {number:g}% or {number * 100:g}%")
     return number / 100.0
 
 

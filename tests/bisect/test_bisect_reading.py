@@ -111,6 +111,49 @@ def test_a_probe_is_read_with_the_structural_acceptance_its_gate_ran_with(tmp_pa
     assert search.search() == 0 and f"first bad commit: {search.checkout.commits[1]}" in search.out.getvalue()
 
 
+MEMORY = {"version": 1, "method": "MemTracker", "device": "cuda", "peak_bytes": 1 << 20,
+          "at_peak": {"activations": 1 << 20}, "peak_at": {"module": "net", "phase": "forward"},
+          "measured": {"max_allocated_bytes": 100 << 20}}
+MORE_MEMORY = dict(MEMORY, peak_bytes=2 << 20, at_peak={"activations": 2 << 20})
+MORE_ALLOCATED = dict(MEMORY, measured={"max_allocated_bytes": 105 << 20})  # +5%, census the same
+
+
+def _memory_doc(ab, memory):
+    return run_doc([bench(A.split("::")[1], [0.001] * 3, {"ab": dict(ab, memory_baseline=MEMORY), "memory": memory})])
+
+
+def test_a_probe_is_read_with_the_memory_acceptance_its_gate_ran_with(tmp_path, subjects):
+    # The gate ran with --dist-ab-accept-memory-change and passed every probe (exit 0, its saved
+    # verdict `same`); before the fix bisect judged the memory anew without it and read BAD `bad`.
+    passed = _ab("same", timing_verdict="same", memory_verdict="regression", memory_accepted=True)
+    search = _canned(tmp_path, [_memory_doc(passed, MORE_MEMORY)] * 3, ["--dist-ab-accept-memory-change"])
+    assert search.search() == 0, search.out.getvalue()
+    assert "no regression between GOOD" in search.out.getvalue() and search.runs == [2]
+    # Without the option the same memory is a regression, and is read so.
+    failed = _ab("regression", timing_verdict="same", memory_verdict="regression")
+    search = _canned(tmp_path / "unaccepted", [_memory_doc(SAME, MEMORY)] + [_memory_doc(failed, MORE_MEMORY)] * 2)
+    assert search.search() == 0 and f"first bad commit: {search.checkout.commits[1]}" in search.out.getvalue()
+    assert "memory: regression: peak +1.0 MiB" in search.out.getvalue(), search.out.getvalue()[-600:]
+
+
+@pytest.mark.parametrize("option", [["--dist-ab-memory-tolerance=1%"], ["--dist-ab-memory-tolerance", "1"]])
+def test_a_probe_is_read_with_the_memory_tolerance_its_gate_ran_with(tmp_path, subjects, option):
+    # The gate judged the measured max allocated with a 1% tolerance: +5% failed it (exit 1). Before
+    # the fix bisect read the figure as not judged and found nothing to bisect.
+    failed = _ab("regression", timing_verdict="same", memory_verdict="regression")
+    docs = [_memory_doc(SAME, MEMORY)] + [_memory_doc(failed, MORE_ALLOCATED)] * 2
+    search = _canned(tmp_path, docs, option)
+    assert search.search() == 0 and f"first bad commit: {search.checkout.commits[1]}" in search.out.getvalue()
+    assert "past the 1% tolerance" in search.out.getvalue()
+
+
+def test_a_memory_tolerance_bisect_cannot_read_is_bad_input(tmp_path):
+    repo = tmp_path / "project"
+    shas = _repo(repo, [{"README": "0"}, {"README": "1"}])
+    with pytest.raises(BisectError, match="--dist-ab-memory-tolerance among the pytest arguments: 'lots'"):
+        check_input(repo, shas[0], shas[1], Options(pytest_args=["--dist-ab-memory-tolerance=lots"]))
+
+
 def test_a_probe_that_did_not_judge_a_case_bad_judged_is_a_skip_not_good(tmp_path, subjects):
     # BAD: test_a twice as slow, test_b unchanged. Commit 1 lacks test_a (skipped there, or not
     # collected): read by the verdicts present only it would be good, and commit 2 named.

@@ -123,11 +123,23 @@ def rank1_extra_round(state):
         dist.all_reduce(state["t"], group=state["group"])
 
 
-def test_ranks_that_issue_different_collectives_are_flagged(pool):
+def rank1_twice_round(state):
+    rank1_extra_round(state)
+    rank1_extra_round(state)
+
+
+def test_ranks_that_issue_different_collectives_are_kept_and_compared_rank_by_rank(pool):
     census, per_rank = census_of(pool, ddpbench.FunctionWorkload(own_group_setup, rank1_extra_round))
-    assert census["ranks_disagree"] is True
-    assert census["collectives"] == []  # rank 0's own record
+    assert census["ranks_disagree"] is True and census["ranks_counted"] == 2
+    assert census["collectives"] == []  # rank 0's own record...
     assert entries(per_rank[1]["census"])[("all_reduce", "float32", 1)]["count"] == 1
+    (rank1,) = census["other_ranks"]  # ... and rank 1's, where it differs
+    assert rank1["ranks"] == "1" and rank1["fields"]["collectives"] == per_rank[1]["census"]["collectives"]
+    # Rank 1 alone issues one more: the ranks disagree on both sides, and rank 1's change is judged.
+    twice, _ = census_of(pool, ddpbench.FunctionWorkload(own_group_setup, rank1_twice_round))
+    verdict = compare_census(json.loads(json.dumps(census)), json.loads(json.dumps(twice)))
+    assert verdict.verdict == "regression" and verdict.line == "rank 1: all_reduce float32 in ranks 1 (a group of 1): 1 → 2 per " \
+                                                              "step, +32 B"
 
 
 # ---- DDP training: its buckets are its all_reduce calls -----------------------------------------
@@ -376,10 +388,25 @@ def all_reduce_every_other_step(state):
         dist.all_reduce(state["t"])
 
 
+def all_reduce_twice_every_other_step(state):
+    import torch.distributed as dist
+
+    state["step"] += 1
+    if state["step"] % 2:
+        dist.all_reduce(state["t"])
+        dist.all_reduce(state["t"])
+
+
 @pytest.mark.parametrize("ops_per_round", [1, 3])
-def test_a_step_with_a_collective_every_other_step_is_marked_as_varying_not_a_crash(pool, ops_per_round):
-    census, _ = census_of(pool, ddpbench.FunctionWorkload(every_other_step_setup, all_reduce_every_other_step),
-                          RoundPlan(warmup=1, rounds=2, ops_per_round=ops_per_round))
-    assert compare_census(census, census).verdict == "not counted"  # b862717: `same`, or a ValueError
-    assert census["ops_counted"] == max(ops_per_round, 2)
+def test_a_step_with_a_collective_every_other_step_is_marked_as_varying_and_compared_step_by_step(
+        pool, ops_per_round):
+    plan = RoundPlan(warmup=1, rounds=2, ops_per_round=ops_per_round)
+    census, _ = census_of(pool, ddpbench.FunctionWorkload(every_other_step_setup, all_reduce_every_other_step), plan)
+    assert census["ops_counted"] == max(ops_per_round, 2) == len(census["steps"])
     assert "op 1 of" in census["varies_between_steps"] and "none" in census["varies_between_steps"]
+    assert compare_census(census, census).verdict == "same"  # each step's profile, compared
+    # gradient accumulation whose sync step all_reduces once more: it read `not counted`, exit 0
+    twice, _ = census_of(pool, ddpbench.FunctionWorkload(every_other_step_setup, all_reduce_twice_every_other_step),
+                         plan)
+    verdict = compare_census(census, twice)
+    assert verdict.verdict == "regression" and verdict.line.endswith("all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 KiB")

@@ -226,14 +226,16 @@ def test_a_compiled_step_runs_compiled_under_the_census_and_its_figures_are_dyna
     assert by_kind(record)[("all_reduce", "float32", fake_group)]["count"] == 1
 
 
-def test_combine_census_keeps_rank_zero_and_flags_disagreement():
+def test_combine_census_keeps_every_rank_s_record_as_rank_zero_s_and_the_differences():
     a = {"version": 1, "ops_per_round": 1, "ddp_buckets": None,
          "collectives": [{"kind": "all_reduce", "dtype": "float32", "group_size": 2, "count": 1, "bytes": 4,
                           "call_bytes": [4]}]}
     b = dict(a, collectives=[])
-    assert combine_census([a, dict(a)]) == a
-    assert combine_census([a, b]) == dict(a, ranks_disagree=True)
-    assert combine_census([a, None]) == dict(a, ranks_disagree=True)
+    assert combine_census([a, dict(a)]) == dict(a, ranks_counted=2)
+    assert combine_census([a, b]) == dict(a, ranks_counted=2, ranks_disagree=True,
+                                          other_ranks=[{"ranks": "1", "fields": {"collectives": []}}])
+    assert combine_census([a, None]) == dict(a, ranks_counted=2, ranks_disagree=True,
+                                             other_ranks=[{"ranks": "1", "fields": None}])
     assert combine_census([None, None]) is None
 
 
@@ -341,11 +343,55 @@ def test_a_step_that_varies_is_marked_so_whatever_its_phase_and_ops_per_round(fa
     assert "varies_between_steps" not in steady and steady["collectives"][0]["count"] == 1
 
 
-def test_a_rank_whose_census_is_incomplete_makes_the_case_s_so():
+def test_a_rank_whose_census_is_incomplete_keeps_its_own_reason():
     plain = {"version": 2, "collectives": [], "ddp_buckets": None, "ops_per_round": 1}
     combined = combine_census([plain, dict(plain, incomplete="process group world's sequence number moved 2")])
-    assert combined["incomplete"] == "rank 1: process group world's sequence number moved 2"
-    assert "incomplete" not in combine_census([plain, plain])
+    assert "incomplete" not in combined  # rank 0's own record...
+    assert combined["other_ranks"] == [{"ranks": "1", "fields": {  # ... and rank 1's, with its reason
+        "incomplete": "process group world's sequence number moved 2"}}]
+    assert "other_ranks" not in combine_census([plain, plain])
+
+
+def test_a_step_that_varies_keeps_each_step_s_profile(fake_group):
+    t, steps = torch.ones(256), [0]
+
+    def sync_every_other_step():  # gradient accumulation over 2 steps: the second all_reduces
+        steps[0] += 1
+        if steps[0] % 2 == 0:
+            dist.all_reduce(t)
+
+    record = take_census(sync_every_other_step, ops_counted=2)
+    assert record["varies_between_steps"] == "op 1 of 2: none; op 2 of 2: 1 all_reduce"
+    assert record["steps"] == [[], [{"kind": "all_reduce", "dtype": "float32", "group_size": fake_group,
+                                     "group": "world", "peer": None, "count": 1, "bytes": 1024,
+                                     "call_bytes": [1024], "data_dependent_bytes": None}]]
+    assert "steps" not in take_census(lambda: dist.all_reduce(t), ops_counted=2)
+
+
+def test_an_all_to_all_whose_splits_do_not_follow_the_data_is_judged_on_bytes(fake_group):
+    n, rounds = fake_group, [0]
+
+    def marks(step, ops_counted=2):
+        record = take_census(step, ops_counted=ops_counted)
+        return {c["kind"]: c["data_dependent_bytes"] for c in record["collectives"]}
+
+    def even():  # split sizes given, all equal: the bytes are the tensor's
+        dist.all_to_all_single(torch.ones(2 * n), torch.ones(2 * n), [2] * n, [2] * n)
+        dist.all_to_all([torch.ones(2) for _ in range(n)], [torch.ones(2) for _ in range(n)])
+
+    def fixed():  # uneven, but the same in every step: a fixed partition, not a router's
+        dist.all_to_all_single(torch.ones(2 * n), torch.ones(2 * n), [2] * n, [n + 1] + [1] * (n - 1))
+
+    def routed():  # uneven, and other splits each step: set by the data
+        rounds[0] += 1
+        first = 1 + rounds[0] % 2
+        dist.all_to_all_single(torch.ones(2 * n), torch.ones(2 * n), [2] * n, [first, 2 * n - first]
+                               + [0] * (n - 2))
+
+    assert marks(even) == {"all_to_all": None}
+    assert marks(fixed) == {"all_to_all": None}
+    assert marks(fixed, ops_counted=None) == {"all_to_all": "splits"}  # one op counted cannot tell
+    assert marks(routed) == {"all_to_all": "splits"}
 
 
 def test_a_thread_started_during_the_census_counts_and_stops_counting_when_it_ends(fake_group):

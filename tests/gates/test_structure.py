@@ -106,9 +106,10 @@ def test_planted_changes_give_the_exact_verdict_and_line(before, after, verdict,
     (BASE, dict(BASE, version=3), "current: census version 3 (this ddpbench reads versions 1, 2)"),
     (BASE, dict(GREW, method="profiler"), "counted differently (baseline dispatch:c10d, current profiler)"),
     # A workload that knows part of its step escapes the count (PowerSGD's callbacks, Lightning's
-    # thread): not judged, even though the counts differ.
-    (BASE, dict(GREW, incomplete="callbacks on gloo's threads"),
-     "current: its census is incomplete (callbacks on gloo's threads)"),
+    # thread) on both sides: not judged, even though the counts differ.
+    (dict(BASE, incomplete="callbacks on gloo's threads"), dict(GREW, incomplete="callbacks on gloo's threads"),
+     "baseline: its census is incomplete (callbacks on gloo's threads); current: its census is incomplete "
+     "(callbacks on gloo's threads)"),
 ])
 def test_a_side_without_a_comparable_census_is_not_counted(before, after, line):
     assert compare_census(before, after) == StructureVerdict("not counted", line)
@@ -181,12 +182,73 @@ def test_data_dependent_bytes_groups_peers_and_old_records(before, after, verdic
     (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 2, [MiB]), version=1),
      "census versions differ (baseline 2, current 1): version 1 tells neither process groups nor peers apart "
      "and never checked for unseen collectives; record both sides with one ddpbench to compare them"),
-    # a step that issues a collective every other step: which phase was counted is chance
-    (BASE, dict(GREW, varies_between_steps="op 1 of 2: 1 all_reduce; op 2 of 2: none"),
-     "current: its collectives vary between steps (op 1 of 2: 1 all_reduce; op 2 of 2: none)"),
+    # a step that issues a collective every other step, saved before each step's profile was kept,
+    # on both sides: which phase was counted is chance
+    (dict(BASE, varies_between_steps="op 1 of 2: 1 all_reduce; op 2 of 2: none"),
+     dict(GREW, varies_between_steps="op 1 of 2: 1 all_reduce; op 2 of 2: none"),
+     "baseline: its collectives vary between steps (op 1 of 2: 1 all_reduce; op 2 of 2: none); current: its "
+     "collectives vary between steps (op 1 of 2: 1 all_reduce; op 2 of 2: none)"),
 ])
 def test_censuses_of_two_versions_or_varying_steps_are_not_counted(before, after, line):
     assert compare_census(before, after) == StructureVerdict("not counted", line)
+
+
+# ---- nothing counted partially is judged as whole ---------------------------------------------
+
+INCOMPLETE = dict(GREW, incomplete="callbacks on gloo's threads")
+VARIES = dict(GREW, varies_between_steps="op 1 of 2: 1 all_reduce; op 2 of 2: none")
+
+
+@pytest.mark.parametrize("before, after, line", [
+    (BASE, INCOMPLETE, "counted in full on the baseline only (current: its census is incomplete (callbacks on "
+                       "gloo's threads)): a regression until accepted"),
+    (INCOMPLETE, BASE, "counted in full on the current only (baseline: its census is incomplete (callbacks on "
+                       "gloo's threads)): a regression until accepted"),
+    (BASE, VARIES, "counted in full on the baseline only (current: its collectives vary between steps (op 1 of 2: "
+                   "1 all_reduce; op 2 of 2: none)): a regression until accepted"),
+])
+def test_a_census_counted_on_one_side_only_is_a_regression_until_accepted(before, after, line):
+    assert compare_census(before, after) == StructureVerdict("regression", line)
+
+
+def _steps(*steps):
+    """A census whose collectives vary between steps, with each step's profile (each step: the
+    all_reduce call sizes)."""
+    records = [census(*([("all_reduce", "float32", 2, calls)] if calls else [])) for calls in steps]
+    ops = len(steps)
+    average = census(("all_reduce", "float32", 2, [c for calls in steps for c in calls]))
+    for entry in average["collectives"]:
+        entry.update(count=entry["count"] / ops, bytes=entry["bytes"] / ops, call_bytes=None)
+    text = "; ".join(f"op {i + 1} of {ops}: {len(calls) or 'none'}{' all_reduce' if calls else ''}"
+                     for i, calls in enumerate(steps))
+    return dict(average, ops_counted=ops, varies_between_steps=text, steps=[r["collectives"] for r in records])
+
+
+@pytest.mark.parametrize("before, after, verdict, line", [
+    # gradient accumulation over 2 steps whose sync step all_reduces 1 MiB more
+    (_steps([], [MiB]), _steps([], [MiB, MiB]), "regression",
+     "step 2 of 2: all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 MiB"),
+    (_steps([], [MiB, MiB]), _steps([], [MiB]), "improvement",
+     "step 2 of 2: all_reduce float32 in a group of 2: 2 → 1 per step, -1.0 MiB"),
+    # the census began in the other phase of the cycle on one side: the same steps
+    (_steps([], [MiB]), _steps([MiB], []), "same", ""),
+    # a step that varies now against one that did not
+    (census(("all_reduce", "float32", 2, [MiB])), _steps([], [MiB]), "improvement",
+     "step 1 of 2: all_reduce float32 in a group of 2: 1 → 0 per step, -1.0 MiB"),
+])
+def test_steps_that_vary_are_compared_step_by_step(before, after, verdict, line):
+    assert compare_census(before, after) == StructureVerdict(verdict, line)
+
+
+def test_compare_fails_on_a_census_counted_on_one_side_only_until_accepted(tmp_path, capsys):
+    b, c = _runs(tmp_path, _steps([], [MiB]), _steps([], [MiB, MiB]))
+    rc, out, _ = run_cli(capsys, "compare", b, c)
+    assert rc == 1 and "regression: step 2 of 2: all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 MiB" in out
+    b, c = _runs(tmp_path, BASE, INCOMPLETE)
+    rc, out, _ = run_cli(capsys, "compare", b, c)
+    assert rc == 1 and "counted in full on the baseline only" in out
+    rc, out, _ = run_cli(capsys, "compare", b, c, "--accept-structure-change")
+    assert rc == 0 and "regression, accepted: counted in full on the baseline only" in out
 
 
 @pytest.mark.parametrize("change, message", [

@@ -14,7 +14,8 @@ ROUND_S = 1e-3
 class FakePool:
     """Each block's rounds are ROUND_S times ``slower`` times one lognormal draw (``noise``: its
     sigma) shared by the block's rounds; set-up and the metrics at the end carry ``census`` as
-    every rank's census (None: a rank that took none, or an engine that predates the census)."""
+    every rank's census (None: a rank that took none, or an engine that predates the census; a
+    list: each rank's own)."""
 
     alive = True
 
@@ -25,17 +26,20 @@ class FakePool:
 
     def run(self, fn, *args, timeout_s=None):
         if fn is tasks.start:
-            return [{"estimate_s": ROUND_S, "ops_per_round": 1, "census": self.census}] * RANKS
+            return [{"estimate_s": ROUND_S, "ops_per_round": 1, "census": census} for census in self._censuses()]
         if fn is tasks.block:
             rounds = args[1]
             self.blocks += 1
             level = ROUND_S * self.slower * math.exp(self.rng.gauss(0.0, self.noise))
             return [([level] * rounds, None)] * RANKS
         if fn is tasks.finish:
-            return [{} if self.census is None else {"census": self.census}] * RANKS
+            return [{} if census is None else {"census": census} for census in self._censuses()]
         if fn is tasks.stop:
             return None
         raise AssertionError(f"unexpected task {fn}")
+
+    def _censuses(self) -> list:
+        return list(self.census) if isinstance(self.census, list) else [self.census] * RANKS
 
 
 def fake_pools(seed: int, noise: float, slower: float = 1.0, per_side: int = 2,

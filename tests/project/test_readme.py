@@ -153,6 +153,7 @@ def test_every_option_the_readme_names_exists_and_it_links_the_reference():
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.memory_census  # its summary's memory line
 def test_the_readme_example_runs_in_a_fresh_project(pytester):
     examples = [(marker, body) for marker, body in code_blocks("python")
                 if marker and marker.startswith("readme-example:")]
@@ -199,9 +200,12 @@ def _short(command: str) -> str:
 @pytest.mark.parametrize("command", _ids("pytest"), ids=_short)
 def test_readme_pytest_command_collects_the_cases_it_promises(command, suite_copy, monkeypatch):
     args = shlex.split(command)[1:]
-    # The README's baseline interpreter is an example: use this one.
-    args = [f"--dist-baseline-python={sys.executable}" if arg.startswith("--dist-baseline-python=") else arg
+    # The README's baseline interpreter and checkout are examples: use this one and the copy.
+    args = [f"--dist-baseline-python={sys.executable}" if arg.startswith("--dist-baseline-python=")
+            else f"--dist-baseline-path={suite_copy}" if arg.startswith("--dist-baseline-path=") else arg
             for arg in args]
+    example = next(body for marker, body in code_blocks("python") if marker and marker.startswith("readme-example:"))
+    (suite_copy / "test_my_step.py").write_text(example)  # the example the gating commands name
     monkeypatch.setenv("DDPBENCH_SECRET", "0123456789abcdef" * 4)  # for --dist-controller
     out = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-q",
                           "-p", "no:cacheprovider"],

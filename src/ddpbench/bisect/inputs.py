@@ -3,6 +3,7 @@ and BAD, and the commits between them (bad input: :class:`BisectError`, exit 2).
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from .terminal import printable
 DEFAULT_MAX_TIME = 60.0
 DEFAULT_COLLECT_TIMEOUT = 300.0  # --collect-timeout: GOOD's and BAD's pytest --collect-only
 ACCEPT_STRUCTURE_OPTION = "--dist-ab-accept-structure-change"
+ACCEPT_MEMORY_OPTION = "--dist-ab-accept-memory-change"
+MEMORY_TOLERANCE_OPTION = "--dist-ab-memory-tolerance"
 # Options bisect sets itself on every A/B run; given among the pytest args they are refused.
 OWN_OPTIONS = ("--dist-baseline-path", "--dist-baseline-python", "--benchmark-json", "--dist-ab-max-time",
                "--dist-ab-fail-on-inconclusive")
@@ -50,6 +53,25 @@ class Options:
     def accept_structure_change(self) -> bool:
         """Each probe's run is read as its gate did: a structural change it accepted is accepted here."""
         return ACCEPT_STRUCTURE_OPTION in self.pytest_args
+
+    @property
+    def accept_memory_change(self) -> bool:
+        """A memory change the probe's gate accepted is accepted here (as the structure's)."""
+        return ACCEPT_MEMORY_OPTION in self.pytest_args
+
+    @property
+    def memory_tolerance(self) -> float | None:
+        """The probe's gate's --dist-ab-memory-tolerance (None: not set), parsed as the gate parses it;
+        ``argparse.ArgumentTypeError`` when it cannot be read (check_input refuses that first)."""
+        from ..options import parse_memory_tolerance
+
+        args = self.pytest_args
+        for i, arg in enumerate(args):
+            if arg.startswith(MEMORY_TOLERANCE_OPTION + "="):
+                return parse_memory_tolerance(arg.split("=", 1)[1])
+            if arg == MEMORY_TOLERANCE_OPTION and i + 1 < len(args):
+                return parse_memory_tolerance(args[i + 1])
+        return None
 
     def sets(self, option: str) -> bool:
         """Whether the pytest args set ``option`` (``--dist-ab-threshold``: also ``--dist-ab-threshold=10%``)."""
@@ -107,5 +129,9 @@ def check_input(cwd: Path, good: str, bad: str, options: Options) -> Checkout:
         if any(a == option or a.startswith(option + "=") for a in options.pytest_args):
             hint = " (give it as ddpbench bisect --max-time)" if option == "--dist-ab-max-time" else ""
             raise BisectError(f"{option} among the pytest arguments: bisect sets it on every A/B run{hint}")
+    try:
+        options.memory_tolerance  # noqa: B018 - read for its check: each probe is read with it
+    except argparse.ArgumentTypeError as exc:
+        raise BisectError(f"{MEMORY_TOLERANCE_OPTION} among the pytest arguments: {exc}") from None
     untracked = [printable(line[3:]) for line in status if line.startswith("??")]
     return Checkout(top, prefix, good_sha, bad_sha, commits, untracked)

@@ -25,11 +25,11 @@ class ProbeCase:
     verdict: str
     ratio: float | None = None
     ci: tuple[float, float] | None = None
-    structure: str = ""  # what the collective census says changed, when it did
+    structure: str = ""  # what the collective and memory censuses say changed, when they did
     reason: str = ""  # why a case is missing, new or baseline-failed
 
     def cell(self) -> str:
-        structure = f" (structure: {self.structure})" if self.structure else ""
+        structure = f" ({self.structure})" if self.structure else ""
         if self.ratio is None:
             return f"{self.verdict}{structure}" + (f" ({self.reason})" if self.reason else "")
         ci = f" [{self.ci[0]:.3f}, {self.ci[1]:.3f}]" if self.ci else ""
@@ -53,14 +53,18 @@ class Probe:
         return " -- ".join(part for part in (cases, printable(self.note)) if part)
 
 
-def cases_of_run(doc: dict, accept_structure_change: bool) -> list[ProbeCase]:
+def cases_of_run(doc: dict, accept_structure_change: bool, accept_memory_change: bool = False,
+                 memory_tolerance: float | None = None) -> list[ProbeCase]:
     """A run file's A/B verdicts, read as the gate that ran it read them (its acceptance of
-    structural changes included); VerdictError when they cannot be read."""
+    structural and memory changes and its memory tolerance included); VerdictError when they
+    cannot be read."""
     return [ProbeCase(v.name, v.verdict, v.ratio,
                       (v.ci_low, v.ci_high) if v.ci_low is not None and v.ci_high is not None else None,
-                      v.structure.cell() if v.structure is not None and v.structure.verdict != "same" else "",
+                      "; ".join(f"{what}: {judged.cell()}" for what, judged in (("structure", v.structure),
+                                                                             ("memory", v.memory))
+                                if judged is not None and judged.verdict != "same"),
                       v.reason or "")
-            for v in ab_verdicts_of_run(doc, accept_structure_change)]
+            for v in ab_verdicts_of_run(doc, accept_structure_change, accept_memory_change, memory_tolerance)]
 
 
 def seed_of_run(doc: dict) -> int | None:

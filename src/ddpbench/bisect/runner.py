@@ -108,7 +108,8 @@ class ProbeRunner:
             probe.note = f"the A/B run did not give verdicts (pytest exit {status}): {log_tail(log, 3)}"
             return
         try:
-            cases = cases_of_run(doc, self.options.accept_structure_change)
+            cases = cases_of_run(doc, self.options.accept_structure_change, self.options.accept_memory_change,
+                                 self.options.memory_tolerance)
         except VerdictError as exc:
             probe.outcome, probe.cases, probe.note = "skip", [], f"the A/B run's verdicts cannot be read: {exc}"
             return

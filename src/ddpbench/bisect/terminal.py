@@ -3,15 +3,9 @@ escaped, so nothing printed can drive the terminal."""
 
 from __future__ import annotations
 
-import unicodedata
 from pathlib import Path
 
-
-def printable(text: str) -> str:
-    """``text`` with its control and format characters (an escape sequence in a commit subject,
-    a bidirectional override) shown escaped."""
-    return "".join(ch if ch == " " or unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp")
-                   else ascii(ch)[1:-1] for ch in text)
+from ..shown_text import printable
 
 
 def log_tail(log: Path, lines: int = 6) -> str:

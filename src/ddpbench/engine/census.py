@@ -11,16 +11,14 @@ from typing import Any, Callable, NamedTuple
 
 # Version 2: each entry also names its group (``group``) and, for send/recv, its ``peer``, and says
 # when its bytes depend on the data (``data_dependent_bytes``); a record may say its collectives
-# vary between steps (``varies_between_steps``) and how many ops it counted (``ops_counted``).
+# vary between steps (``varies_between_steps``, with each op's entries in ``steps``) and how many ops
+# it counted (``ops_counted``); a case's record keeps every rank's (``ranks_counted``, ``other_ranks``).
 CENSUS_VERSION = 2
 CENSUS_METHOD = "dispatch:c10d"
 
 #: torch.distributed's names for the kinds a record may hold.
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "reduce", "gather",
          "scatter", "barrier", "send", "recv")
-
-# The fields of a record whose equality means "the same collectives" (ranks agree, sides compare).
-STRUCTURE_KEYS = ("collectives", "ddp_buckets", "ops_per_round")
 
 # The engine's census round counts at least this many ops, each apart: a step whose collectives
 # differ between steps (one every other step) shows as such instead of as whichever phase one op
@@ -29,9 +27,6 @@ CENSUS_MIN_OPS = 2
 
 # The fields of an entry that tell one family of calls from another (its key).
 ENTRY_KEY = ("kind", "dtype", "group_size", "group", "peer")
-
-# A record's fields that keep the gates from judging it, each with why.
-UNJUDGED_KEYS = ("incomplete", "varies_between_steps")
 
 
 def _nbytes(value) -> int:
@@ -142,8 +137,9 @@ def _inside_object_collective() -> bool:
 
 class Call(NamedTuple):
     """One counted collective: its entry's key (kind, dtype, group size, group, peer), its payload
-    bytes, why those bytes depend on the data (None: they do not), the group's name in this process
-    and how far it moves that group's sequence number (the unseen check)."""
+    bytes, why those bytes depend on the data (None: they do not), the group's name in this process,
+    how far it moves that group's sequence number (the unseen check) and an all_to_all's uneven
+    split sizes (how the census tells splits that stay from splits the data sets)."""
 
     kind: str
     dtype: str
@@ -154,6 +150,7 @@ class Call(NamedTuple):
     data_dependent: str | None
     group_name: str
     sequence_steps: int = 1
+    splits: tuple | None = None
 
 
 # c10d op name -> (kind, argument holding the payload, argument holding the process group). The
@@ -216,16 +213,24 @@ def _bound_arguments(func, args, kwargs) -> dict[str, Any]:
     return named
 
 
-def _call(kind, tensors, pg, nbytes=None, peer=None, data_dependent=None, steps=1) -> Call:
+def _call(kind, tensors, pg, nbytes=None, peer=None, splits=None, steps=1) -> Call:
+    """``splits``: an all_to_all's uneven split sizes, its bytes marked ``splits`` (data-dependent)
+    unless every op the census counts splits alike (:meth:`CollectiveCensus._settle_splits`)."""
     size = int(pg.size())
-    if data_dependent is None and _inside_object_collective():
-        data_dependent = "object"
+    data_dependent = "splits" if splits is not None else "object" if _inside_object_collective() else None
     return Call(kind, "none" if tensors is None else _dtype_name(tensors), size, group_identity(pg), peer,
-                _nbytes(tensors) if nbytes is None else int(nbytes), data_dependent, pg.group_name, steps)
+                _nbytes(tensors) if nbytes is None else int(nbytes), data_dependent, pg.group_name, steps,
+                splits)
 
 
 def _uneven(sizes) -> bool:
     return bool(sizes) and len({int(s) for s in sizes}) > 1
+
+
+def _uneven_splits(*sizes) -> tuple | None:
+    """The split sizes as a call's mark when some are uneven (even or none: None; their bytes are the
+    tensor's, whatever the data)."""
+    return tuple(tuple(int(s) for s in each or ()) for each in sizes) if any(_uneven(s) for s in sizes) else None
 
 
 def _c10d_call(name: str, named: dict) -> list[Call]:
@@ -240,12 +245,12 @@ def _c10d_call(name: str, named: dict) -> list[Call]:
     peer = None
     if kind in ("send", "recv"):
         peer = _peer_offset(pg, named.get("dst", named.get("src")), is_global=False)
-    splits = None
-    if name == "alltoall_base_" and (named.get("input_split_sizes") or named.get("output_split_sizes")):
-        splits = "splits"  # the caller's split sizes: in a mixture of experts, set by the data
-    elif name == "alltoall_" and _uneven([t.numel() for t in (tensors or [])]):
-        splits = "splits"
-    return [_call(kind, tensors, pg, peer=peer, data_dependent=splits)]
+    splits = None  # the caller's uneven split sizes: in a mixture of experts, set by the data
+    if name == "alltoall_base_":
+        splits = _uneven_splits(named.get("input_split_sizes"), named.get("output_split_sizes"))
+    elif name == "alltoall_":
+        splits = _uneven_splits([t.numel() for t in (tensors or [])])
+    return [_call(kind, tensors, pg, peer=peer, splits=splits)]
 
 
 def _functional_call(name: str, named: dict) -> list[Call]:
@@ -262,9 +267,8 @@ def _functional_call(name: str, named: dict) -> list[Call]:
     if kind in ("send", "recv"):
         peer = _peer_offset(pg, named.get("dst", named.get("src")), is_global=True)
     splits = None
-    if name == "all_to_all_single" and (_uneven(named.get("input_split_sizes"))
-                                        or _uneven(named.get("output_split_sizes"))):
-        splits = "splits"
+    if name == "all_to_all_single":
+        splits = _uneven_splits(named.get("input_split_sizes"), named.get("output_split_sizes"))
     return [_call(kind, tensors, pg, _nbytes(tensors) * (size if gathered else 1), peer, splits)]
 
 
@@ -446,6 +450,7 @@ class CollectiveCensus:
         self._mode.__exit__(*exc)
         self._mode = None
         self._check_unseen(_sequence_numbers())
+        self._settle_splits()
         if self._profiler is not None:
             import torch
 
@@ -467,6 +472,22 @@ class CollectiveCensus:
             moved = number - before.get(name, (pg, 0))[1]  # a group made during the round started at 0
             if moved > counted.get(name, 0):
                 self.unseen[group_identity(pg)] = (moved, counted.get(name, 0))
+
+    def _settle_splits(self) -> None:
+        """An all_to_all whose uneven splits were the same in every op counted (a fixed partition,
+        not a router's) moves bytes the data does not set: its mark is cleared, so it is judged.
+        One op counted cannot tell."""
+        ops = self._ops()
+        if len(ops) < 2:
+            return
+
+        def split_calls(op: list[Call], key: tuple) -> list:
+            return sorted((c.nbytes, c.splits) for c in op if c.data_dependent == "splits" and c[:5] == key)
+
+        keys = {call[:5] for call in self.calls if call.data_dependent == "splits"}
+        steady = {key for key in keys if all(split_calls(op, key) == split_calls(ops[0], key) for op in ops[1:])}
+        self.calls[:] = [call._replace(data_dependent=None) if call.data_dependent == "splits" and call[:5] in steady
+                         else call for call in self.calls]
 
     def _ops(self) -> list[list[Call]]:
         bounds = self.op_starts + [len(self.calls)]
@@ -571,6 +592,8 @@ class CollectiveCensus:
         variation = self.variation(ops_per_round)
         if variation is not None:
             record["varies_between_steps"] = variation
+            if len(self.op_starts) > 1:  # each op's own profile: the gates compare them step by step
+                record["steps"] = [self._entries(op, 1, per_call=True) for op in self._ops()]
         incomplete = self.incompleteness()
         if incomplete is not None:
             record["incomplete"] = incomplete
@@ -643,21 +666,10 @@ def take_census_round(workload, state, *, ops_per_round: int = 1, count_kernel_l
 
 
 def combine_census(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The case's census from every rank's record: rank 0's, with ``ranks_disagree: true`` when
-    some rank counted other collectives (or DDP buckets); None when no rank took one. A rank whose
-    census is incomplete or varies between steps makes the case's so (the first such rank's reason,
-    named), since rank 0's count is then not known to be the whole story."""
-    present = [r for r in records if r is not None]
-    if not present:
-        return None
-    first = dict(records[0] if records[0] is not None else present[0])
-    if len(present) != len(records) or any(
-            any(r.get(key) != first.get(key) for key in STRUCTURE_KEYS) for r in present[1:]):
-        first["ranks_disagree"] = True
-    for key in UNJUDGED_KEYS:
-        if first.get(key) is None:
-            for rank, r in enumerate(records):
-                if r is not None and r.get(key):
-                    first[key] = f"rank {rank}: {r[key]}"
-                    break
-    return first
+    """The case's census from every rank's record (:func:`ddpbench.storage.per_rank.combine`): rank
+    0's whole, with ``ranks_counted`` and, where some rank counted other collectives, DDP buckets
+    or steps (or none), ``ranks_disagree: true`` and ``other_ranks``, each group of such ranks
+    with the fields that differ, so that the gates compare rank by rank; None when no rank took one."""
+    from ..storage.per_rank import combine
+
+    return combine(records)

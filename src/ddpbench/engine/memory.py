@@ -26,8 +26,6 @@ CATEGORIES = ("parameters", "sharded_parameters", "unsharded_parameters", "buffe
               "ddp_buckets", "collective_buffers", "all_gather_buffers", "reduce_scatter_buffers", "inputs", "other")
 # What a provisional label at the peak may turn into once a hook or a collective says more.
 _FINAL_LABELS = ("Gradient", "Collective buffer", "Sharded Grad", "Unsharded Grad", "All Gather", "Reduce Scatter")
-# Record fields that differ from rank to rank by nature (never a disagreement).
-_PER_RANK = ("measured",)
 
 
 def _collective_ref_type(base):
@@ -346,21 +344,19 @@ def measured_cuda(record: dict[str, Any], max_allocated: int, max_reserved: int)
 
 
 def combine_memory(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The case's memory census from every rank's record: rank 0's, with every rank's peak
-    (``peak_bytes_per_rank``), the largest (``max_peak_bytes``) and ``ranks_disagree: true`` when a
-    rank counted something else; measured CUDA figures: the largest over ranks."""
+    """The case's memory census from every rank's record (:func:`ddpbench.storage.per_rank.combine`):
+    rank 0's whole with ``ranks_counted`` and each rank that counted something else in
+    ``other_ranks`` (``ranks_disagree: true``), every rank's peak (``peak_bytes_per_rank``), the
+    largest (``max_peak_bytes``); measured CUDA figures: the largest over ranks."""
+    from ..storage.per_rank import combine
+    from ..storage.records import MEMORY_CASE_KEYS
+
     present = [r for r in records if r is not None]
     if not present:
         return None
-    first = dict(records[0] if records[0] is not None else present[0])
+    first = combine(records, MEMORY_CASE_KEYS)
     first["peak_bytes_per_rank"] = [None if r is None else r.get("peak_bytes") for r in records]
     first["max_peak_bytes"] = max(int(r.get("peak_bytes") or 0) for r in present)
-
-    def comparable(record: dict) -> dict:
-        return {k: v for k, v in record.items() if k not in _PER_RANK}
-
-    if len(present) != len(records) or any(comparable(r) != comparable(present[0]) for r in present[1:]):
-        first["ranks_disagree"] = True
     measured = [r["measured"] for r in present if isinstance(r.get("measured"), dict)]
     if measured:
         allocated = max(m["max_allocated_bytes"] for m in measured)

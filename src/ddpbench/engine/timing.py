@@ -432,9 +432,10 @@ def max_over_ranks(per_rank_times: list[list[float]]) -> list[float]:
 
 
 def combine_rank_metrics(per_rank_metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    """Numbers: the maximum over ranks (peak memory, open fds...); the census: rank 0's, marked
-    ``ranks_disagree`` where ranks counted other collectives; the memory census: rank 0's with every
-    rank's peak (:func:`ddpbench.engine.memory.combine_memory`); anything else: rank 0's."""
+    """Numbers: the maximum over ranks (peak memory, open fds...); the census and the memory census:
+    every rank's record, rank 0's whole and the others' differences
+    (:func:`ddpbench.engine.census.combine_census`, :func:`ddpbench.engine.memory.combine_memory`);
+    anything else: rank 0's."""
     combined: dict[str, Any] = {}
     if any("census" in metrics for metrics in per_rank_metrics):
         combined["census"] = combine_census([metrics.get("census") for metrics in per_rank_metrics])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..storage.records import MEMORY_KEY, MemoryCensus, read_memory
-from .structure import NOT_COUNTED, StructureVerdict, read_both, size_text
+from ..storage.records import MEMORY_KEY, MemoryCensus, Ranks, read_memory
+from .structure import NOT_COUNTED, StructureVerdict, by_rank, read_both, size_text
 from .verdict_words import Verdict
 
 # Each category's name in a line (the record's key with spaces).
@@ -41,14 +41,35 @@ def _category_changes(before: dict[str, int], after: dict[str, int]) -> list[tup
 def compare_memory(baseline: Any, current: Any, current_label: str = "current",
                    fields: tuple[str, str] = (MEMORY_KEY, MEMORY_KEY),
                    tolerance: float | None = None) -> StructureVerdict:
-    """The memory verdict of ``current`` against ``baseline`` (each a record or None), with the line
-    naming what changed, e.g. ``peak +8.0 MiB: activations +8.0 MiB, at blocks.0 backward``.
-    ``tolerance``: judge the measured CUDA max allocated too, a regression past that share above
-    the baseline's (None: shown, not judged)."""
+    """The memory verdict of ``current`` against ``baseline`` (each a record or None), compared rank
+    by rank (:func:`ddpbench.gates.structure.by_rank`), with the line naming what changed, e.g.
+    ``peak +8.0 MiB: activations +8.0 MiB, at blocks.0 backward`` (``rank 1: ...`` where ranks
+    differ). ``tolerance``: judge the measured CUDA max allocated too, a regression past that share
+    above the baseline's (None: shown, not judged)."""
     read = read_both(baseline, current, current_label, fields, read_memory, "memory census")
     if isinstance(read, StructureVerdict):
         return read
     base, cur = read
+    verdict = by_rank(base, cur, current_label, lambda b, c: _compare_rank(b, c, current_label), "memory census")
+    base_allocated, cur_allocated = (getattr(side.whole if isinstance(side, Ranks) else side, "allocated", None)
+                                     for side in (base, cur))
+    if base_allocated is None or cur_allocated is None or base_allocated == cur_allocated \
+            or verdict.verdict is NOT_COUNTED:
+        return verdict
+    ratio = cur_allocated / base_allocated if base_allocated else math.inf
+    text = f"measured max allocated {_delta(cur_allocated - base_allocated)} ({ratio:.3f}x)"
+    if tolerance is not None and ratio > 1 + tolerance:
+        parts = [verdict.line] if verdict.line else []
+        if verdict.verdict is Verdict.IMPROVEMENT:
+            parts.append("mixed: some figures up, some down (a regression)")
+        return StructureVerdict(Verdict.REGRESSION, "; ".join(parts + [f"{text}, past the {tolerance * 100:g}% "
+                                                                      f"tolerance"]))
+    note = text + (" (shown, not judged)" if tolerance is None else f", within {tolerance * 100:g}%")
+    return StructureVerdict(verdict.verdict, "; ".join(filter(None, [verdict.line, note])))
+
+
+def _compare_rank(base: MemoryCensus, cur: MemoryCensus, current_label: str) -> StructureVerdict:
+    """One rank's memory censuses compared (or, for records that kept rank 0's alone, the case's)."""
     for fact in ("method", "device"):
         if getattr(base, fact) != getattr(cur, fact):
             return StructureVerdict(NOT_COUNTED, f"counted differently (baseline {fact} {getattr(base, fact)}, "
@@ -88,16 +109,7 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
                      else "the ranks' memory censuses agree again")
         up |= cur.ranks_disagree
         down |= not cur.ranks_disagree
-    notes: list[str] = []
-    if base.allocated is not None and cur.allocated is not None and base.allocated != cur.allocated:
-        ratio = cur.allocated / base.allocated if base.allocated else math.inf
-        text = f"measured max allocated {_delta(cur.allocated - base.allocated)} ({ratio:.3f}x)"
-        if tolerance is not None and ratio > 1 + tolerance:
-            parts.append(f"{text}, past the {tolerance * 100:g}% tolerance")
-            up = True
-        else:
-            notes.append(text + (" (shown, not judged)" if tolerance is None else f", within {tolerance * 100:g}%"))
     if up and down:
         parts.append("mixed: some figures up, some down (a regression)")
     verdict = Verdict.REGRESSION if up else Verdict.IMPROVEMENT if down else Verdict.SAME
-    return StructureVerdict(verdict, "; ".join(parts + notes))
+    return StructureVerdict(verdict, "; ".join(parts))

@@ -25,7 +25,9 @@ UNBOUNDED = (0.0, math.inf)  # the ratio interval when there are fewer
 # The chance, at a true slowdown of exactly the threshold, that a case reads same or not-slower:
 # the one-sided miss of the 95% interval, spent over all of a case's looks (stop_levels).
 DEFAULT_STOP_ERROR = (1.0 - DEFAULT_CONFIDENCE) / 2
-STOP_LEVEL_PATHS = 400_000  # simulated looks that set stop_levels' common level (seeded)
+STOP_LEVEL_PATHS = 400_000  # simulated looks that set stop_levels' levels (seeded)
+# How stop_levels spends the stop's error over the pairs: error * (pairs / planned pairs) ** power.
+STOP_SPENDING_POWER = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,27 +112,43 @@ def sequential_levels(alpha: float, looks: int) -> tuple[float, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def stop_levels(error: float, look_pairs: tuple[int, ...]) -> tuple[float, ...]:
+def stop_levels(error: float, look_pairs: tuple[int, ...], spending_power: float = STOP_SPENDING_POWER
+                ) -> tuple[float, ...]:
     """One-sided levels for the looks at ``look_pairs`` pairs (cumulative, first to last) of the
     test that lets a look end a case as ``same`` or ``not-slower``: at a true slowdown of exactly
-    the threshold, the chance that *any* look ends the case so is ``error``. Every look gets the
-    same level (Pocock's shape: a look that stops early is worth as much as a late one, since
-    decided cases leave their time to the rest); with nested looks the test statistics are
-    correlated as sqrt(n_k / n_l), so the level is set from the minimum over the looks of that
-    random walk, simulated (``STOP_LEVEL_PATHS`` paths, seeded: the same levels every time).
-    A case that takes fewer looks (it decided, or its time cap ended it) spends less."""
+    the threshold, the chance that *any* look ends the case so is ``error``. The error is spent
+    as the pairs accrue (Lan and DeMets' error spending): by the look at n of the N planned pairs,
+    at most ``error * (n / N) ** spending_power`` (1: in proportion to the pairs; larger: kept for
+    the late looks, as O'Brien-Fleming). Each look's level spends its increment given that no
+    earlier look stopped: with nested looks the test statistics are correlated as sqrt(n_k / n_l),
+    so the levels are set on that random walk, simulated (``STOP_LEVEL_PATHS`` paths, seeded: the
+    same levels every time). A case that takes fewer looks (it decided, or its time cap ended it)
+    spends less. Why this shape: docs/design/ab.md#the-stops-own-error."""
     from scipy import stats
 
     pairs = np.asarray(look_pairs, dtype=float)
     if not 0 < error < 1 or pairs.size == 0 or np.any(np.diff(pairs) <= 0) or pairs[0] <= 0:
         raise ValueError("stop_levels needs 0 < error < 1 and at least one look, at growing pair counts")
+    if not spending_power > 0:
+        raise ValueError(f"stop_levels needs a spending power above 0 (got {spending_power})")
     if pairs.size == 1:
         return (error,)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     steps = np.sqrt(np.diff(pairs, prepend=0.0))
     walk = np.cumsum(rng.standard_normal((STOP_LEVEL_PATHS, pairs.size)) * steps, axis=1) / np.sqrt(pairs)
-    bound = -float(np.quantile(walk.min(axis=1), error))
-    return (float(stats.norm.sf(bound)),) * pairs.size
+    running = np.ones(STOP_LEVEL_PATHS, dtype=bool)  # paths no look has stopped yet
+    stopped, levels = 0, []
+    for k, fraction in enumerate(pairs / pairs[-1]):
+        more = int(error * fraction ** spending_power * STOP_LEVEL_PATHS) - stopped  # this look's share
+        if more <= 0:
+            levels.append(0.0)
+            continue
+        bound = -float(np.partition(walk[running, k], more - 1)[more - 1])  # the more-th lowest still running
+        levels.append(float(stats.norm.sf(bound)))
+        stops = running & (walk[:, k] <= -bound)
+        stopped += int(stops.sum())
+        running &= ~stops
+    return tuple(levels)
 
 
 @functools.lru_cache(maxsize=None)
@@ -296,34 +314,73 @@ def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], t
     those too (module docstring). ``stop_level``: the look's level for ending as ``same`` or
     ``not-slower`` (:func:`stop_levels`; the default: a single look's whole share); None analyses
     without that rule, as before 2026-11-26 (the replay and simulation scripts compare the two)."""
-    if len(baseline_blocks) != len(candidate_blocks) or not baseline_blocks:
-        raise ValueError("analyse_pairs needs the same, non-zero number of baseline and candidate blocks")
-    if (baseline_minima is None) != (candidate_minima is None):
-        raise ValueError("analyse_pairs needs both sides' block minima or neither")
-    minima_ratio = None
-    if baseline_minima is not None:
-        if not len(baseline_minima) == len(candidate_minima) == len(baseline_blocks):
-            raise ValueError("analyse_pairs needs one block minimum per block on each side")
-        minima_logs = np.log(np.asarray(candidate_minima, dtype=float)) - np.log(
-            np.asarray(baseline_minima, dtype=float))
-        minima_ratio = math.exp(float(hodges_lehmann(minima_logs)))
-    if pool_pair_of is None:
-        pool_pair_of = [0] * len(baseline_blocks)
-    if len(pool_pair_of) != len(baseline_blocks):
-        raise ValueError("analyse_pairs needs one pool pair index per pair")
-    logs = np.log(np.asarray(candidate_blocks, dtype=float)) - np.log(np.asarray(baseline_blocks, dtype=float))
-    labels = np.asarray(pool_pair_of)
-    groups = [logs[labels == k] for k in sorted(set(pool_pair_of))]
-    estimate = float(hodges_lehmann(logs))
-    low, high = bootstrap_interval(groups, confidence)
-    p_value = signed_rank_p(logs)
-    each = tuple(math.exp(float(hodges_lehmann(g))) for g in groups)
-    ratio, ci_low, ci_high = math.exp(estimate), math.exp(low), math.exp(high)
-    stop_bound = None if stop_level is None else _exp(signed_rank_upper_bound(logs, stop_level))
-    verdict = decide(ratio, ci_low, ci_high, p_value, threshold, alpha, each, pool_pair_share, minima_ratio,
-                     stop_bound)
-    return PairedResult(len(logs), ratio, ci_low, ci_high, p_value, verdict, each, minima_ratio,
-                        stop_level, stop_bound)
+    figures = _PairFigures.of(baseline_blocks, candidate_blocks, pool_pair_of, baseline_minima, candidate_minima,
+                              stop_level)
+    low, high = bootstrap_interval(figures.groups, confidence)
+    ci_low, ci_high = math.exp(low), math.exp(high)
+    verdict = figures.decide(ci_low, ci_high, threshold, alpha, pool_pair_share)
+    return PairedResult(figures.pairs, figures.ratio, ci_low, ci_high, figures.p_value, verdict,
+                        figures.pool_pair_ratios, figures.minima_ratio, stop_level, figures.stop_bound)
+
+
+def may_decide(baseline_blocks: list[float], candidate_blocks: list[float], threshold: float,
+               alpha: float = DEFAULT_ALPHA, pool_pair_of: list[int] | None = None,
+               pool_pair_share: float = POOL_PAIR_SHARE, baseline_minima: list[float] | None = None,
+               candidate_minima: list[float] | None = None,
+               stop_level: float | None = DEFAULT_STOP_ERROR) -> bool:
+    """Whether :func:`analyse_pairs` on these arguments could give a verdict other than
+    ``inconclusive``: False only when no interval at all could (the p-value, the ratios and the
+    stop bound already rule every verdict out). Exact and cheap (no bootstrap, which at 288 pairs
+    costs seconds a look): a look it answers False for needs no interval when more pairs follow."""
+    figures = _PairFigures.of(baseline_blocks, candidate_blocks, pool_pair_of, baseline_minima, candidate_minima,
+                              stop_level)
+    # decide() needs ci_low above a bound for a regression, ci_high below one for an improvement
+    # and for same / not-slower: the interval most favourable to each is tried.
+    return any(figures.decide(low, high, threshold, alpha, pool_pair_share) != Verdict.INCONCLUSIVE
+               for low, high in ((math.inf, math.inf), (0.0, 0.0), (1.0, 1.0)))
+
+
+@dataclass(frozen=True)
+class _PairFigures:
+    """What a look's verdict reads from the pairs besides the bootstrap interval."""
+
+    pairs: int
+    groups: list  # each pool pair's log ratios
+    ratio: float
+    p_value: float
+    pool_pair_ratios: tuple[float, ...]
+    minima_ratio: float | None
+    stop_bound: float | None
+
+    @classmethod
+    def of(cls, baseline_blocks, candidate_blocks, pool_pair_of, baseline_minima, candidate_minima,
+           stop_level) -> "_PairFigures":
+        if len(baseline_blocks) != len(candidate_blocks) or not baseline_blocks:
+            raise ValueError("analyse_pairs needs the same, non-zero number of baseline and candidate blocks")
+        if (baseline_minima is None) != (candidate_minima is None):
+            raise ValueError("analyse_pairs needs both sides' block minima or neither")
+        minima_ratio = None
+        if baseline_minima is not None:
+            if not len(baseline_minima) == len(candidate_minima) == len(baseline_blocks):
+                raise ValueError("analyse_pairs needs one block minimum per block on each side")
+            minima_logs = np.log(np.asarray(candidate_minima, dtype=float)) - np.log(
+                np.asarray(baseline_minima, dtype=float))
+            minima_ratio = math.exp(float(hodges_lehmann(minima_logs)))
+        if pool_pair_of is None:
+            pool_pair_of = [0] * len(baseline_blocks)
+        if len(pool_pair_of) != len(baseline_blocks):
+            raise ValueError("analyse_pairs needs one pool pair index per pair")
+        logs = np.log(np.asarray(candidate_blocks, dtype=float)) - np.log(np.asarray(baseline_blocks, dtype=float))
+        labels = np.asarray(pool_pair_of)
+        groups = [logs[labels == k] for k in sorted(set(pool_pair_of))]
+        stop_bound = None if stop_level is None else _exp(signed_rank_upper_bound(logs, stop_level))
+        return cls(len(logs), groups, math.exp(float(hodges_lehmann(logs))), signed_rank_p(logs),
+                   tuple(math.exp(float(hodges_lehmann(g))) for g in groups), minima_ratio, stop_bound)
+
+    def decide(self, ci_low: float, ci_high: float, threshold: float, alpha: float,
+               pool_pair_share: float) -> Verdict:
+        return decide(self.ratio, ci_low, ci_high, self.p_value, threshold, alpha, self.pool_pair_ratios,
+                      pool_pair_share, self.minima_ratio, self.stop_bound)
 
 
 def _exp(x: float) -> float:

@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from ..shown_text import markdown_code, markdown_text, printable
 from ..storage.records import BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY, CENSUS_KEY, LOST_CASES_KEY, MEMORY_KEY, \
     ABRecord, RecordError, read_ab
 from .memory import compare_memory
@@ -207,10 +208,12 @@ class GateReport:
                 and c.structure.accepted == accepted
                 and TIMING_UNMEASURED not in c.failed_by]
 
-    def unmeasured(self) -> list[str]:
-        """The cases whose structural change was accepted after the run but whose timing that
-        change had cut short (:attr:`CaseVerdict.timing_unmeasured`)."""
-        return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by]
+    def unmeasured(self, stopper: str | None = None) -> list[str]:
+        """The cases whose structural (or memory) change was accepted after the run but whose timing
+        that change had cut short (:attr:`CaseVerdict.timing_unmeasured`); ``stopper``: only those
+        stopped by it (``stopped_by_structure`` or ``stopped_by_memory``)."""
+        return [c.fullname or c.name for c in self.cases if TIMING_UNMEASURED in c.failed_by
+                and (stopper is None or c.details.get(stopper))]
 
     def memory_regressions(self, accepted: bool) -> list[str]:
         """The cases whose memory census regressed: accepted as made on purpose, or not."""
@@ -282,12 +285,16 @@ class GateReport:
                 lines.append(f"{len(names)} memory regression(s) ({shown}): the peak of live tensor bytes in one "
                              f"step (or what held it, or what stays after the step) grew, a regression whatever "
                              f"the timing says ({accept_memory} accepts a change made on purpose)")
-        unmeasured = self.unmeasured()
-        if unmeasured:
+        for stopper, what, option in (("stopped_by_structure", "a structural change", "structure"),
+                                      ("stopped_by_memory", "a memory change", "memory")):
+            # Each line names the option that lets its own stopper through (a case stopped by both: both).
+            unmeasured = self.unmeasured(stopper)
+            if not unmeasured:
+                continue
             shown = ", ".join(unmeasured[:5]) + (" ..." if len(unmeasured) > 5 else "")
-            lines.append(f"{len(unmeasured)} case(s) stopped at their first look by a structural change that was "
+            lines.append(f"{len(unmeasured)} case(s) stopped at their first look by {what} that was "
                          f"accepted after the run ({shown}): their timing was not measured, so they cannot pass. "
-                         f"Run the A/B gate again with --dist-ab-accept-structure-change to time them in full")
+                         f"Run the A/B gate again with --dist-ab-accept-{option}-change to time them in full")
         for verdict, allowed, option, cause in (
                 (Verdict.MISSING, allow_missing, allow,
                  f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
@@ -441,20 +448,24 @@ def _details(report: GateReport, case: CaseVerdict) -> list[str]:
         cell = column.cell(case)
         if column.own_line and cell not in ("-", Verdict.SAME) and not cell.startswith(f"{Verdict.NOT_COUNTED}: neither side"):
             texts.append(f"{column.header}: {cell}")
-    return [line for text in texts if text for line in wrap_text(text, DETAIL_INDENT)]
+    return [line for text in texts if text for line in wrap_text(printable(text), DETAIL_INDENT)]
 
 
 def format_text(report: GateReport) -> str:
+    """The report for a terminal: every line and cell printable (a run file's strings are input,
+    and a newline or an escape sequence in one must not reach the terminal as such)."""
     # The title wraps; the preamble, notes and warnings stay one line each (a message, found whole).
-    lines = wrap_text(f"{report.title} ({report.summary()})") + list(report.preamble)
-    lines += [f"note: {n}" for n in report.notes]
-    lines += [f"WARNING: {w}" for w in report.warnings]
-    footer = [line for text in report.footer for line in wrap_text(text, " " * (len(text) - len(text.lstrip())))]
+    lines = wrap_text(f"{report.title} ({report.summary()})") + [printable(line) for line in report.preamble]
+    lines += [f"note: {printable(n)}" for n in report.notes]
+    lines += [f"WARNING: {printable(w)}" for w in report.warnings]
+    footer = [line for text in report.footer
+              for line in wrap_text(printable(text), " " * (len(text) - len(text.lstrip())))]
     if not report.cases:
         return "\n".join(lines + ["no cases to compare"] + footer)
     cases = report.sorted_cases()
     rows = [["case", f"ratio [{report.confidence * 100:g}% interval]", "verdict"]]
-    rows += [[case.name, _ratio(case), case.verdict + _resolution(case) + _verdict_note(case)] for case in cases]
+    rows += [[printable(case.name), _ratio(case), printable(case.verdict + _resolution(case) + _verdict_note(case))]
+             for case in cases]
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
     lines.append(f"{rows[0][0].ljust(widths[0])}  {rows[0][1].ljust(widths[1])}  {rows[0][2]}")
     for row, case in zip(rows[1:], cases):
@@ -465,11 +476,14 @@ def format_text(report: GateReport) -> str:
 
 
 def format_markdown(report: GateReport) -> str:
+    """The report as a pull-request comment: every cell and line from a run file shown literally
+    (:func:`~ddpbench.shown_text.markdown_text`: no new line, heading, image, link, HTML or
+    @mention can come from a case name, a module name or a side's path)."""
     status = "regressions found" if report.regressions else "no regression"
     lines = [f"### {report.title}: {status}", "", report.summary() + ".", ""]
-    lines += [f"- {line}" for line in report.preamble]
-    lines += [f"- {n}" for n in report.notes]
-    lines += [f"- **Warning:** {w}" for w in report.warnings]
+    lines += [f"- {markdown_text(line)}" for line in report.preamble]
+    lines += [f"- {markdown_text(n)}" for n in report.notes]
+    lines += [f"- **Warning:** {markdown_text(w)}" for w in report.warnings]
     if report.preamble or report.notes or report.warnings:
         lines.append("")
     if not report.cases:
@@ -477,15 +491,15 @@ def format_markdown(report: GateReport) -> str:
     headers = _headers(report)
     lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for case in report.sorted_cases():
-        row = _row(report, case)
-        row[0] = f"`{row[0]}`"
+        row = [markdown_text(cell) for cell in _row(report, case)]
+        row[0] = markdown_code(case.name)
         reason = _resolution_reason(case, report.confidence)
         resolution = f"{_resolution(case)[:-1]}: {reason})" if reason else _resolution(case)
-        row[-1] = case.verdict.markdown + resolution + _verdict_note(case)
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+        row[-1] = case.verdict.markdown + markdown_text(resolution + _verdict_note(case))
+        lines.append("| " + " | ".join(row) + " |")
     if report.footer:
         lines.append("")
-        lines += [f"- {line.strip()}" for line in report.footer]
+        lines += [f"- {markdown_text(line.strip())}" for line in report.footer]
     return "\n".join(lines)
 
 

@@ -28,12 +28,50 @@ from .base import PoolSpec, PoolStartError
 #
 # With DDPBENCH_IMPORT_GUARD set (foreign launches, :meth:`RankLaunch.environment`), it then
 # installs the import guard: a meta-path finder, first in line, that asks the other finders and,
-# when the module they found lives inside the controller's environment (``roots``) and not in one
-# of this interpreter's own folders (the longest matching folder decides), appends a JSON line
-# naming it to the ``log`` file. It only records: the controller reads the log (see
+# when the module they found lives inside the controller's environment (``roots``) or in a source
+# folder the controller's environment installs editable (``editable``), and not in one of this
+# interpreter's own folders, its own editable source folders or the project folders each task
+# appends (the longest matching folder decides; on a tie, its own), appends a JSON line naming it
+# to the ``log`` file. It only records: the controller reads the log (see
 # :func:`read_import_guard_log`) and refuses the run. The bootstrap is the controller's code, so
 # the guard runs whatever ddpbench the interpreter has.
-RANK_BOOTSTRAP = r"""
+#
+# Editable installs (setuptools, PEP 660) put a project's source outside the environment: the
+# folders an ``__editable__.*.pth`` file lists and the MAPPING of an ``__editable___*_finder.py``
+# module in site-packages. Source text, as the bootstrap runs it for the rank's own environment.
+EDITABLE_SOURCE = r"""
+def _ddpbench_editable_sources(site_dirs):
+    import ast, glob, os
+    found = []
+    for site_dir in site_dirs:
+        for pth in sorted(glob.glob(os.path.join(glob.escape(site_dir), "__editable__*.pth"))):
+            try:
+                lines = open(pth, encoding="utf-8").read().splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            for line in (line.strip() for line in lines):
+                if line and not line.startswith(("#", "import ", "import\t")):
+                    path = os.path.join(site_dir, line)
+                    if os.path.exists(path):
+                        found.append(os.path.realpath(path))
+        for finder in sorted(glob.glob(os.path.join(glob.escape(site_dir), "__editable___*_finder.py"))):
+            try:
+                tree = ast.parse(open(finder, encoding="utf-8").read())
+            except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+                continue
+            for node in tree.body:
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                if not any(isinstance(t, ast.Name) and t.id == "MAPPING" for t in targets) or node.value is None:
+                    continue
+                try:
+                    mapping = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+                if isinstance(mapping, dict):
+                    found += [os.path.realpath(p) for p in mapping.values() if isinstance(p, str) and os.path.exists(p)]
+    return list(dict.fromkeys(found))
+"""
+RANK_BOOTSTRAP = EDITABLE_SOURCE + r"""
 import json, os, sys
 if sys.path and sys.path[0] == "":
     del sys.path[0]
@@ -45,23 +83,27 @@ if _plan is not None:
         sys.path[:] = _plan["prepend"] + [p for p in sys.path if p not in _plan["prepend"]]
 _guard = json.loads(os.environ.pop("DDPBENCH_IMPORT_GUARD", "null"))
 if _guard is not None:
-    def _ddpbench_import_guard(guard):
+    def _ddpbench_import_guard(guard, plan):
         import site, sysconfig
         def folder(p):
             return os.path.realpath(p).rstrip(os.sep) + os.sep
+        sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
         own = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-               *site.getsitepackages(), *sysconfig.get_paths().values()]
-        roots = [(folder(p), False) for p in guard["roots"]] + [(folder(p), True) for p in own if p]
+               *site.getsitepackages(), *sysconfig.get_paths().values(), *_ddpbench_editable_sources(sites),
+               *((plan or {}).get("append") or [])]
+        roots = ([(folder(p), False, "environment") for p in guard["roots"]]
+                 + [(folder(p), False, "editable") for p in guard.get("editable", [])]
+                 + [(folder(p), True, "") for p in own if p])
         def foreign(file):
             if not isinstance(file, str) or not os.path.isabs(file):
-                return False
-            real = os.path.realpath(file)
+                return ""
+            real = os.path.realpath(file) + os.sep
             best = max((r for r in roots if real.startswith(r[0])), key=lambda r: (len(r[0]), r[1]), default=None)
-            return best is not None and not best[1]
-        def note(name, file):
+            return "" if best is None or best[1] else best[2]
+        def note(name, file, where):
             with open(guard["log"], "a") as handle:
                 handle.write(json.dumps({"module": name, "file": file, "python": sys.executable,
-                                         "prefix": sys.prefix, "pid": os.getpid()}) + "\n")
+                                         "prefix": sys.prefix, "pid": os.getpid(), "where": where}) + "\n")
         class ImportGuard:
             @classmethod
             def find_spec(cls, name, path=None, target=None):
@@ -71,16 +113,19 @@ if _guard is not None:
                         continue
                     spec = find(name, path, target)
                     if spec is not None:
-                        if foreign(spec.origin):
-                            note(name, spec.origin)
+                        where = foreign(spec.origin)
+                        if where:
+                            note(name, spec.origin, where)
                         return spec
                 return None
         for name, module in list(sys.modules.items()):
-            if foreign(getattr(module, "__file__", None)):
-                note(name, module.__file__)
+            where = foreign(getattr(module, "__file__", None))
+            if where:
+                note(name, module.__file__, where)
         sys.meta_path.insert(0, ImportGuard)
-    _ddpbench_import_guard(_guard)
+    _ddpbench_import_guard(_guard, _plan)
     del _ddpbench_import_guard
+del _ddpbench_editable_sources
 """
 
 # What a launched rank runs after the bootstrap: a module path that every ddpbench has (an A/B
@@ -127,9 +172,21 @@ def environment_roots() -> list[str]:
     return list(dict.fromkeys(os.path.realpath(r) for r in roots))
 
 
+_editable: dict = {}
+exec(EDITABLE_SOURCE, _editable)  # noqa: S102 - our own constant text, shared with the rank bootstrap
+
+
+def editable_sources() -> list[str]:
+    """The source folders (and single-module files) this interpreter's environment installs
+    editable: outside the environment, yet the candidate's code when this is the controller."""
+    sites = list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    return _editable["_ddpbench_editable_sources"](sites)
+
+
 def read_import_guard_log(path: str) -> list[dict]:
     """What a foreign launch's import guard recorded in ``path``: one dict per module imported
-    from inside the controller's environment ({module, file, python, prefix, pid}); [] when none."""
+    from inside the controller's environment or its editable source folders ({module, file,
+    python, prefix, pid, where: "environment" or "editable"}); [] when none."""
     try:
         with open(path, encoding="utf-8") as handle:
             lines = handle.read().splitlines()
@@ -183,7 +240,8 @@ class RankLaunch:
             for name in CONTROLLER_PATH_VARIABLES:
                 env.pop(name, None)
             if self.import_guard_log is not None:
-                env[IMPORT_GUARD_ENV] = json.dumps({"roots": environment_roots(), "log": self.import_guard_log})
+                env[IMPORT_GUARD_ENV] = json.dumps({"roots": environment_roots(), "editable": editable_sources(),
+                                                    "log": self.import_guard_log})
         env.update(dict(self.env))
         env[SYS_PATH_ENV] = json.dumps(self.sys_path_plan(controller_sys_path))
         return env

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..shown_text import markdown_text
 from ..storage.runs import Run
 from .cells import backend_label, gpus_label, provenance, spread, with_provenance
 from .charts import MatplotlibMissing, configuration, line_labels, pyplot, save
@@ -26,9 +27,9 @@ def markdown_report(run: Run) -> str:
     """The run's tables; :class:`ReportError` when a case holds what they cannot show."""
     check_run(run)
     groups = by_family(run)
-    parts = [f"# ddpbench report: {run.label}"]
+    parts = [f"# ddpbench report: {markdown_text(run.label)}"]
     if run.datetime:
-        parts.append(f"Saved {run.datetime}.")
+        parts.append(f"Saved {markdown_text(run.datetime)}.")
     line = provenance(run)
     for table in FAMILY_TABLES:
         if groups.get(table.name):

@@ -3,8 +3,9 @@ itself, and the lines printed under a table (the straggler, the run and machine 
 
 from __future__ import annotations
 
-from ..storage.runs import Case, Run
 from ..options import usual_device
+from ..shown_text import markdown_text
+from ..storage.runs import Case, Run
 
 
 def is_number(value) -> bool:
@@ -65,8 +66,10 @@ def sort_key(*values) -> tuple:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A markdown table; every cell shown literally (a run file's strings are input: a newline,
+    an image or an @mention in a case or module name must not become one)."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(markdown_text(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -96,7 +99,7 @@ def straggler_line(cases: list[Case]) -> str | None:
         return None
     case = max(known, key=lambda c: (c.extra_info["straggler_share"], c.extra_info.get("straggler_excess_pct") or 0))
     info = case.extra_info
-    return (f"_Straggler: in {case.name}, rank {info['straggler_rank']} was the slowest rank in "
+    return (f"_Straggler: in {markdown_text(case.name)}, rank {info['straggler_rank']} was the slowest rank in "
             f"{info['straggler_share'] * 100:.0f}% of the rounds, by {num(info.get('straggler_excess_pct'), '{:.1f}')}% "
             f"over the other ranks (median of those rounds)._")
 
@@ -126,7 +129,7 @@ def provenance(run: Run) -> str:
     if gpus.get("devices"):
         machine += f", {gpus_label(gpus)}"
     saved = f", saved {run.datetime}" if run.datetime else ""
-    return f"_Run {run.label}{saved}; machine {machine}._"
+    return f"_Run {markdown_text(run.label + saved)}; machine {markdown_text(machine)}._"
 
 
 def with_provenance(text: str, line: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..shown_text import markdown_text
 from ..storage.runs import Case
 from ..options import format_size
 from ..workloads.collectives import COLLECTIVES, bandwidths_gbps
@@ -64,7 +65,7 @@ def collectives_tables(cases: list[Case]) -> str:
                         + [str(info.get(key, "-")) for key, _ in extra]
                         + [format_size(int(info["size_bytes"])), f"{mean_s * 1e3:.3f}", f"{algbw:.3f}",
                            bus_cell])
-        parts.append(with_straggler(f"### {op}\n\n" + table(
+        parts.append(with_straggler(f"### {markdown_text(op)}\n\n" + table(
             ["Backend", "Processes"] + [header for _, header in extra]
             + ["Size", "Avg Time (ms)", "Effective Bandwidth (GB/s)", "Bus Bandwidth (GB/s)"], rows), per_op[op]))
     return "\n\n".join(parts)

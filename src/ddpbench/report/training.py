@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..shown_text import markdown_text
 from ..storage.runs import Case
 from .cells import census_peak, num, sort_key, table, with_straggler
 from .charts import scaling_figure
@@ -32,7 +33,7 @@ def training_tables(cases: list[Case]) -> str:
                          f"{case.median * 1e3:.3f}", num(info.get("samples_per_second"), "{:.1f}"),
                          num(info.get("scaling_efficiency"), "{:.2f}"),
                          num(info.get("final_loss"), "{:.4f}"), census_peak(info)])
-        parts.append(with_straggler(f"### {impl}\n\n" + table(
+        parts.append(with_straggler(f"### {markdown_text(impl)}\n\n" + table(
             ["Ranks", "Model", "grad_accum", "batch_size", "Time per round (ms)", "Samples/s",
              "Scaling efficiency", "Final loss", "Peak memory (census)"], rows), per_impl[impl]))
     return "\n\n".join(parts)

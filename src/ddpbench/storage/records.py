@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..gates.verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
+from . import per_rank
 
 # Where each record is kept. In a case's extra_info:
 CENSUS_KEY = "census"  # the case's census (the candidate's in A/B mode)
@@ -148,12 +149,61 @@ VERSION = expect("a whole number (the version of its format)", _whole)
 
 
 class NotCounted(str):
-    """Why a record is not compared (another version, marked incomplete...): read, but not judged."""
+    """Why a record is not compared (another version, marked incomplete...): read, but not judged.
+    ``partial``: the record was taken but misses part of the step (marked incomplete, or varying
+    between steps without each step's profile): against a side counted in full, that is a change."""
+
+    partial = False
+
+
+def partially_counted(why: str) -> NotCounted:
+    """A :class:`NotCounted` for a record that misses part of what it counts."""
+    out = NotCounted(why)
+    out.partial = True
+    return out
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """A record kept for every rank, read (:mod:`.per_rank`): per group of ranks with one record,
+    (those ranks, the record read, a :class:`NotCounted`, or None where they recorded none);
+    ``whole``: the record read as a reader of rank 0's alone reads it (the case's figures: the
+    largest peak, the measured CUDA figures, ``ranks_disagree``)."""
+
+    groups: tuple[tuple[tuple[int, ...], Any], ...]
+    count: int
+    whole: Any
+
+
+def read_ranks(record: dict, where: str, read_one: Callable[[Any, str], Any], case_keys: tuple[str, ...] = ()):
+    """``read_one(record)`` when the record kept rank 0's alone (an older run), else :class:`Ranks`
+    with each group of ranks' record read by ``read_one`` (named ``where[ranks 1-2]``)."""
+    for item in RANK_FIELDS:
+        item.read(record, where)
+    try:
+        groups = per_rank.expand(record, case_keys)
+    except ValueError as exc:
+        raise RecordError(f"{where}.{exc}") from None
+    whole = read_one(record, where)
+    if groups is None:
+        return whole
+    read = []
+    for ranks, one in groups:
+        at = where if 0 in ranks else f"{where}[ranks {per_rank.ranks_text(ranks)}]"
+        read.append((tuple(ranks), None if one is None else read_one(one, at)))
+    return Ranks(tuple(read), record[per_rank.RANKS_KEY], whole)
 
 
 # ----------------------------------------------------------------------------------------------
 # The census: what one step launches (extra_info["census"], ddpbench.gates.structure)
 # ----------------------------------------------------------------------------------------------
+
+# A case's record keeps every rank's (:mod:`.per_rank`); read_ranks checks each group's ranks.
+RANK_FIELDS = (
+    Field(per_rank.RANKS_KEY, expect("a whole number of ranks >= 1", lambda value: _whole(value) and value >= 1)),
+    Field(per_rank.OTHERS_KEY, expect("a list of groups of ranks (objects: ranks, fields)",
+                                      lambda value: isinstance(value, list)), each=_object("an object (ranks, fields)")),
+)
 
 CENSUS = Shape(_object("the case's census (an object)"), (
     Field("version", VERSION, required=True),
@@ -168,6 +218,9 @@ CENSUS = Shape(_object("the case's census (an object)"), (
     Field("graph_breaks", expect("a number >= 0 or null", _count)),
     Field("recompiles", expect("a number >= 0 or null", _count)),
     Field("cuda_kernel_launches", expect("a number >= 0 or null", _count)),
+    Field("steps", expect("a list of each step's collectives (lists)",
+                          lambda value: isinstance(value, list) and all(isinstance(s, list) for s in value))),
+    *RANK_FIELDS,
 ))
 # One entry of census["collectives"]; version 1 records only the first six fields.
 CENSUS_ENTRY = Shape(_object("an object (kind, dtype, group_size, count, bytes, call_bytes)"), (
@@ -187,8 +240,9 @@ _VERSION_1_ENTRY = Shape(CENSUS_ENTRY.kind, CENSUS_ENTRY.fields[:6])
 
 @dataclass(frozen=True)
 class Census:
-    """A census as read: (kind, dtype, group size, group, peer) -> (count, bytes, call sizes, why
-    the bytes depend on the data or None); version 1's group and peer are None."""
+    """One rank's census as read: (kind, dtype, group size, group, peer) -> (count, bytes, call
+    sizes, why the bytes depend on the data or None); version 1's group and peer are None. Where
+    the steps' collectives vary, ``steps`` holds each counted op's, ``collectives`` their average."""
 
     version: int
     method: str
@@ -198,30 +252,29 @@ class Census:
     recompiles: float | None
     kernel_launches: float | None
     ranks_disagree: bool
+    steps: tuple[dict, ...] | None = None  # each op's collectives, where they vary between steps
 
 
-def read_census(census: Any, where: str = CENSUS_KEY) -> Census | NotCounted:
-    """The census checked, or why it is not counted (a version this ddpbench does not read, marked
-    incomplete or varying between steps); ``where`` names it in messages. A census read already
-    is returned as it is."""
-    if isinstance(census, (Census, NotCounted)):
+def read_census(census: Any, where: str = CENSUS_KEY) -> Census | Ranks | NotCounted:
+    """The census checked: one rank's :class:`Census` (a record that kept rank 0's alone) or
+    :class:`Ranks` of them, or why it is not counted (a version this ddpbench does not read, marked
+    incomplete, varying between steps without each step's profile); ``where`` names it in
+    messages. A census read already is returned as it is."""
+    if isinstance(census, (Census, Ranks, NotCounted)):
         return census
     CENSUS.kind.check(census, where)
     version = CENSUS["version"].read(census, where)
     if version not in READABLE_CENSUS_VERSIONS:
         return NotCounted(f"census version {shown(version)} (this ddpbench reads versions "
                           f"{', '.join(map(str, READABLE_CENSUS_VERSIONS))})")
-    incomplete = CENSUS["incomplete"].read(census, where)
-    if incomplete is not None:  # part of the step escapes the count
-        return NotCounted(f"its census is incomplete ({incomplete})")
-    varies = CENSUS["varies_between_steps"].read(census, where)
-    if varies is not None:
-        return NotCounted(f"its collectives vary between steps ({varies})")
-    CENSUS.check(census, where)
+    return read_ranks(census, where, _read_rank_census)
+
+
+def _read_collectives(entries: list, where: str, version: int) -> dict:
     entry_shape = CENSUS_ENTRY if version >= 2 else _VERSION_1_ENTRY
     collectives: dict = {}
-    for i, entry in enumerate(census["collectives"]):
-        entry_shape.check(entry, f"{where}.collectives[{i}]")
+    for i, entry in enumerate(entries):
+        entry_shape.check(entry, f"{where}[{i}]")
         calls = None if entry.get("call_bytes") is None else tuple(sorted(entry["call_bytes"]))
         data = entry.get("data_dependent_bytes") if version >= 2 else None
         key = (entry["kind"], entry["dtype"], entry["group_size"], *((entry["group"], entry.get("peer"))
@@ -232,10 +285,26 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> Census | NotCounted:
             collectives[key] = (before[0] + entry["count"], before[1] + entry["bytes"], merged, before[3] or data)
         else:
             collectives[key] = (entry["count"], entry["bytes"], calls, data)
+    return collectives
+
+
+def _read_rank_census(census: dict, where: str) -> Census | NotCounted:
+    version = CENSUS["version"].read(census, where)
+    incomplete = CENSUS["incomplete"].read(census, where)
+    if incomplete is not None:  # part of the step escapes the count
+        return partially_counted(f"its census is incomplete ({incomplete})")
+    varies = CENSUS["varies_between_steps"].read(census, where)
+    steps = CENSUS["steps"].read(census, where)
+    if varies is not None and steps is None:  # saved before each step's profile was kept
+        return partially_counted(f"its collectives vary between steps ({varies})")
+    CENSUS.check(census, where)
+    collectives = _read_collectives(census["collectives"], f"{where}.collectives", version)
+    if steps is not None:
+        steps = tuple(_read_collectives(step, f"{where}.steps[{i}]", version) for i, step in enumerate(steps))
     buckets = census.get("ddp_buckets")
     return Census(version, census["method"], collectives, None if buckets is None else tuple(sorted(buckets)),
                   census.get("graph_breaks"), census.get("recompiles"), census.get("cuda_kernel_launches"),
-                  census.get("ranks_disagree", False))
+                  census.get("ranks_disagree", False), steps)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -243,15 +312,44 @@ def read_census(census: Any, where: str = CENSUS_KEY) -> Census | NotCounted:
 # ----------------------------------------------------------------------------------------------
 
 CATEGORIES = _object("bytes per category (an object)")
+BOOLEAN = expect("true or false", lambda value: isinstance(value, bool))
+# Every field ddpbench writes into a memory census (ddpbench.engine.memory), each checked on
+# reading: a report or a gate reads them as what they say, so "false" as text is not true.
 MEMORY = Shape(_object("the case's memory census (an object)"), (
     Field("version", VERSION, required=True),
     Field("method", TEXT, required=True),
     Field("device", TEXT, required=True),
     Field("peak_bytes", BYTES, required=True),  # the largest rank's, max_peak_bytes, where recorded
+    Field("max_peak_bytes", BYTES),
+    Field("peak_bytes_per_rank", expect("a list of byte counts (null: a rank without a census)",
+                                        lambda value: isinstance(value, list)), each=Kind(
+        lambda value: value is None or BYTES.accepts(value), BYTES.wanted + " or null")),
     Field("peak_at", _object("an object (module, phase)")),
     Field("at_peak", CATEGORIES, nullable=False, default={}),
+    Field("before_step_bytes", BYTES),
     Field("after_step_bytes", BYTES, nullable=False, default=0),
     Field("after_step", CATEGORIES, nullable=False, default={}),
+    Field("steps_counted", expect("a whole number of steps >= 1", lambda value: _whole(value) and value >= 1)),
+    Field("optimizers", expect("a list of optimizers (objects: name, foreach)", lambda value: isinstance(value, list)),
+          each=_object("an object (name, foreach)")),
+    Field("other_devices_peak_bytes", _object("bytes per device (an object)")),
+    Field("ranks_disagree", BOOLEAN, nullable=False, default=False),
+    Field("measured", _object("the measured CUDA figures (an object)")),
+    Field("incomplete", expect("text (why the census misses tensors)", _text)),
+    *RANK_FIELDS,
+))
+PEAK_AT = Shape(MEMORY["peak_at"].kind, (
+    Field("module", expect("text (a module's name) or null", lambda value: isinstance(value, str))),
+    Field("phase", expect("text (forward, backward, optimizer...) or null", lambda value: isinstance(value, str))),
+))
+OPTIMIZER = Shape(_object("an object (name, foreach)"), (
+    Field("name", expect("text (the optimizer's class)", _text), required=True),
+    Field("foreach", BOOLEAN),
+))
+MEASURED = Shape(MEMORY["measured"].kind, (
+    Field("max_allocated_bytes", BYTES),
+    Field("max_reserved_bytes", BYTES),
+    Field("census_over_allocated", COUNT),
 ))
 
 
@@ -277,29 +375,42 @@ def _categories(record: dict, name: str, where: str) -> dict[str, int]:
     return {str(k): BYTES.check(v, f"{where}.{name}.{k}") for k, v in value.items()}
 
 
-def read_memory(record: Any, where: str = MEMORY_KEY) -> MemoryCensus | NotCounted:
-    """The judged figures of a memory census, or why it is not counted (another version, marked
-    incomplete); ``where`` names it in messages. A record read already is returned as it is."""
-    if isinstance(record, (MemoryCensus, NotCounted)):
+# The fields of a combined memory record that are the case's, not one rank's (ddpbench.engine.memory).
+MEMORY_CASE_KEYS = ("peak_bytes_per_rank", "max_peak_bytes", "measured")
+
+
+def read_memory(record: Any, where: str = MEMORY_KEY) -> MemoryCensus | Ranks | NotCounted:
+    """The judged figures of a memory census: one rank's :class:`MemoryCensus` (a record that kept
+    rank 0's alone: with the largest rank's peak) or :class:`Ranks` of them, or why it is not
+    counted (another version, marked incomplete); ``where`` names it in messages. A record read
+    already is returned as it is."""
+    if isinstance(record, (MemoryCensus, Ranks, NotCounted)):
         return record
     MEMORY.kind.check(record, where)
     version = MEMORY["version"].read(record, where)
     if version != MEMORY_VERSION:
-        return NotCounted(f"memory census version {version!r} (this ddpbench reads version {MEMORY_VERSION})")
-    if record.get("incomplete") is not None:
-        return NotCounted(f"its memory census is incomplete ({record['incomplete']})")
+        return NotCounted(f"memory census version {shown(version)} (this ddpbench reads version {MEMORY_VERSION})")
+    return read_ranks(record, where, _read_rank_memory, MEMORY_CASE_KEYS)
+
+
+def _read_rank_memory(record: dict, where: str) -> MemoryCensus | NotCounted:
+    incomplete = MEMORY["incomplete"].read(record, where)
+    if incomplete is not None:
+        return partially_counted(f"its memory census is incomplete ({incomplete})")
+    MEMORY.check(record, where)
     method, device = MEMORY["method"].read(record, where), MEMORY["device"].read(record, where)
-    peak = MEMORY["peak_bytes"].check(record.get("max_peak_bytes", record.get("peak_bytes")), f"{where}.peak_bytes")
-    peak_at = MEMORY["peak_at"].check(record.get("peak_at") or {}, f"{where}.peak_at")
-    measured = record.get("measured")
-    allocated = None
-    if isinstance(measured, dict) and measured.get("max_allocated_bytes") is not None:
-        allocated = BYTES.check(measured["max_allocated_bytes"], f"{where}.measured.max_allocated_bytes")
+    peak = record["peak_bytes"] if record.get("max_peak_bytes") is None else record["max_peak_bytes"]
+    peak_at = PEAK_AT.check(record.get("peak_at") or {}, f"{where}.peak_at")
+    for i, optimizer in enumerate(record.get("optimizers") or []):
+        OPTIMIZER.check(optimizer, f"{where}.optimizers[{i}]")
+    for name, nbytes in (record.get("other_devices_peak_bytes") or {}).items():
+        BYTES.check(nbytes, f"{where}.other_devices_peak_bytes.{name}")
+    measured = MEASURED.check(record["measured"], f"{where}.measured") if record.get("measured") is not None else {}
     at_peak = _categories(record, "at_peak", where)
     after = MEMORY["after_step_bytes"].read(record, where)
     return MemoryCensus(method, device, peak, at_peak, after, _categories(record, "after_step", where),
-                        peak_at.get("module"), peak_at.get("phase"), bool(record.get("ranks_disagree", False)),
-                        allocated)
+                        peak_at.get("module"), peak_at.get("phase"), MEMORY["ranks_disagree"].read(record, where),
+                        measured.get("max_allocated_bytes"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,8 +460,8 @@ class ABRecord:
     baseline's census and memory census (None where the run recorded none)."""
 
     summary: dict[str, Any]
-    baseline_census: Census | NotCounted | None
-    baseline_memory: MemoryCensus | NotCounted | None
+    baseline_census: Census | Ranks | NotCounted | None
+    baseline_memory: MemoryCensus | Ranks | NotCounted | None
 
 
 def read_ab(record: Any, where: str = AB_KEY) -> ABRecord:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..gates import fingerprint
-from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, \
+from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, Ranks, \
     RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
 from .writing import RUN_NAME, run_number, saved_run_files
 
@@ -37,8 +37,8 @@ class Case:
     extra_info: dict[str, Any]
     stats: dict[str, Any]
     data: list[float] | None  # raw rounds (seconds), None when saved without --benchmark-save-data
-    census: Census | NotCounted | None = field(init=False)  # extra_info["census"], read
-    memory: MemoryCensus | NotCounted | None = field(init=False)  # extra_info["memory"], read
+    census: Census | Ranks | NotCounted | None = field(init=False)  # extra_info["census"], read
+    memory: MemoryCensus | Ranks | NotCounted | None = field(init=False)  # extra_info["memory"], read
     ab: ABRecord | None = field(init=False)  # extra_info["ab"], read
 
     def __post_init__(self):

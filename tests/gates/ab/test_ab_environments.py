@@ -9,6 +9,7 @@ its own version of a small package the workload imports."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -243,3 +244,171 @@ def test_bisect_with_a_venv_per_commit_times_each_commits_own_packages(tmp_path)
                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"first bad commit: {bad} vendor tinypkg 2" in run.stdout, run.stdout + run.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# A baseline that names other code but would run the candidate's (issue: flat projects)
+# ----------------------------------------------------------------------------------------------
+
+README_EXAMPLE = re.search(r"<!-- readme-example: test_my_step.py -->\n```python\n(.*?)```",
+                           (Path(__file__).resolve().parents[3] / "README.md").read_text(), re.S).group(1)
+QUICK_AB = ["-p", "no:cacheprovider", "-m", "not gpu", "--dist-ab-pools-per-side=1", "--dist-ab-block-time=0.02",
+            "--dist-ab-max-time=8", "--dist-census=off", "--dist-memory-census=off", "--dist-ab-threshold=25%"]
+
+
+def _pytest(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTHONPATH"))}
+    return subprocess.run([str(python), "-m", "pytest", *args, *QUICK_AB], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.pool
+def test_the_readme_example_gated_as_the_readme_shows_times_each_sides_own_file(tmp_path):
+    """README's first benchmark, a flat test file, in a base and a head checkout (the head's batch
+    4x larger), a venv for the base with its own copy of this ddpbench. With only
+    --dist-baseline-python both sides import the head's file and nothing else differs: before the
+    fix the run compared it with itself (`same on both sides`, exit 0); now it stops with exit 2
+    naming --dist-baseline-path, with which (README's command) each side times its own file."""
+    for name, batch in (("base", 32), ("head", 128)):
+        (tmp_path / name).mkdir()
+        text = README_EXAMPLE.replace("torch.randn(32, 256", f"torch.randn({batch}, 256")
+        (tmp_path / name / "test_my_step.py").write_text(text)
+    assert "randn(128, 256" in (tmp_path / "head" / "test_my_step.py").read_text()
+    _venv(tmp_path / "base" / ".venv", str(_checkout(tmp_path / "base-ddpbench")), SHARED_PACKAGES)
+    head = tmp_path / "head"
+    python = _venv(head / ".venv", str(SRC.parent), SHARED_PACKAGES)
+    run = _pytest(python, head, "test_my_step.py", "--dist-baseline-python=../base/.venv/bin/python")
+    out = run.stdout + run.stderr
+    assert run.returncode == 2, out
+    assert f"both sides import test_my_step -> {head / 'test_my_step.py'}" in out, out[-1500:]
+    assert "nothing else differs between the sides in content" in out and "--dist-baseline-path=../base" in out
+    run = _pytest(python, head, "test_my_step.py", "--dist-baseline-python=../base/.venv/bin/python",
+                  "--dist-baseline-path=../base", "--benchmark-json=ab.json")
+    out = run.stdout + run.stderr
+    assert f"test_my_step: baseline {tmp_path / 'base' / 'test_my_step.py'} | candidate" in out, out
+    (case,) = json.loads((head / "ab.json").read_text())["benchmarks"]  # timed: each side its own file
+    assert case["extra_info"]["ab"]["sides"]["baseline"]["modules"]["test_my_step"] == str(tmp_path / "base" /
+                                                                                            "test_my_step.py")
+
+
+EDITABLE_FINDER = '''
+import importlib.util
+import sys
+
+MAPPING = {mapping!r}
+
+
+class _EditableFinder:  # what setuptools' editable install adds to sys.meta_path, at its end
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname in MAPPING:
+            return importlib.util.spec_from_file_location(fullname, MAPPING[fullname] + "/__init__.py")
+        return None
+
+
+def install():
+    if _EditableFinder not in sys.meta_path:
+        sys.meta_path.append(_EditableFinder)
+'''
+MYLIB = '''
+import time
+
+
+def setup(ctx):
+    return None
+
+
+def step(state):
+    time.sleep({seconds})
+'''
+MYLIB_TEST = '''
+import ddpbench
+import mylib
+
+
+def test_step(dist_benchmark):
+    dist_benchmark(ddpbench.FunctionWorkload(mylib.setup, mylib.step))
+'''
+
+
+def _editable_project(root: Path, seconds: float, ddpbench_src: str) -> Path:
+    """A flat-layout project (mylib/, tests/) installed editable in its own venv, as setuptools does
+    it (a finder module mapping mylib to the checkout and a .pth that installs it); its python."""
+    (root / "mylib").mkdir(parents=True)
+    (root / "mylib" / "__init__.py").write_text(MYLIB.format(seconds=seconds))
+    (root / "tests").mkdir()
+    (root / "tests" / "test_bench.py").write_text(MYLIB_TEST)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    python = _venv(root / ".venv", ddpbench_src, SHARED_PACKAGES)
+    site_packages = next((root / ".venv" / "lib").glob("python3*/site-packages"))
+    finder = "__editable___mylib_0_1_finder"
+    (site_packages / f"{finder}.py").write_text(EDITABLE_FINDER.format(mapping={"mylib": str(root / "mylib")}))
+    (site_packages / "__editable__.mylib-0.1.pth").write_text(f"import {finder}; {finder}.install()\n")
+    return python
+
+
+@pytest.mark.pool
+def test_a_flat_project_installed_editable_in_two_venvs_is_refused_not_compared_with_itself(tmp_path):
+    """Two venvs, each with its checkout of a flat project installed editable; the head's step
+    sleeps 4x longer. The head's folders on the baseline ranks' path came before the base venv's
+    editable finder: `mylib: same on both sides`, exit 0. Now the import guard knows editable
+    source folders: exit 2 naming --dist-baseline-path, with which each side times its own mylib."""
+    _editable_project(tmp_path / "base", 0.002, str(_checkout(tmp_path / "base-ddpbench")))
+    head = tmp_path / "head"
+    python = _editable_project(head, 0.008, str(SRC.parent))
+    run = _pytest(python, head, "tests/test_bench.py", "--dist-baseline-python=../base/.venv/bin/python")
+    out = run.stdout + run.stderr
+    assert run.returncode == 2, out
+    assert f"its ranks imported mylib from {head / 'mylib' / '__init__.py'}: the candidate's source" in out
+    assert "installs editable" in out and "Give --dist-baseline-path the baseline checkout's root" in out
+    run = _pytest(python, head, "tests/test_bench.py", "--dist-baseline-python=../base/.venv/bin/python",
+                  "--dist-baseline-path=../base", "--benchmark-json=ab.json")
+    out = run.stdout + run.stderr
+    assert f"mylib: baseline {tmp_path / 'base' / 'mylib' / '__init__.py'} | candidate" in out, out
+    assert run.returncode in (0, 1) and "inside the candidate" not in out, out  # timed, not refused
+
+
+def _sides(tmp_path, base_facts=None, base_env=(), base_paths=(), **modules):
+    """A baseline naming another interpreter and the candidate, each with the facts and modules
+    given (name -> (baseline file, candidate file))."""
+    from ddpbench.gates.ab.sides import Side
+
+    facts = {"python_version": "3.11.7", "torch_version": "2.13.0+cpu", "ddpbench_source_sha256": "e" * 64,
+             "distributions": {"torch": "2.13.0", "numpy": "2.1.0"}}
+    base = Side("baseline", python=str(tmp_path / "other" / "python"), env=tuple(base_env), paths=tuple(base_paths),
+                facts={**facts, **(base_facts or {})}, modules={n: b for n, (b, _) in modules.items()})
+    cand = Side("candidate", facts=facts, modules={n: c for n, (_, c) in modules.items()})
+    return base, cand
+
+
+def test_one_file_on_both_sides_is_refused_unless_something_else_differs_in_content(tmp_path):
+    from ddpbench.gates.ab.sides import SameCodeError, check_modules_differ
+
+    for name in ("base", "head", "other"):
+        (tmp_path / name / "mypkg").mkdir(parents=True)
+        (tmp_path / name / "mypkg" / "__init__.py").write_text("STEP = 1\n")
+    (tmp_path / "other" / "mypkg" / "__init__.py").write_text("STEP = 2\n")
+    test = str(tmp_path / "head" / "test_step.py")
+    torch_files = ("/base/.venv/torch/__init__.py", "/head/.venv/torch/__init__.py")  # two venvs, one version
+    copies = (str(tmp_path / "base" / "mypkg" / "__init__.py"), str(tmp_path / "head" / "mypkg" / "__init__.py"))
+    # Copies of one revision in two venvs: the test file would be timed twice.
+    with pytest.raises(SameCodeError, match="nothing else differs between the sides in content"):
+        check_modules_differ(*_sides(tmp_path, test_step=(test, test), torch=torch_files, mypkg=copies))
+    # Does upgrading torch slow our step: one test file, two torches.
+    check_modules_differ(*_sides(tmp_path, {"torch_version": "2.12.0+cpu"}, test_step=(test, test),
+                                 torch=torch_files))
+    # Another numpy, another environment variable, another package's bytes, a module through the
+    # baseline's paths: each is a difference that one test file may be timed against.
+    check_modules_differ(*_sides(tmp_path, {"distributions": {"torch": "2.13.0", "numpy": "2.0.0"}},
+                                 test_step=(test, test), torch=torch_files))
+    check_modules_differ(*_sides(tmp_path, base_env=(("OMP_NUM_THREADS", "2"),), test_step=(test, test),
+                                 torch=torch_files))
+    other = str(tmp_path / "other" / "mypkg" / "__init__.py")
+    check_modules_differ(*_sides(tmp_path, test_step=(test, test), mypkg=(other, copies[1])))
+    check_modules_differ(*_sides(tmp_path, base_paths=(str(tmp_path / "base"),), test_step=(test, test),
+                                 mypkg=copies))
+    # A/A on copies (nothing shared) and the tooling that made the venvs are no reason to refuse.
+    check_modules_differ(*_sides(tmp_path, test_step=(str(tmp_path / "base" / "test_step.py"), test), mypkg=copies))
+    with pytest.raises(SameCodeError):
+        check_modules_differ(*_sides(tmp_path, {"distributions": {"torch": "2.13.0", "numpy": "2.1.0", "pip": "9"}},
+                                     test_step=(test, test), mypkg=copies))

@@ -52,9 +52,9 @@ def test_identical_sides_inconclusive_after_the_planned_looks_are_decided_by_ext
     assert summary["planned_looks"] == 8 and summary["extra_looks"] == 2
     assert list(outcome.levels_applied[8:]) == [EXTRA_LOOK_LEVEL] * 2
     assert all(level > 0 for level in outcome.levels_applied[:8])
-    # Every look, extra ones too, had its stop level (one level for all: stats.stop_levels).
-    assert summary["stop_level_per_look"] == list(SETTINGS.stop_level_per_look(2)) and len(set(
-        summary["stop_level_per_look"])) == 1
+    # Every look, extra ones too, had its stop level (growing with the pairs: stats.stop_levels).
+    assert summary["stop_level_per_look"] == list(SETTINGS.stop_level_per_look(2))
+    assert summary["stop_level"] == summary["stop_level_per_look"][-1]
     # negative control: the same case without room for extra looks ends inconclusive at 96 pairs
     capped = _case(seed=5, noise=0.2, settings=ABSettings(block_time_s=3 * ROUND_S, max_time_s=600.0,
                                                           max_extended_pairs=96))

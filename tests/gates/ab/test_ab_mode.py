@@ -359,11 +359,12 @@ def test_a_baseline_path_that_shadows_nothing_is_a_usage_error(tmp_path):
     head = _flat_checkout(tmp_path / "head", 0.004)
     (tmp_path / "empty").mkdir()
     run = _pytest_in(head, "--dist-baseline-path=../empty")
-    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
-    assert "both sides import every module under test from the same files (" in run.stderr
-    assert f"mypkg.step -> {head}/mypkg/step.py" in run.stderr
-    assert f"--dist-baseline-path={tmp_path}/empty asks for other code" in run.stderr
-    assert "the checkout's root for a flat layout" in run.stderr
+    out = run.stdout + run.stderr
+    assert run.returncode == 2, out  # refused as unsafe isolation is (DESIGN.md: exit 2)
+    assert "both sides import every module under test from the same files (" in out
+    assert f"mypkg.step -> {head}/mypkg/step.py" in out
+    assert f"--dist-baseline-path={tmp_path}/empty asks for other code" in out
+    assert "the baseline checkout's root for a flat layout" in out
 
 
 @pytest.mark.pool

@@ -46,6 +46,17 @@ def test_a_structural_regression_ends_the_case_after_its_first_look():
     assert "regression (structure; timing inconclusive at its first look)" in text
 
 
+def test_a_change_on_one_rank_alone_ends_the_case_after_its_first_look():
+    """Rank 1 issues one more all_reduce than rank 0 on both sides, and one more again on the
+    candidate: judged on rank 0's census alone, the ranks disagreeing on both sides, it read `same`."""
+    outcome = _case(([BASE, GREW], [BASE, census(("all_reduce", "float32", 2, [1 << 20, 4096, 4096]))]))
+    assert len(outcome.levels_applied) == 1
+    assert outcome.stopped_by_structure == "rank 1: all_reduce float32 in a group of 2: 2 → 3 per step, +4.0 KiB"
+    summary = outcome.summary({})
+    assert summary["census_baseline"]["other_ranks"] == [{"ranks": "1", "fields": {
+        "collectives": GREW["collectives"]}}]
+
+
 def test_no_stop_when_the_change_is_accepted_improves_or_reorders_or_a_side_has_no_census():
     accepted = dataclasses.replace(SETTINGS, stop_on_structural_regression=False)
     for censuses, settings in (((BASE, GREW), accepted), ((GREW, BASE), SETTINGS),
@@ -98,3 +109,28 @@ def test_a_stopped_case_whose_first_look_settled_the_timing_keeps_it_when_the_ch
     case = verdicts.ab_verdict("t.py::test_step", summary, None, GREW, accept_structure_change=True)
     assert (case.verdict, case.timing_verdict, case.failed_by) == ("same", "same", [])
     assert not case.timing_unmeasured
+
+
+MEMORY = {"version": 1, "method": "MemTracker", "device": "cpu", "peak_bytes": 1 << 20,
+          "at_peak": {"activations": 1 << 20}, "peak_at": {"module": "net", "phase": "forward"},
+          "after_step_bytes": 0, "after_step": {}}
+MORE_MEMORY = dict(MEMORY, peak_bytes=2 << 20, at_peak={"activations": 2 << 20})
+
+
+def test_a_memory_change_accepted_after_the_run_names_the_memory_option_to_time_it(tmp_path, capsys):
+    # Stopped at its first look by the memory census, accepted by compare --accept-memory-change:
+    # the hint names the option that lets the memory change through, not the structure's.
+    from helpers.benchjson import bench, run_cli, run_doc, write
+
+    summary = {"verdict": "inconclusive", "ratio": 2.0, "ratio_ci": [1.8, 2.2], "pairs": 12, "threshold": 0.05,
+               "stages": 1, "stopped_by_memory": "peak +1.0 MiB", "memory_baseline": MEMORY}
+    info = {"ab": summary, "memory": MORE_MEMORY}
+    run = str(write(tmp_path / "ab.json", run_doc([bench("test_step", [ROUND_S] * 5, info)])))
+    rc, out, _ = run_cli(capsys, "compare", run, "--accept-memory-change")
+    assert rc == 1, out
+    assert ("regression (memory change accepted after the run; timing not measured: inconclusive at its first "
+            "look, where the memory census stopped it)") in out
+    assert ("1 case(s) stopped at their first look by a memory change that was accepted after the run "
+            "(benchmarks/test_x.py::test_step): their timing was not measured, so they cannot pass. Run the A/B "
+            "gate again with --dist-ab-accept-memory-change to time them in full") in out
+    assert "--dist-ab-accept-structure-change" not in out

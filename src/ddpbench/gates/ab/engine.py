@@ -339,6 +339,17 @@ class _Case:
         self.pairs += pairs
 
     def analyse(self, level: float, stop_level: float) -> stats.PairedResult:
+        base, cand, common = self._summaries()
+        return stats.analyse_pairs(base, cand, self.settings.threshold, level, self.settings.confidence,
+                                   stop_level=stop_level, **common)
+
+    def may_decide(self, level: float, stop_level: float) -> bool:
+        """Whether :meth:`analyse` could give a decided verdict now (stats.may_decide: no bootstrap)."""
+        base, cand, common = self._summaries()
+        return stats.may_decide(base, cand, self.settings.threshold, level, stop_level=stop_level, **common)
+
+    def _summaries(self) -> tuple[list[float], list[float], dict[str, Any]]:
+        """Both sides' block summaries, and the pool pairs, share and minima that go with them."""
         baseline, candidate = self.sides[schedule.BASELINE], self.sides[schedule.CANDIDATE]
         base_summaries, cand_summaries = baseline.block_means, candidate.block_means
         stratified = None
@@ -348,11 +359,9 @@ class _Case:
         self.stratified = stratified is not None
         if stratified is not None:
             base_summaries, cand_summaries = stratified
-        return stats.analyse_pairs(base_summaries, cand_summaries, self.settings.threshold,
-                                   level, self.settings.confidence, pool_pair_of=[j for _, _, j in self.pairs],
-                                   pool_pair_share=self.settings.pool_pair_share,
-                                   baseline_minima=baseline.block_minima,
-                                   candidate_minima=candidate.block_minima, stop_level=stop_level)
+        return base_summaries, cand_summaries, {
+            "pool_pair_of": [j for _, _, j in self.pairs], "pool_pair_share": self.settings.pool_pair_share,
+            "baseline_minima": baseline.block_minima, "candidate_minima": candidate.block_minima}
 
     def finish(self) -> dict[str, list[dict[str, Any]]]:
         """End the case on every pool; returns each side's first pool's per-rank metrics."""
@@ -417,13 +426,17 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             else:  # the last planned look: as planned, or the cap ends the planned looks here
                 cap_ends_planned = looks < len(stage_sizes)
                 applied.append(stats.level_for_last_look(settings.alpha, len(stage_sizes), looks))
+            # A cap that ends the planned looks early leaves no time for an extra look either.
+            # A structural or memory regression decided the case at set-up: its first look is enough.
+            last = cap_ends_planned or not next_fits or stopped_by_structure or stopped_by_memory
+            # A look that cannot decide and is not the last needs no interval: its bootstrap (seconds
+            # at a few hundred pairs) would change nothing, so the pairs go on at once.
+            if not last and not case.may_decide(applied[-1], stop_levels[looks - 1]):
+                continue
             result = case.analyse(applied[-1], stop_levels[looks - 1])
             # Every decided verdict ends the case, not-slower too: stopping without a regression
             # can only take chances to reject away, never add one (docs/design/ab.md#the-looks-levels).
-            # A cap that ends the planned looks early leaves no time for an extra look either.
-            # A structural or memory regression decided the case at set-up: its first look is enough.
-            if (result.verdict != Verdict.INCONCLUSIVE or cap_ends_planned or not next_fits or stopped_by_structure
-                    or stopped_by_memory):
+            if result.verdict != Verdict.INCONCLUSIVE or last:
                 break
         metrics = case.finish()
     except BaseException:

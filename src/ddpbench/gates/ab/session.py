@@ -25,9 +25,9 @@ from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_
                         should_profile)
 from .heap import DEFAULT_HEAP, heap_env
 from .schedule import new_seed
-from .sides import (ImportIsolationError, Side, SideError, check_import_isolation, check_modules_differ, engine_lines,
-                    local_facts, make_side, module_lines, modules_under_test, parse_env_assignments, probe,
-                    resolve_modules, with_import_guard)
+from .sides import (ImportIsolationError, SameCodeError, Side, SideError, check_import_isolation, check_modules_differ,
+                    engine_lines, local_facts, make_side, module_lines, modules_under_test, parse_env_assignments,
+                    probe, resolve_modules, with_import_guard)
 
 OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
 DEFAULT_MAX_TIME_S = 60.0  # a case's cap for adding pairs without --dist-ab-max-time or a run budget
@@ -159,7 +159,7 @@ class ABSession:
             self.baseline = resolve_modules(self.baseline, names)
             self.candidate = resolve_modules(self.candidate, names)
             check_modules_differ(self.baseline, self.candidate)
-        except ImportIsolationError as exc:
+        except (ImportIsolationError, SameCodeError) as exc:
             refuse_mixed_environments(exc)
         except SideError as exc:
             raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
@@ -321,10 +321,10 @@ def baseline_lacks_case(error: BaseException) -> bool:
             and all(text.startswith(LOAD_FAILURE_PREFIX) for text in error.errors.values()))
 
 
-def refuse_mixed_environments(error: ImportIsolationError) -> None:
+def refuse_mixed_environments(error: ImportIsolationError | SameCodeError) -> None:
     """Stop the run with exit 2 (bad input): no verdict, no saved results (an interrupted run saves
-    none), the message naming both environments."""
-    pytest.exit(f"ddpbench A/B: {error}", returncode=ImportIsolationError.EXIT_STATUS)
+    none), the message naming both sides and the fix."""
+    pytest.exit(f"ddpbench A/B: {error}", returncode=error.EXIT_STATUS)
 
 
 def _import_guard_folder() -> str:

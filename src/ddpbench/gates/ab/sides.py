@@ -24,10 +24,28 @@ PROBE_TIMEOUT_S = 120.0
 # The engine's identity (ddpbench.identity): the probe runs the same digest text in the side's
 # interpreter, whose ddpbench may be another version.
 _DIGEST_SOURCE = DIGEST_SOURCE
+# What an environment holds, as name -> version of every distribution its path shows: two sides
+# that differ here differ in content even where the code under test is one file.
+_DISTRIBUTIONS_SOURCE = r'''
+def installed_distributions():
+    from importlib import metadata
+    found = {}
+    for dist in metadata.distributions():
+        try:
+            name = dist.metadata["Name"]
+        except Exception:
+            continue
+        if name:
+            found.setdefault(str(name).lower().replace("_", "-"), str(dist.version))
+    return found
+'''
+_namespace: dict = {}
+exec(_DISTRIBUTIONS_SOURCE, _namespace)  # noqa: S102 - our own constant text, shared with the probe
+installed_distributions = _namespace["installed_distributions"]
 
 # Run by the side's interpreter, environment and import path (after ddpbench.pool.RANK_BOOTSTRAP):
 # what its ranks would import. Reads {"facts": bool, "modules": [names]} on stdin.
-_PROBE = _DIGEST_SOURCE + r'''
+_PROBE = _DIGEST_SOURCE + _DISTRIBUTIONS_SOURCE + r'''
 import importlib, importlib.util, json, os, sys
 request = json.loads(sys.stdin.read())
 out = {"python": sys.executable, "python_version": sys.version.split()[0]}
@@ -54,6 +72,7 @@ if request["facts"]:
             out["torch_version"] = torch.__version__
         except Exception as exc:
             out["error"] = f"cannot import torch: {type(exc).__name__}: {exc}"
+    out["distributions"] = installed_distributions()
 plan = json.loads(os.environ.get("DDPBENCH_PROBE_APPEND", "[]"))
 sys.path.extend(p for p in plan if p not in sys.path)  # what every task appends (ddpbench.pool.serve_tasks)
 modules, errors = {}, {}
@@ -191,6 +210,17 @@ def check_import_isolation(side: Side, candidate_prefix: str = sys.prefix) -> No
     first = found[0]
     modules = list(dict.fromkeys(f"{f.get('module')} from {f.get('file')}" for f in found))
     shown = "; ".join(modules[:4]) + (f"; and {len(modules) - 4} more" if len(modules) > 4 else "")
+    editable = [f for f in found if f.get("where") == "editable"]
+    if editable:
+        shown = "; ".join(list(dict.fromkeys(f"{f.get('module')} from {f.get('file')}" for f in editable))[:4])
+        raise ImportIsolationError(
+            f"the {side.name} side names its own interpreter ({side.python}, environment "
+            f"{first.get('prefix')}), but its ranks imported {shown}: the candidate's source, which the "
+            f"candidate's environment {os.path.realpath(candidate_prefix)} installs editable, found through "
+            f"the candidate's project folders on the {side.name} ranks' path before the {side.name} "
+            f"environment's own install. The verdict would compare the candidate's code with itself, so the "
+            f"run is refused. Give --dist-{side.name}-path the {side.name} checkout's root (a flat layout) or "
+            f"its src/ (a src layout), so that its ranks import the {side.name}'s own code first")
     raise ImportIsolationError(
         f"the {side.name} side names its own interpreter ({side.python}, environment "
         f"{first.get('prefix')}), but its ranks imported {shown}: inside the candidate's environment "
@@ -283,7 +313,7 @@ def local_facts() -> dict:
             "ddpbench_file": ddpbench.__file__, "ddpbench_version": ddpbench.__version__,
             "rank_protocol": rank_process.RANK_PROTOCOL,
             "ddpbench_source_sha256": source_digest(os.path.dirname(ddpbench.__file__)),
-            "torch_version": torch_version}
+            "torch_version": torch_version, "distributions": installed_distributions()}
 
 
 def engines_differ(baseline: Side, candidate: Side) -> bool:
@@ -382,28 +412,108 @@ def resolve_modules(side: Side, names: list[str]) -> Side:
     return dataclasses.replace(side, modules={**side.modules, **resolved["modules"]})
 
 
+class SameCodeError(SideError):
+    """The baseline names other code but would run the candidate's: a module under test resolves
+    to the very file the candidate's ranks import, and nothing else differs between the sides. The
+    run is refused (exit 2), as an import across environments is."""
+
+    EXIT_STATUS = 2
+
+
+# Facts of a side whose difference makes the sides differ in content (the interpreter, torch, the engine).
+_CONTENT_FACTS = {"python_version": "Python", "torch_version": "torch", "ddpbench_source_sha256": "ddpbench engine"}
+
+
+# Distributions that install or drive the run, not code the ranks run: two venvs made at different
+# times differ in them, and ddpbench itself is compared by its engine's hash.
+_TOOLING = {"pip", "setuptools", "wheel", "uv", "ddpbench", "pytest", "pluggy", "iniconfig", "packaging",
+            "pytest-benchmark", "py-cpuinfo", "pytest-xdist", "execnet", "pytest-timeout", "ruff"}
+
+
+def _packages(side: Side) -> dict:
+    return {k: v for k, v in (side.facts.get("distributions") or {}).items() if k not in _TOOLING}
+
+
+def _content_digest(path: str) -> str | None:
+    """The bytes a module resolves to: a package's whole folder of .py files (its __init__.py
+    alone may not change), else the file; None when it cannot be read."""
+    import hashlib
+
+    try:
+        if os.path.basename(path) == "__init__.py":
+            return source_digest(os.path.dirname(path))
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def what_differs(baseline: Side, candidate: Side, names: list[str]) -> str | None:
+    """What differs in content between the sides beyond which files ``names`` resolve to, said in
+    words (None: nothing): their interpreter, torch or engine, their environment variables, a
+    module imported through the baseline's paths, the distributions their environments hold, or
+    the bytes of a module the two sides get from different files. Cheapest first."""
+    for key, words in _CONTENT_FACTS.items():
+        if baseline.facts.get(key) != candidate.facts.get(key):
+            return words
+    if dict(baseline.env) != dict(candidate.env):
+        return "environment variables"
+    apart = [n for n in names if baseline.modules[n] != candidate.modules[n]]
+    roots = [os.path.realpath(p) for p in baseline.paths]
+    if any(_under(baseline.modules[n], roots) for n in apart if os.path.isabs(baseline.modules[n])):
+        return "modules imported through --dist-baseline-path"
+    if _packages(baseline) != _packages(candidate):
+        return "installed distributions"
+    for name in apart:
+        if name.split(".", 1)[0] == "torch":
+            continue  # torch is compared by its version above: hashing it would cost seconds
+        if not all(os.path.isabs(side.modules[name]) for side in (baseline, candidate)):
+            continue  # a namespace package: no file of its own
+        ours, theirs = _content_digest(baseline.modules[name]), _content_digest(candidate.modules[name])
+        if ours is None or theirs is None or ours != theirs:
+            return f"the bytes of {name}"
+    return None
+
+
+def _named(baseline: Side) -> str:
+    named = [f"--dist-baseline-path={p}" for p in baseline.paths]
+    if baseline.launch.foreign_interpreter:
+        named.append(f"--dist-baseline-python={baseline.python}")
+    return " and ".join(named)
+
+
 def check_modules_differ(baseline: Side, candidate: Side) -> None:
-    """SideError when the baseline names other code (paths, another interpreter) but resolves every
-    module under test to the very files the candidate's ranks import: it would time the
-    candidate's code twice."""
+    """SameCodeError when the baseline names other code (paths, another interpreter) but would time
+    the candidate's code: it resolves every module under test to the very files the candidate's
+    ranks import, or some of them, with nothing else different in content (:func:`what_differs`:
+    copies of one revision in two venvs are one code, and the shared file would be timed twice).
+    A module the sides import from one file is fine where something else differs: one test file
+    timed against two torches."""
     names = sorted(set(baseline.modules) & set(candidate.modules))
     resolved = [n for n in names if baseline.modules[n] and candidate.modules[n]]
     if not baseline.names_other_code or not resolved:
         return
-    if any(baseline.modules[n] != candidate.modules[n] for n in resolved):
+    same = [n for n in resolved if baseline.modules[n] == candidate.modules[n]]
+    if not same:
         return
-    named = [f"--dist-baseline-path={p}" for p in baseline.paths]
-    if baseline.launch.foreign_interpreter:
-        named.append(f"--dist-baseline-python={baseline.python}")
-    shown = ", ".join(f"{n} -> {candidate.modules[n]}" for n in resolved[:4])
-    more = f" and {len(resolved) - 4} more" if len(resolved) > 4 else ""
-    raise SideError(
-        f"both sides import every module under test from the same files ({shown}{more}), although "
-        f"{' and '.join(named)} asks for other code: the baseline ranks would run the candidate's "
-        f"code and the verdict would compare it with itself. Point --dist-baseline-path at the "
-        f"folder that holds the baseline's packages (the checkout's root for a flat layout, its src/ "
-        f"for a src layout), or give --dist-baseline-python an environment where the baseline's "
-        f"code is installed")
+    shown = ", ".join(f"{n} -> {candidate.modules[n]}" for n in same[:4])
+    more = f" and {len(same) - 4} more" if len(same) > 4 else ""
+    fix = ("Point --dist-baseline-path at the folder that holds the baseline's own copy of them (the "
+           "baseline checkout's root for a flat layout or a test file beside your code, e.g. "
+           "--dist-baseline-path=../base; its src/ for a src layout), or give --dist-baseline-python an "
+           "environment where the baseline's code is installed")
+    if len(same) == len(resolved):
+        raise SameCodeError(
+            f"both sides import every module under test from the same files ({shown}{more}), although "
+            f"{_named(baseline)} asks for other code: the baseline ranks would run the candidate's "
+            f"code and the verdict would compare it with itself. {fix}")
+    if what_differs(baseline, candidate, resolved) is None:
+        raise SameCodeError(
+            f"both sides import {shown}{more} from the same files, although {_named(baseline)} asks for "
+            f"other code, and nothing else differs between the sides in content (Python, torch, the "
+            f"ddpbench engine, installed distributions, environment variables, the bytes of the other "
+            f"modules under test): the baseline ranks would run the candidate's code and the verdict "
+            f"would compare it with itself. {fix}")
 
 
 def module_lines(baseline: Side, candidate: Side) -> list[str]:

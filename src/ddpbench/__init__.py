@@ -1,5 +1,5 @@
 """ddpbench: a pytest-benchmark regression suite for PyTorch distributed training. The public API is
-imported lazily, so ``import ddpbench`` does not import torch (docs/design.md#the-public-api)."""
+imported lazily, so ``import ddpbench`` does not import torch (docs/design/where-things-live.md#the-public-api)."""
 
 _EXPORTS = {
     "Workload": "ddpbench.workloads",

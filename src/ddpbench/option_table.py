@@ -213,7 +213,7 @@ AB = OptionGroup("ddpbench-ab", "ddpbench A/B mode (baseline and candidate inter
 ))
 
 ADVANCED = OptionGroup("ddpbench-advanced",
-                       "ddpbench advanced settings (the defaults are measured choices: docs/design.md)", (
+                       "ddpbench advanced settings (the defaults are measured choices: docs/design/)", (
     Option("--dist-precision", type=opts.parse_precision, default=0.01,
            help="with --dist-rounds=0: stop recording once the median's 95%% interval is within +-this "
                 "fraction of it (e.g. 1%%; checked after 20 rounds, then every 1.5x); 0 records until "

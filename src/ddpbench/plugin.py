@@ -1,5 +1,5 @@
 """The pytest plugin: options, markers, parametrization and fixtures. It wires pytest to ddpbench and
-decides nothing itself (docs/design.md#options-and-the-plugin)."""
+decides nothing itself (docs/design/plugin-and-pool.md#options-and-the-plugin)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def _check_compare_target(config) -> None:
 
 
 def pin_cores(config) -> bool:
-    """--dist-pin-cores as given; unset: off, A/B mode included (docs/design.md, *The rank pool*)."""
+    """--dist-pin-cores as given; unset: off, A/B mode included (docs/design/plugin-and-pool.md#placement)."""
     return config.getoption("dist_pin_cores", None) == "auto"
 
 
@@ -292,6 +292,7 @@ def pytest_collection_finish(session):
     only lists the cases: --collect-only), and in A/B mode each side must import its own code."""
     state = session_state(session.config)
     state.uses_ddpbench = uses_ddpbench(session.config, session.items)
+    state.case_ids = frozenset(item.nodeid for item in session.items if is_case(item))
     if state.controller:
         return  # multi-node: the nodes' memory is not this machine's
     if not state.uses_ddpbench:
@@ -505,8 +506,25 @@ def _failed_cases(config) -> list[str]:
     return names
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    ab = session_state(config).ab
+    """After pytest-benchmark's table: each case's memory peak, why cases were skipped, then the
+    A/B verdicts, whose last line (beside pytest's counts) says the run's exit status and why."""
+    state = session_state(config)
+    if not state.uses_ddpbench:
+        return
+    from . import run_summary
+
+    bench_session = benchmark_session(config)
+    cases = run_summary.case_lines(getattr(bench_session, "benchmarks", None) or [])
+    if cases:
+        terminalreporter.write_sep("-", "ddpbench: each case's memory (the largest rank's, one step)")
+        for line in cases:
+            terminalreporter.write_line(line)
+    for line in run_summary.skip_lines(terminalreporter.stats.get("skipped", []), state.case_ids,
+                                       config.option.reportchars):
+        terminalreporter.write_line(line, yellow=True)
+    ab = state.ab
     if ab is None:
         return
     terminalreporter.write_sep("-", "ddpbench A/B")

@@ -1,7 +1,7 @@
 """Entry point of a rank started by RankLaunch in another interpreter (A/B sides).
 
 Its module path and RANK_PROTOCOL are a contract with other ddpbench versions:
-docs/design.md#the-rank-protocol-rank_processpy.
+docs/design/ab.md#the-rank-protocol-rank_processpy.
 """
 
 from __future__ import annotations

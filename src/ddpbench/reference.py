@@ -18,7 +18,7 @@ HEADER = """# ddpbench reference
 
 Every pytest option ddpbench adds and every `ddpbench` command, written from their definitions by
 `python -m ddpbench.reference > docs/reference.md` (tests/test_reference.py keeps this page current:
-do not edit it by hand). The README is the manual; docs/design.md says why each rule is what it is.
+do not edit it by hand). The README is the manual; docs/design/ says why each rule is what it is.
 """
 
 MARKERS = [

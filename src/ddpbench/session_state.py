@@ -22,6 +22,8 @@ class SessionState:
     controller: tuple[tuple[str, int], bytes] | None = None
     #: pytest_collection_finish: whether a collected test is a ddpbench case (False before).
     uses_ddpbench: bool = False
+    #: pytest_collection_finish: the node ids of the collected ddpbench cases.
+    case_ids: frozenset[str] = frozenset()
     #: pytest_sessionfinish, before pytest-benchmark saves: (pytest session, exit status).
     run_end: tuple[pytest.Session, int] | None = None
     #: machine_facts, once: ddpbench's additions to the run's machine_info.

@@ -1,5 +1,5 @@
 """What only tests and the lab use (slowdown injection, rank probes, training steps outside the
-engine): nothing here is on a timed path of the product (docs/design.md#test-knob)."""
+engine): nothing here is on a timed path of the product (docs/design/ab.md#test-knob)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A rank started by torchrun that serves a ddpbench controller (multi-node pools).
 
-`torchrun ... -m ddpbench.worker --controller HOST:PORT`; docs/design.md#the-torchrun-worker-workerpy.
+`torchrun ... -m ddpbench.worker --controller HOST:PORT`; docs/design/multi-node-and-gpu.md#the-torchrun-worker-workerpy.
 """
 
 from __future__ import annotations

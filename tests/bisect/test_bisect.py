@@ -119,7 +119,7 @@ def test_bisect_finds_the_commit_that_added_an_all_reduce(tmp_path, scratch):
     shas = _history(repo, broken=BROKEN)
     started = time.monotonic()
     # 5 s (10 s on the retry): an unchanged commit must reach `same` at the looks' stop levels
-    # (docs/design.md) under make test's load, or it is skipped and the search left undecided.
+    # (docs/design/ab.md#the-looks-levels) under make test's load, or it is skipped and the search left undecided.
     run = _bisect(repo, scratch, shas[0], "main", "-k", "test_step", "--max-time", "5", *PYTEST_ARGS)
     seconds = time.monotonic() - started
     print(f"\nbisect of {len(shas) - 1} commits in {seconds:.0f} s:\n{run.stdout}")

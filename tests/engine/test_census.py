@@ -138,7 +138,7 @@ def test_ranks_that_issue_different_collectives_are_kept_and_compared_rank_by_ra
     # Rank 1 alone issues one more: the ranks disagree on both sides, and rank 1's change is judged.
     twice, _ = census_of(pool, ddpbench.FunctionWorkload(own_group_setup, rank1_twice_round))
     verdict = compare_census(json.loads(json.dumps(census)), json.loads(json.dumps(twice)))
-    assert verdict.verdict == "regression" and verdict.line == "rank 1: all_reduce float32 ×1 on ranks 1: 1 → 2 per " \
+    assert verdict.verdict == "regression" and verdict.line == "rank 1: all_reduce float32 in ranks 1 (a group of 1): 1 → 2 per " \
                                                               "step, +32 B"
 
 
@@ -409,4 +409,4 @@ def test_a_step_with_a_collective_every_other_step_is_marked_as_varying_and_comp
     twice, _ = census_of(pool, ddpbench.FunctionWorkload(every_other_step_setup, all_reduce_twice_every_other_step),
                          plan)
     verdict = compare_census(census, twice)
-    assert verdict.verdict == "regression" and verdict.line.endswith("all_reduce float32 ×2: 1 → 2 per step, +1.0 KiB")
+    assert verdict.verdict == "regression" and verdict.line.endswith("all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 KiB")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from helpers.benchjson import bench, run_cli, run_doc, write
+from helpers.verdict_text import case_blocks
 from ddpbench import cli
 from ddpbench.gates import calibration
 from ddpbench.gates import compare as cmp
@@ -190,9 +191,9 @@ def test_drift_corrects_only_cpu_cases_of_this_machine_cuda_and_multinode_stay_r
         assert not cases[raw].calibrated and cases[raw].ratio == pytest.approx(1.0, abs=0.06)
         assert cases[raw].verdict != "improvement"
     assert any("2 CUDA or multi-node case(s) are compared raw" in n for n in result.notes)
-    rows = {line.split()[0]: line for line in cmp.format_text(result).splitlines()
-            if line.split() and line.split()[0] in infos}
-    assert "probe ÷1.200" in rows["cpu"] and " raw " in rows["gpu"] and " raw " in rows["nodes2"]
+    rows = case_blocks(cmp.format_text(result), infos)
+    assert "calibration probe ÷1.200" in rows["cpu"]
+    assert "calibration raw" in rows["gpu"] and "calibration raw" in rows["nodes2"]
 
 
 def test_real_regression_on_a_slower_machine_is_still_caught(tmp_path):
@@ -250,9 +251,10 @@ def test_the_correction_is_a_column_in_text_markdown_and_json(tmp_path, capsys):
     base, cur = _slower_machine_runs(tmp_path, 1.2)
     b, c = str(base.path), str(cur.path)
     rc, out, _ = run_cli(capsys, "compare", b, c)
+    # The text form: a short row per case; the correction on the figures line under it.
     header = next(line for line in out.splitlines() if line.startswith("case"))
-    assert "calibration" in header
-    assert sum("probe ÷1.200" in line for line in out.splitlines()) == 4
+    assert header.split() == ["case", "ratio", "[95%", "interval]", "verdict"]
+    assert sum("; calibration probe ÷1.200" in line for line in out.splitlines()) == 4
     rc, out, _ = run_cli(capsys, "compare", b, c, "--markdown")
     assert "| calibration |" in out and out.count("| probe ÷1.200 |") == 4
     rc, out, _ = run_cli(capsys, "compare", b, c, "--json")
@@ -260,8 +262,8 @@ def test_the_correction_is_a_column_in_text_markdown_and_json(tmp_path, capsys):
     assert all(case["calibrated"] and case["calibration_factor"] == pytest.approx(1.2) for case in cases)
     assert all(case["details"]["raw_ratio"] > 1.1 for case in cases)
     rc, out, _ = run_cli(capsys, "compare", b, c, "--calibration", "never")
-    rows = [line for line in out.splitlines() if line.startswith("case") and not line.startswith("case ")]
-    assert len(rows) == 4 and all(" raw " in row for row in rows) and "probe ÷" not in out
+    rows = case_blocks(out, {f"case{i}" for i in range(4)})
+    assert len(rows) == 4 and all("calibration raw" in row for row in rows.values()) and "probe ÷" not in out
 
 
 def test_probe_noise_within_tolerance_is_not_normalised(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from helpers.benchjson import bench, run_cli, run_doc, write
 from helpers.census_records import census
+from helpers.verdict_text import case_blocks
 from ddpbench.engine.census import combine_census
 from ddpbench.engine.memory import combine_memory
 from ddpbench.gates.memory import compare_memory
@@ -34,14 +35,14 @@ def recv(peer):
 PIPELINE = [census(send(1)), census(recv(-1), send(1)), census(recv(-1))]
 # The change: stage 1 sends its activations twice.
 TWICE = [PIPELINE[0], census(recv(-1), send(1, calls=2)), PIPELINE[2]]
-TWICE_LINE = "rank 1: send float32 ×3 to +1: 1 → 2 per step, +1.0 MiB"
+TWICE_LINE = "rank 1: send float32 in a group of 3 to +1: 1 → 2 per step, +1.0 MiB"
 
 
 def test_a_change_on_a_middle_stage_is_a_regression_naming_its_rank():
     verdict = compare_census(combine_census(PIPELINE), combine_census(TWICE))
     assert verdict == StructureVerdict("regression", TWICE_LINE)
     assert compare_census(combine_census(TWICE), combine_census(PIPELINE)) == StructureVerdict(
-        "improvement", "rank 1: send float32 ×3 to +1: 2 → 1 per step, -1.0 MiB")
+        "improvement", "rank 1: send float32 in a group of 3 to +1: 2 → 1 per step, -1.0 MiB")
     assert compare_census(combine_census(PIPELINE), combine_census(PIPELINE)) == StructureVerdict("same")
 
 
@@ -66,7 +67,7 @@ def test_ranks_alike_are_named_once_and_the_record_stays_small_at_large_world_si
     assert len(json.dumps(many)) < 8 * len(json.dumps(ddp)) + len(group["ranks"])
     # Every rank alike on both sides, one rank's change: the line names that rank alone.
     assert compare_census(one_differs, alike) == StructureVerdict(
-        "regression", "rank 1023: all_reduce float32 ×1024: 1 → 2 per step, +2.0 MiB")
+        "regression", "rank 1023: all_reduce float32 in a group of 1024: 1 → 2 per step, +2.0 MiB")
 
 
 def test_a_rank_that_recorded_no_census_or_an_incomplete_one_is_not_judged_as_whole():
@@ -127,8 +128,9 @@ def test_the_stored_compare_fails_on_a_middle_stage_s_change(tmp_path, capsys):
     b = write(tmp_path / "base.json", run_doc([bench(NAME, STEADY, {"census": combine_census(PIPELINE)})]))
     c = write(tmp_path / "cur.json", run_doc([bench(NAME, STEADY, {"census": combine_census(TWICE)})]))
     rc, out, _ = run_cli(capsys, "compare", str(b), str(c))
-    row = next(line for line in out.splitlines() if NAME in line)
-    assert rc == 1 and f"regression: {TWICE_LINE}" in row and row.endswith("regression (structure; timing same)  <<")
+    block = case_blocks(out, {NAME})[NAME]  # the case's short row, its structure line under it
+    assert rc == 1 and block.splitlines()[0].endswith("regression (structure; timing same)  <<")
+    assert f"    structure: regression: {TWICE_LINE}" in block.splitlines()
     rc, _, _ = run_cli(capsys, "compare", str(b), str(c), "--accept-structure-change")
     assert rc == 0
 

@@ -27,7 +27,7 @@ MiB = 1 << 20
 BASE = census(("all_reduce", "float32", 2, [MiB, MiB, 2 * MiB]), buckets=[2 * MiB, 2 * MiB])
 # ... and the change that split them: four calls, one more MiB, four buckets of the same bytes.
 GREW = census(("all_reduce", "float32", 2, [MiB, MiB, MiB, 2 * MiB]), buckets=[MiB] * 4)
-GREW_LINE = "all_reduce float32 ×2: 3 → 4 per step, +1.0 MiB; buckets 2 → 4"
+GREW_LINE = "all_reduce float32 in a group of 2: 3 → 4 per step, +1.0 MiB; buckets 2 → 4"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ def test_more_collectives_bytes_and_buckets_are_a_regression_with_a_line_naming_
 
 def test_fewer_are_an_improvement_with_the_same_line_reversed():
     assert compare_census(GREW, BASE) == StructureVerdict(
-        "improvement", "all_reduce float32 ×2: 4 → 3 per step, -1.0 MiB; buckets 4 → 2")
+        "improvement", "all_reduce float32 in a group of 2: 4 → 3 per step, -1.0 MiB; buckets 4 → 2")
 
 
 def test_a_census_that_differs_only_in_order_is_the_same():
@@ -60,22 +60,22 @@ def test_a_census_that_differs_only_in_order_is_the_same():
     # a new kind of collective, and one that went away
     (census(("all_reduce", "float32", 2, [MiB])),
      census(("all_gather", "bfloat16", 2, [2 * MiB, 2 * MiB]), ("all_reduce", "float32", 2, [MiB])),
-     "regression", "all_gather bfloat16 ×2: 0 → 2 per step, +4.0 MiB"),
+     "regression", "all_gather bfloat16 in a group of 2: 0 → 2 per step, +4.0 MiB"),
     (census(("broadcast", "float32", 4, [MiB]), ("all_reduce", "float32", 4, [MiB])),
      census(("all_reduce", "float32", 4, [MiB])),
-     "improvement", "broadcast float32 ×4: 1 → 0 per step, -1.0 MiB"),
+     "improvement", "broadcast float32 in a group of 4: 1 → 0 per step, -1.0 MiB"),
     # the same calls over another group is another collective
     (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 4, [MiB])),
-     "regression", "all_reduce float32 ×2: 1 → 0 per step, -1.0 MiB; all_reduce float32 ×4: 0 → 1 per step, "
+     "regression", "all_reduce float32 in a group of 2: 1 → 0 per step, -1.0 MiB; all_reduce float32 in a group of 4: 0 → 1 per step, "
                    "+1.0 MiB; mixed: some figures up, some down (a regression)"),
     # bytes alone, and more calls of the same bytes
     (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 2, [2 * MiB])),
-     "regression", "all_reduce float32 ×2: 1 per step, +1.0 MiB"),
+     "regression", "all_reduce float32 in a group of 2: 1 per step, +1.0 MiB"),
     (census(("all_reduce", "float32", 2, [2 * MiB])), census(("all_reduce", "float32", 2, [MiB, MiB])),
-     "regression", "all_reduce float32 ×2: 1 → 2 per step, same bytes"),
+     "regression", "all_reduce float32 in a group of 2: 1 → 2 per step, same bytes"),
     # the same calls and bytes in other sizes: neither more nor fewer, stopped until accepted
     (census(("all_reduce", "float32", 2, [MiB, 3 * MiB])), census(("all_reduce", "float32", 2, [2 * MiB, 2 * MiB])),
-     "regression", "all_reduce float32 ×2: 2 per step, same bytes in other sizes (1.0 MiB, 3.0 MiB → 2.0 MiB, "
+     "regression", "all_reduce float32 in a group of 2: 2 per step, same bytes in other sizes (1.0 MiB, 3.0 MiB → 2.0 MiB, "
                    "2.0 MiB); neither more nor fewer (a regression until accepted)"),
     # torch.compile's counters
     (census(graph_breaks=0, recompiles=1), census(graph_breaks=2, recompiles=1),
@@ -85,7 +85,7 @@ def test_a_census_that_differs_only_in_order_is_the_same():
     # one figure up and another down is a regression, and the line says it is mixed
     (census(("all_reduce", "float32", 2, [MiB]), buckets=[MiB, MiB]),
      census(("all_reduce", "float32", 2, [MiB, MiB]), buckets=[2 * MiB]),
-     "regression", "all_reduce float32 ×2: 1 → 2 per step, +1.0 MiB; buckets 2 → 1; mixed: some figures up, "
+     "regression", "all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 MiB; buckets 2 → 1; mixed: some figures up, "
                    "some down (a regression)"),
     # ranks that stop agreeing on the collectives
     (census(("all_reduce", "float32", 2, [MiB])), census(("all_reduce", "float32", 2, [MiB]), ranks_disagree=True),
@@ -144,31 +144,31 @@ SPLITS = {"data_dependent_bytes": "splits"}
 @pytest.mark.parametrize("before, after, verdict, line", [
     # all_gather_object of a longer string: 9 more pickled bytes are data, not structure
     (census(("all_gather", "uint8", 2, [64], OBJECT)), census(("all_gather", "uint8", 2, [73], OBJECT)),
-     "same", "all_gather uint8 ×2: +9 B (object: bytes depend on the data, not judged)"),
+     "same", "all_gather uint8 in a group of 2: +9 B (object: bytes depend on the data, not judged)"),
     # an all_to_all whose splits the data sets (a mixture of experts' routing)
     (census(("all_to_all", "float32", 4, [4096], SPLITS)), census(("all_to_all", "float32", 4, [1024], SPLITS)),
-     "same", "all_to_all float32 ×4: -3.0 KiB (splits: bytes depend on the data, not judged)"),
+     "same", "all_to_all float32 in a group of 4: -3.0 KiB (splits: bytes depend on the data, not judged)"),
     # ... their calls are still counted and judged
     (census(("all_gather", "uint8", 2, [64], OBJECT)), census(("all_gather", "uint8", 2, [64, 80], OBJECT)),
-     "regression", "all_gather uint8 ×2: 1 → 2 per step (object: bytes not judged)"),
+     "regression", "all_gather uint8 in a group of 2: 1 → 2 per step (object: bytes not judged)"),
     # a baseline whose split happened to be even (no mark) against one that was not: not judged either
     (census(("all_to_all", "float32", 4, [4096])), census(("all_to_all", "float32", 4, [5000], SPLITS)),
-     "same", "all_to_all float32 ×4: +904 B (splits: bytes depend on the data, not judged)"),
+     "same", "all_to_all float32 in a group of 4: +904 B (splits: bytes depend on the data, not judged)"),
     # two mesh dimensions of one size swapping their traffic
     (census(("all_reduce", "float32", 2, [MiB], {"group": "mesh_dp"}),
             ("all_reduce", "float32", 2, [4 * MiB], {"group": "mesh_tp"})),
      census(("all_reduce", "float32", 2, [4 * MiB], {"group": "mesh_dp"}),
             ("all_reduce", "float32", 2, [MiB], {"group": "mesh_tp"})),
-     "regression", "all_reduce float32 ×2 on mesh_dp: 1 per step, +3.0 MiB; all_reduce float32 ×2 on mesh_tp: "
+     "regression", "all_reduce float32 in mesh_dp (a group of 2): 1 per step, +3.0 MiB; all_reduce float32 in mesh_tp (a group of 2): "
                    "1 per step, -3.0 MiB; mixed: some figures up, some down (a regression)"),
     # a send that goes to the previous rank instead of the next
     (census(("send", "float32", 4, [MiB], {"peer": 1})), census(("send", "float32", 4, [MiB], {"peer": -1})),
-     "regression", "send float32 ×4 to -1: 0 → 1 per step, +1.0 MiB; send float32 ×4 to +1: 1 → 0 per step, "
+     "regression", "send float32 in a group of 4 to -1: 0 → 1 per step, +1.0 MiB; send float32 in a group of 4 to +1: 1 → 0 per step, "
                    "-1.0 MiB; mixed: some figures up, some down (a regression)"),
     # two version-1 records (saved by an older ddpbench) are still compared as they were
     (census(("all_reduce", "float32", 2, [MiB]), version=1),
      census(("all_reduce", "float32", 2, [MiB, MiB]), version=1),
-     "regression", "all_reduce float32 ×2: 1 → 2 per step, +1.0 MiB"),
+     "regression", "all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 MiB"),
 ])
 def test_data_dependent_bytes_groups_peers_and_old_records(before, after, verdict, line):
     assert compare_census(before, after) == StructureVerdict(verdict, line)
@@ -227,14 +227,14 @@ def _steps(*steps):
 @pytest.mark.parametrize("before, after, verdict, line", [
     # gradient accumulation over 2 steps whose sync step all_reduces 1 MiB more
     (_steps([], [MiB]), _steps([], [MiB, MiB]), "regression",
-     "step 2 of 2: all_reduce float32 ×2: 1 → 2 per step, +1.0 MiB"),
+     "step 2 of 2: all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 MiB"),
     (_steps([], [MiB, MiB]), _steps([], [MiB]), "improvement",
-     "step 2 of 2: all_reduce float32 ×2: 2 → 1 per step, -1.0 MiB"),
+     "step 2 of 2: all_reduce float32 in a group of 2: 2 → 1 per step, -1.0 MiB"),
     # the census began in the other phase of the cycle on one side: the same steps
     (_steps([], [MiB]), _steps([MiB], []), "same", ""),
     # a step that varies now against one that did not
     (census(("all_reduce", "float32", 2, [MiB])), _steps([], [MiB]), "improvement",
-     "step 1 of 2: all_reduce float32 ×2: 1 → 0 per step, -1.0 MiB"),
+     "step 1 of 2: all_reduce float32 in a group of 2: 1 → 0 per step, -1.0 MiB"),
 ])
 def test_steps_that_vary_are_compared_step_by_step(before, after, verdict, line):
     assert compare_census(before, after) == StructureVerdict(verdict, line)
@@ -243,7 +243,7 @@ def test_steps_that_vary_are_compared_step_by_step(before, after, verdict, line)
 def test_compare_fails_on_a_census_counted_on_one_side_only_until_accepted(tmp_path, capsys):
     b, c = _runs(tmp_path, _steps([], [MiB]), _steps([], [MiB, MiB]))
     rc, out, _ = run_cli(capsys, "compare", b, c)
-    assert rc == 1 and "regression: step 2 of 2: all_reduce float32 ×2: 1 → 2 per step, +1.0 MiB" in out
+    assert rc == 1 and "regression: step 2 of 2: all_reduce float32 in a group of 2: 1 → 2 per step, +1.0 MiB" in out
     b, c = _runs(tmp_path, BASE, INCOMPLETE)
     rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 1 and "counted in full on the baseline only" in out
@@ -283,16 +283,30 @@ def _runs(tmp_path, base_census, cur_census, cur_rounds=STEADY):
     return str(b), str(c)
 
 
+def _row_and_details(out: str) -> tuple[str, list[str]]:
+    """The case's row in the text table and the lines indented under it."""
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if NAME in line and not line.startswith(" "))
+    under = []
+    for line in lines[at + 1:]:
+        if not line.startswith("    "):
+            break
+        under.append(line)
+    return lines[at], under
+
+
 def test_compare_fails_on_a_structural_regression_whatever_the_timing_says(tmp_path, capsys):
     b, c = _runs(tmp_path, BASE, GREW)
     rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 1
-    row = next(line for line in out.splitlines() if NAME in line)
-    assert f"regression: {GREW_LINE}" in row and row.endswith("regression (structure; timing same)  <<")
+    row, under = _row_and_details(out)
+    assert row.endswith("regression (structure; timing same)  <<")
+    assert f"    structure: regression: {GREW_LINE}" in under  # on its own line under the case's row
     assert out.splitlines()[-1] == (
         f"1 structural regression(s) (benchmarks/test_x.py::{NAME}): what one step launches grew or changed, a "
         f"regression whatever the timing says (--accept-structure-change accepts a change made on purpose)")
-    assert "structure: 1 regression" in out.splitlines()[0]
+    title = " ".join(out.split("\ncase ", 1)[0].split())  # the summary wraps at 120 columns
+    assert "structure: 1 regression" in title
     rc, out, _ = run_cli(capsys, "compare", b, c, "--markdown")
     assert rc == 1 and "| structure | verdict |" in out
     assert f"| regression: {GREW_LINE} | ❌ **regression** (structure; timing same) |" in out
@@ -306,8 +320,8 @@ def test_an_accepted_structural_change_passes_and_is_still_shown(tmp_path, capsy
     b, c = _runs(tmp_path, BASE, GREW)
     rc, out, _ = run_cli(capsys, "compare", b, c, "--accept-structure-change")
     assert rc == 0
-    row = next(line for line in out.splitlines() if NAME in line)
-    assert f"regression, accepted: {GREW_LINE}" in row and row.endswith("same")
+    row, under = _row_and_details(out)
+    assert row.endswith("same") and f"    structure: regression, accepted: {GREW_LINE}" in under
     assert (f"1 structural change(s) accepted by --accept-structure-change (benchmarks/test_x.py::{NAME}): "
             f"shown, not failing") in out
     rc, out, _ = run_cli(capsys, "compare", b, c, "--accept-structure-change", "--json")
@@ -398,8 +412,9 @@ def test_an_ab_run_fails_on_a_structural_regression_unless_accepted(tmp_path, ca
     run = _ab_run(tmp_path, BASE, GREW)
     rc, out, _ = run_cli(capsys, "compare", run)
     assert rc == 1
-    row = next(line for line in out.splitlines() if NAME in line)
-    assert f"regression: {GREW_LINE}" in row and "regression (structure; timing same)  <<" in row
+    row, under = _row_and_details(out)
+    assert row.endswith("regression (structure; timing same)  <<")
+    assert f"    structure: regression: {GREW_LINE}" in under
     assert "--accept-structure-change accepts a change made on purpose" in out
     rc, out, _ = run_cli(capsys, "compare", run, "--accept-structure-change", "--markdown")
     assert rc == 0 and f"| regression, accepted: {GREW_LINE} | same |" in out
@@ -504,7 +519,9 @@ def test_the_ab_run_exits_1_on_a_structural_regression_and_compare_accepts_it_wh
     pytester.makepyfile(test_bench=PLANTED)
     result = pytester.runpytest_subprocess(*AB_RUN, "--benchmark-json=ab.json", timeout=300)
     assert result.ret == 1, result.stdout.str()
-    result.stdout.fnmatch_lines([f"*test_step*regression: {GREW_LINE}*regression (structure; timing *)*<<",
+    # The case's short row, the structural change on a line of its own under it.
+    result.stdout.fnmatch_lines(["*test_step*regression (structure; timing *)*<<",
+                                 f"    structure: regression: {GREW_LINE}",
                                  "*ddpbench A/B: 1 structural regression(s) (*test_step*)*"
                                  "--dist-ab-accept-structure-change accepts a change made on purpose)"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]

@@ -1,4 +1,4 @@
-"""A census record in the shared format (`extra_info["census"]`, docs/design.md), built for tests."""
+"""A census record in the shared format (`extra_info["census"]`, docs/design/census-and-memory.md#record-format), built for tests."""
 
 
 def census(*collectives, buckets=None, graph_breaks=None, recompiles=None, launches=None, version=2, **more):

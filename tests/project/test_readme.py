@@ -87,8 +87,10 @@ def _kind(command: str) -> str:
     first = shlex.split(command)[0]
     if first.startswith("DDPBENCH_SECRET=") or command.startswith("export DDPBENCH_SECRET="):
         return "secret"
+    if command == "python3 -m venv .venv":
+        return "install"
     return {"make": "make", ".venv/bin/pytest": "pytest", ".venv/bin/ddpbench": "ddpbench",
-            ".venv/bin/torchrun": "torchrun"}.get(first, "unknown")
+            ".venv/bin/torchrun": "torchrun", ".venv/bin/pip": "install"}.get(first, "unknown")
 
 
 def _ids(kind: str) -> list[str]:
@@ -119,7 +121,7 @@ def test_readme_is_a_manual_of_short_lines_in_its_sections():
     headings = [line[3:].strip() for line in lines if line.startswith("## ")]
     assert headings == SECTIONS
     assert not re.search(r"\d\s*ms\b", README), "measured figures belong in docs/results.md"
-    for doc in ("docs/results.md", "docs/design.md", "examples/tinyddp"):
+    for doc in ("docs/results.md", "docs/design/", "examples/tinyddp"):
         assert doc in README and (ROOT / doc).exists()
 
 
@@ -151,6 +153,7 @@ def test_every_option_the_readme_names_exists_and_it_links_the_reference():
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.memory_census  # its summary's memory line
 def test_the_readme_example_runs_in_a_fresh_project(pytester):
     examples = [(marker, body) for marker, body in code_blocks("python")
                 if marker and marker.startswith("readme-example:")]
@@ -165,6 +168,8 @@ def test_the_readme_example_runs_in_a_fresh_project(pytester):
                                            "--dist-rounds=3", "--dist-warmup=1",
                                            "--benchmark-json=out.json", timeout=300)
     result.assert_outcomes(passed=1, deselected=2)
+    # The run's own summary gives the case's memory peak and where it fell (the model DDP wraps, by its class).
+    result.stdout.fnmatch_lines(["test_my_ddp_step[[]gloo-2p[]]  memory peak * at Linear *, * kept after the step"])
     (case,) = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
     assert case["name"] == "test_my_ddp_step[gloo-2p]" and case["stats"]["rounds"] == 3
     assert case["extra_info"]["workload"] == f"{pathlib.Path(filename).stem}.train_step"
@@ -228,6 +233,34 @@ def test_readme_ddpbench_command_is_accepted_by_the_cli(command):
     assert args.command in ("compare", "report", "history", "bisect", "census")
 
 
+def test_the_install_commands_work_as_written_and_keep_the_users_own_index(tmp_path):
+    # In your own project: a venv it makes, torch from PyTorch's CPU index for that one command (the
+    # --index-url option; PIP_EXTRA_INDEX_URL would replace the user's own extra index), then
+    # ddpbench from a checkout beside the project.
+    venv, torch_line, ddpbench_line = _ids("install")
+    assert venv == "python3 -m venv .venv" and "PIP_EXTRA_INDEX_URL" not in README
+    pin = re.search(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)
+    assert shlex.split(torch_line) == [".venv/bin/pip", "install", f"torch=={pin}", "--index-url",
+                                       "https://download.pytorch.org/whl/cpu"]
+    import torch
+
+    assert torch.__version__.split("+")[0] == pin  # make venv installs that pin from that index too
+    project = tmp_path / "my-project"
+    project.mkdir()
+    (tmp_path / "ddpbench").symlink_to(ROOT)
+    made = subprocess.run(shlex.split(venv), cwd=project, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0 and (project / ".venv" / "bin" / "pip").exists(), made.stderr
+    # The ddpbench line, as written, resolves offline against this environment (its CPU torch
+    # satisfies the constraints' pin): pip would install ddpbench from the checkout and nothing else.
+    args = shlex.split(ddpbench_line)
+    assert args[:2] == [".venv/bin/pip", "install"]
+    dry = subprocess.run([sys.executable, "-m", "pip", *args[1:], "--dry-run", "--no-index", "--no-build-isolation"],
+                         cwd=project, capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and "Would install ddpbench-" in dry.stdout, dry.stdout + dry.stderr
+    would = dry.stdout.strip().splitlines()[-1].split()[2:]
+    assert [name.rsplit("-", 1)[0] for name in would] == ["ddpbench"]  # ddpbench alone
+
+
 def test_readme_make_targets_run_in_ci_or_here():
     targets = [shlex.split(c)[1] for c in _ids("make")]
     assert sorted(targets) == ["bench", "test"]
@@ -273,7 +306,7 @@ def test_readme_multinode_commands_work_as_tests_multinode_runs_them(monkeypatch
 
 
 # TransformerTraining's fields that are no knob of a case (not in its id; compute_only is the switch
-# of the compute-only variant that variants() makes, docs/design.md): the knob table leaves them out.
+# of the compute-only variant that variants() makes, docs/design/families.md): the knob table leaves them out.
 TRANSFORMER_SETTINGS = {"seed", "lr", "data_batches", "measure_peak", "compute_only"}
 
 
@@ -298,9 +331,9 @@ def _transformer_knob_problem(text: str) -> str:
 
 
 def test_the_transformer_table_has_one_row_per_knob():
-    # The table lives in docs/design.md (The families); the README's family table points there.
-    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-    assert "docs/design.md, *The families*" in README
+    # The table lives in docs/design/families.md#transformers; the README's family table points there.
+    design = (ROOT / "docs" / "design" / "families.md").read_text(encoding="utf-8")
+    assert "docs/design/families.md#transformers" in README
     assert _transformer_knob_problem(design) == ""
     row = next(line for line in design.splitlines() if line.startswith("| `static_graph`"))
     assert _transformer_knob_problem(design.replace(row + "\n", "")) == \

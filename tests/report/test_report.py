@@ -110,7 +110,7 @@ def test_tables_have_the_seed_shapes_and_rows(tmp_path):
     assert "handwritten median time (ms)" in header and "torch peak memory (census)" in header
     assert len(rows) == 2 and rows[0][:3] == ["32", "64", "2"]
     assert rows[0][header.index("handwritten median time (ms)")] == "3.000"  # median, not the mean 5.000
-    assert "3.0 MB" in rows[0] and "n/a" in rows[0]  # the handwritten variant has no memory number
+    assert "3.0 MiB" in rows[0] and "n/a" in rows[0]  # the handwritten variant has no memory number
 
     header, rows = _table_rows(text, "### lightning")
     assert header[:4] == ["Ranks", "Model", "grad_accum", "batch_size"] and "Peak memory (census)" in header
@@ -132,10 +132,10 @@ def test_dataset_table_tells_every_case_apart(tmp_path):
     assert len({tuple(r) for r in rows}) == len(rows) == 6
     cells = [dict(zip(header, r)) for r in rows]
     spawn = next(c for c in cells if c["worker start"] == "spawn")
-    assert spawn == {"layout": "list", "num_samples": "2048", "sample size": "3x224x224 (602 KB)", "data": "handover",
+    assert spawn == {"layout": "list", "num_samples": "2048", "sample size": "3x224x224 (588.0 KiB)", "data": "handover",
                      "workers": "2", "worker start": "spawn", "persistent": "no", "sharing strategy": "file_descriptor",
                      "share time (s)": "0.250", "epoch time (s)": "0.600", "epoch IQR (s)": "0.200",
-                     "open fds": "2063", "memory": "50.0 MB"}  # median epoch; IQR of 0.5 0.6 0.6 1.3 (quartiles 0.575, 0.775)
+                     "open fds": "2063", "memory": "50.0 MiB"}  # median epoch; IQR of 0.5 0.6 0.6 1.3 (quartiles 0.575, 0.775)
     assert [c["persistent"] for c in cells if c["layout"] == "list" and c["worker start"] == "fork"
             and c["data"] == "handover"] == ["no", "yes"]
     assert [c["data"] for c in cells if c["layout"] == "list"].count("rank") == 1
@@ -400,9 +400,9 @@ def test_transformer_cases_get_their_own_table(tmp_path):
                       "Params per rank", "Final loss", "Peak memory (census)"]
     assert rows == [["test_transformer[gloo-2p-cpu-small-ddp]", "2", "250.000", "4096", "0.125", "200.0",
                      "200.000 [190.000, 210.000]", "12.500 [-1.000, 20.000]", "50.000", "75%",
-                     "8.0 MB", "4.0 MB", "4.5000", "400.0 MB"],
+                     "8.0 MiB", "4.0 MiB", "4.5000", "400.0 MiB"],
                     ["test_transformer[gloo-2p-cpu-small-fsdp2]", "2", "250.000", "4096", "0.125", "200.0",
-                     "-", "-", "-", "-", "8.0 MB", "4.0 MB", "4.5000", "400.0 MB"]]
+                     "-", "-", "-", "-", "8.0 MiB", "4.0 MiB", "4.5000", "400.0 MiB"]]
     _, training_rows = _table_rows(text, "## Training")
     assert [row[1] for row in training_rows] == ["mlp"]  # the transformer case is not a training row
 
@@ -426,14 +426,14 @@ def test_the_memory_table_shows_each_case_s_peak_and_what_held_it(tmp_path):
     assert header == ["Case", "Ranks", "Peak (census)", "Parameters", "Gradients", "Optimizer state", "DDP buckets",
                       "Peak at", "Kept after the step", "Optimizer", "Measured max allocated", "Census / measured"]
     cells = {row[0]: dict(zip(header, row)) for row in rows}
-    assert cells["test_training[ddp]"]["DDP buckets"] == "8.0 MB" and cells["test_training[manual]"]["DDP buckets"] == "-"
-    assert [cells[f"test_training[{n}]"]["Peak (census)"] for n in cases] == ["34.0 MB", "42.0 MB", "34.0 MB"]
+    assert cells["test_training[ddp]"]["DDP buckets"] == "8.0 MiB" and cells["test_training[manual]"]["DDP buckets"] == "-"
+    assert [cells[f"test_training[{n}]"]["Peak (census)"] for n in cases] == ["34.0 MiB", "42.0 MiB", "34.0 MiB"]
     assert cells["test_training[ddp]"]["Peak at"] == "blocks.0 backward"
     assert cells["test_training[ddp]"]["Optimizer"] == "AdamW (foreach off)"
     assert (cells["test_cuda_case"]["Measured max allocated"], cells["test_cuda_case"]["Census / measured"]) == (
-        "40.0 MB", "0.850")
+        "40.0 MiB", "0.850")
     _, training_rows = _table_rows(text, "### ddp")  # the family's table shows the census peak too
-    assert sorted(row[-1] for row in training_rows) == ["34.0 MB", "34.0 MB", "42.0 MB"]
+    assert sorted(row[-1] for row in training_rows) == ["34.0 MiB", "34.0 MiB", "42.0 MiB"]
 
 
 @pytest.mark.parametrize("memory,message", [
@@ -464,3 +464,12 @@ def test_the_numerics_table_shows_each_case_s_replay_and_leaves_out_what_is_not_
     damaged = write(tmp_path / "bad.json", run_doc([bench("test_x", [0.01], {"numerics": record(digests="x")})]))
     assert cli.main(["report", str(damaged), "--no-charts"]) == 2
     assert "test_x: extra_info numerics.digests is 'x'" in capsys.readouterr().err
+
+
+def test_sizes_are_in_binary_units_named_as_such():
+    # One convention for bytes in the report: IEC units, at a scale that shows the size (76,080,712 B
+    # was "72.6 MB" and 32,772 B "0.0 MB").
+    from ddpbench.report.cells import mem
+
+    assert [mem(76_080_712), mem(32_772), mem(512), mem(3 * 2**30), mem(None)] == \
+        ["72.6 MiB", "32.0 KiB", "512 B", "3.0 GiB", "n/a"]

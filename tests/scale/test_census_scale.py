@@ -28,7 +28,7 @@ CASES = {
 
 
 # The memory census's cases (one short batch: the check is of bookkeeping, not of size), fp32: bf16
-# under FakeTensorMode is not byte-exact (docs/design.md, "The census at scale").
+# under FakeTensorMode is not byte-exact (docs/design/census-and-memory.md#what-is-checked).
 MEMORY_CASES = {
     "ddp-cap1": dict(bucket_cap_mb=1),  # DDP's built-in all-reduce on gloo, torch's Python twin simulated
     "fsdp2": dict(impl="fsdp2"),

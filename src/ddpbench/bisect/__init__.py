@@ -1,5 +1,5 @@
 """``ddpbench bisect``: the first first-parent commit between GOOD and BAD whose code the A/B gate
-finds slower than GOOD's (docs/design.md, *Bisect*). The command in :mod:`.command`; the search,
+finds slower than GOOD's (docs/design/ab.md#bisect). The command in :mod:`.command`; the search,
 a pure function, in :mod:`.search`; how a probe is read in :mod:`.probe`."""
 
 from .command import Bisect, run_bisect

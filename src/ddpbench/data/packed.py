@@ -1,5 +1,5 @@
 """``PackedTensorDataset``: many variable-size tensors in one storage plus an offsets index, so handing
-it to another process costs four storages whatever the sample count (docs/design.md#packedtensordataset)."""
+it to another process costs four storages whatever the sample count (docs/design/families.md#packedtensordataset)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The collective census: every collective one rank issues while a callable runs, counted by kind,
 dtype, process group and peer, with each call's payload bytes (``extra_info["census"]``;
-docs/design.md#collective-census)."""
+docs/design/census-and-memory.md#collective-census)."""
 
 from __future__ import annotations
 
@@ -567,7 +567,7 @@ class CollectiveCensus:
     def record(self, ops_per_round: int = 1, ddp_buckets: list[int] | None = None,
                dynamo_before: dict | None = None, dynamo_after: dict | None = None,
                dynamo_at_start: dict | None = None) -> dict[str, Any]:
-        """The census record (``extra_info["census"]``; docs/design.md, "Collective census").
+        """The census record (``extra_info["census"]``; docs/design/census-and-memory.md#record-format).
         ``dynamo_*``: :func:`dynamo_snapshot` when the case started, before and after the counted
         round; compile figures are null unless dynamo compiled a frame since the case started."""
         compiled = (dynamo_after is not None

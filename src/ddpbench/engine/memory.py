@@ -1,5 +1,5 @@
 """The memory census: the peak of live tensor bytes on one rank during one untimed step, what held them
-and where it fell (``extra_info["memory"]``; docs/design.md#memory-census)."""
+and where it fell (``extra_info["memory"]``; docs/design/census-and-memory.md#memory-census)."""
 
 from __future__ import annotations
 
@@ -241,15 +241,18 @@ def _total(snapshot: dict) -> int:
     return int(snapshot.get("Total", 0))
 
 
-def _module_name(fqn: str | None, roots: dict[str, str]) -> str | None:
+def _module_name(fqn: str | None, wrapped: dict[str, str] | None = None) -> str | None:
     """A module's name as the model names it: the tracker's ``Root.blocks.0`` without the root's
-    class name (and DDP's ``module.``); the root itself by its class name."""
+    class name (and DDP's ``module.``); a root by its class name, and the model a DDP root wraps
+    (``wrapped``: the DDP root's name to its model's class) by its class, not DDP's ``module``."""
     if fqn is None:
         return None
     head, _, rest = fqn.partition(".")
     if not rest:
-        return roots.get(head, head)
-    return rest.removeprefix("module.") if head in roots and roots[head] == "DistributedDataParallel" else rest
+        return head
+    if head in (wrapped or {}):
+        return wrapped[head] if rest == "module" else rest.removeprefix("module.")
+    return rest
 
 
 def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
@@ -286,7 +289,7 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
     chosen = next((d for d in sorted(peak, key=str) if d.type == dev.type), None)
     if chosen is None and peak:
         chosen = sorted(peak, key=str)[0]
-    roots = {type(m).__name__: type(m).__name__ for m in modules}
+    wrapped = {type(m).__name__: type(m.module).__name__ for m in modules if _is_ddp(m)}
     where = tracker.peak_where.get(chosen, (None, "outside the model"))
     record: dict[str, Any] = {
         "version": MEMORY_VERSION,
@@ -295,7 +298,7 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
         "steps_counted": 1,
         "peak_bytes": _total(peak.get(chosen, {})),
         "at_peak": _bytes_by_category(peak.get(chosen, {}), ddp),
-        "peak_at": {"module": _module_name(where[0], roots), "phase": where[1]},
+        "peak_at": {"module": _module_name(where[0], wrapped), "phase": where[1]},
         "before_step_bytes": _total(before.get(chosen, {})),
         "after_step_bytes": _total(after.get(chosen, {})),
         "after_step": _bytes_by_category(after.get(chosen, {}), ddp),

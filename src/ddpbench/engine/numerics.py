@@ -1,6 +1,6 @@
 """The numerics fingerprint: a seeded, untimed replay of a few steps from a freshly set-up state, with
 a bitwise digest and summary figures of the trainable state after set-up and after each step
-(``extra_info["numerics"]``; docs/design.md#numerics-fingerprint). It runs on a state of its own,
+(``extra_info["numerics"]``; docs/design/census-and-memory.md#numerics-fingerprint). It runs on a state of its own,
 set up and torn down around it, never on the timed one."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The timing engine inside every rank (:class:`RankSession`, :func:`measure_workload`: set-up,
 warm-up, recorded rounds, the stopping rule, ops per round, finish) and the cross-rank reduction in
-the controller (:class:`CaseRounds`, :func:`max_over_ranks`). The rule itself: docs/design.md,
-"Timing rule"; a round's mechanics: :mod:`.rounds`.
+the controller (:class:`CaseRounds`, :func:`max_over_ranks`). The rule itself:
+docs/design/engine.md#timing-rule; a round's mechanics: :mod:`.rounds`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Machine-drift calibration: a short, fixed local probe recorded with every saved run, by which
-``ddpbench compare`` corrects a uniformly slower machine (docs/design.md#machine-drift)."""
+``ddpbench compare`` corrects a uniformly slower machine (docs/design/gates.md#machine-drift)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The stored-baseline gate: noise-aware verdicts between two saved runs, case by case, with the
 machine-drift correction, the comparability check and each case's structural and memory verdicts
-(docs/design.md#stored-run-gate, #machine-drift, #comparable-runs).
+(docs/design/gates.md#stored-run-gate, #machine-drift, #comparable-runs).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class Comparison(GateReport):
         return out
 
 
-ROUNDS_COLUMN = Column("rounds", lambda c: "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}")
+ROUNDS_COLUMN = Column("rounds", lambda c: "-" if c.baseline_rounds is None else f"{c.baseline_rounds}/{c.current_rounds}",
+                       own_line=False)
 
 
 def _calibration_cell(case: CaseVerdict) -> str:
@@ -59,7 +60,7 @@ def _calibration_cell(case: CaseVerdict) -> str:
     return f"probe ÷{case.calibration_factor:.3f}" if case.calibrated else "raw"
 
 
-CALIBRATION_COLUMN = Column("calibration", _calibration_cell)
+CALIBRATION_COLUMN = Column("calibration", _calibration_cell, own_line=False)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """What decides what a case measures, recorded with every saved run and checked before two runs are
-compared (docs/design.md#comparable-runs)."""
+compared (docs/design/gates.md#comparable-runs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The memory verdict: two memory census records compared exactly (docs/design.md#the-memory-verdict)."""
+"""The memory verdict: two memory census records compared exactly (docs/design/gates.md#the-memory-verdict)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _delta(nbytes: int) -> str:
     return ("+" if nbytes > 0 else "-") + size_text(abs(nbytes))
 
 
-def _place(figures: MemoryCensus) -> str:
+def peak_place(figures: MemoryCensus) -> str:
     """Where the peak fell, as a line says it: "at blocks.0 backward", "in the optimizer step"."""
     module, phase = figures.module, figures.phase
     if module and phase:
@@ -78,19 +78,25 @@ def _compare_rank(base: MemoryCensus, cur: MemoryCensus, current_label: str) -> 
     up = down = False
     peak_change = cur.peak - base.peak
     at_peak = _category_changes(base.at_peak, cur.at_peak)
-    moved = _place(base) != _place(cur)
+    moved = peak_place(base) != peak_place(cur)
     up |= peak_change > 0
     down |= peak_change < 0
     if not peak_change and not moved:  # the same peak at the same moment: what held it compares too
         up |= any(d > 0 for _, d in at_peak)
         down |= any(d < 0 for _, d in at_peak)
-    if peak_change or at_peak:
+    what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in at_peak)
+    if (peak_change or at_peak) and not moved:
         head = f"peak {_delta(peak_change)}" if peak_change else "peak same"
-        what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in at_peak)
-        place = _place(cur) + (f" (was {_place(base)})" if moved else "")
-        parts.append(f"{head}: {what + ', ' if what else ''}{place}")
+        parts.append(f"{head}: {what + ', ' if what else ''}{peak_place(cur)}")
+    elif peak_change or at_peak:
+        # Two peaks at different moments: a category's change is what held this peak against what
+        # held the baseline's, not a change of that category in the step (gradients may be fewer
+        # at an earlier moment of backward while the step holds as many).
+        head = f"peak {_delta(peak_change)}" if peak_change else "peak same"
+        held = f"; held at this peak against the baseline's: {what}" if what else ""
+        parts.append(f"{head}, now {peak_place(cur)} (was {peak_place(base)}){held}")
     elif moved:
-        parts.append(f"peak same, now {_place(cur)} (was {_place(base)})")
+        parts.append(f"peak same, now {peak_place(cur)} (was {peak_place(base)})")
     after_change = cur.after - base.after
     if after_change:
         kept = _category_changes(base.after_step, cur.after_step)

@@ -1,5 +1,5 @@
 """The numerics verdict: two numerics records (seeded replays of a few steps) compared bitwise, a
-difference measured against the baseline's own replay-to-replay band (docs/design.md#the-numerics-verdict)."""
+difference measured against the baseline's own replay-to-replay band (docs/design/gates.md#the-numerics-verdict)."""
 
 from __future__ import annotations
 

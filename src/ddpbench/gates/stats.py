@@ -1,5 +1,5 @@
-"""The gates' statistics, on scipy.stats: paired blocks for A/B (docs/design.md#the-ab-verdict),
-independent samples for stored runs (docs/design.md#stored-run-gate)."""
+"""The gates' statistics, on scipy.stats: paired blocks for A/B (docs/design/ab.md#the-ab-verdict),
+independent samples for stored runs (docs/design/gates.md#stored-run-gate)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def stop_levels(error: float, look_pairs: tuple[int, ...], spending_power: float
     earlier look stopped: with nested looks the test statistics are correlated as sqrt(n_k / n_l),
     so the levels are set on that random walk, simulated (``STOP_LEVEL_PATHS`` paths, seeded: the
     same levels every time). A case that takes fewer looks (it decided, or its time cap ended it)
-    spends less. Why this shape: docs/design.md, *The stop's own error*."""
+    spends less. Why this shape: docs/design/ab.md#the-stops-own-error."""
     from scipy import stats
 
     pairs = np.asarray(look_pairs, dtype=float)

@@ -1,5 +1,5 @@
 """The structural verdict: two census records (what one step of a case launches) compared exactly
-(docs/design.md#the-structural-verdict)."""
+(docs/design/gates.md#the-structural-verdict)."""
 
 from __future__ import annotations
 
@@ -82,12 +82,14 @@ class _Changes:
 
 
 def _label(key) -> str:
-    """An entry's name in the line: ``all_reduce float32 ×2``, then its group when it is not the
-    default one and its peer: ``send float32 ×4 on mesh_tp to +1``."""
+    """An entry's name in the line: ``all_reduce float32 in a group of 2`` (the group's size: a
+    collective is keyed by its group), the group named when it is not the default one, and the
+    peer: ``send float32 in mesh_tp (a group of 4) to +1``."""
     kind, dtype, size, group, peer = key
-    text = f"{kind} {dtype} ×{size}"
     if group is not None and group != "world":
-        text += f" on {group}"
+        text = f"{kind} {dtype} in {group} (a group of {size})"
+    else:
+        text = f"{kind} {dtype} in a group of {size}"
     if peer is not None:
         direction = "from" if kind == "recv" else "to"
         text += f" {direction} any rank" if peer == "any" else f" {direction} {peer:+d}"
@@ -334,8 +336,9 @@ def _compare_one(base: Census, cur: Census, current_label: str) -> StructureVerd
 def compare_census(baseline: Any, current: Any, current_label: str = "current",
                    fields: tuple[str, str] = (CENSUS_KEY, CENSUS_KEY)) -> StructureVerdict:
     """The structural verdict of ``current`` against ``baseline`` (each a census, read or not, or
-    None) with the line naming each change, e.g. ``all_reduce float32 ×2: 3 → 4 per step, +1.0 MiB;
-    buckets 2 → 4``, compared rank by rank (``rank 1: send float32 ×3 to +1: 1 → 2 per step, ...``
+    None) with the line naming each change, e.g. ``all_reduce float32 in a group of 2: 3 → 4 per step,
+    +1.0 MiB; buckets 2 → 4``, compared rank by rank (``rank 1: send float32 in a group of 3 to +1: 1 →
+    2 per step, ...``
     where ranks differ) and, where the steps' collectives vary, step by step; :class:`RecordError`
     for a malformed one, naming its side and its field (``fields``: how each side's census is named
     in a message, baseline's first)."""

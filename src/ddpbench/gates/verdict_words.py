@@ -1,6 +1,6 @@
 """The gates' verdict words as one type, :class:`Verdict`: each word with what it means to a gate's
 exit status and how each output shows it. A member is the str it spells, so saved runs, JSON and
-printed tables hold the word itself. What each word means: docs/design.md (Gates)."""
+printed tables hold the word itself. What each word means: docs/design/gates.md#gates."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
 """The gates' one vocabulary (:class:`~.verdict_words.Verdict`), one case verdict and one report with
-its formatters; the decided verdict made from its components (docs/design.md#gates,
-docs/design.md#the-decided-verdict).
+its formatters; the decided verdict made from its components (docs/design/gates.md#gates,
+docs/design/gates.md#the-decided-verdict).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -177,10 +178,13 @@ def record_decision(ab: dict[str, Any], case: CaseVerdict) -> None:
 
 @dataclass(frozen=True)
 class Column:
-    """A column a gate adds to its report, between the interval and the verdict."""
+    """A column a gate adds to its report, between the interval and the verdict. In the text form a
+    column is a line of its own under the case's row (``own_line``: a component's verdict such as
+    structure or memory), or a figure on the case's figures line."""
 
     header: str
     cell: Callable[[CaseVerdict], str]
+    own_line: bool = True
 
 
 STRUCTURE_COLUMN = Column("structure", lambda case: case.structure.cell() if case.structure else "-")
@@ -274,9 +278,22 @@ class GateReport:
         words = [("accepted" if c.numerics.accepted else c.numerics.verdict if c.numerics.verdict is Verdict.NOT_COUNTED
                   else c.numerics.line.partition(":")[0].split(" from ")[0]) for c in self.cases if c.numerics is not None]
         numerics = ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(sorted(words)))
-        return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; ratio = {self.current_label} / "
-                f"baseline, > 1 is slower" + (f"; structure: {structure}" if structure else "")
-                + (f"; memory: {memory}" if memory else "") + (f"; numerics: {numerics}" if numerics else ""))
+        return (f"{counts}; {rule}{self.confidence * 100:g}% confidence; {self.ratio_meaning()}, > 1 is slower"
+                + (f"; structure: {structure}" if structure else "") + (f"; memory: {memory}" if memory else "")
+                + (f"; numerics: {numerics}" if numerics else ""))
+
+    def ratio_meaning(self) -> str:
+        """What the printed ratio is: A/B's is the Hodges–Lehmann estimate over the paired blocks
+        (the median of the pairwise averages of the pairs' log ratios), which the two medians shown
+        beside it need not divide to; the stored-run gate's is the ratio of the medians."""
+        methods = {case.method for case in self.cases if case.ratio is not None}
+        current = f"{self.current_label} / baseline"
+        if methods == {"paired-blocks"}:
+            return (f"ratio = {current}, the Hodges–Lehmann estimate over the paired blocks "
+                    f"(not the ratio of the two medians)")
+        if methods and "paired-blocks" not in methods:
+            return f"ratio = {current} median"
+        return f"ratio = {current}"
 
     def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
                     option_prefix: str = "--", allow_baseline_failure: bool = False) -> tuple[int, list[str]]:
@@ -429,6 +446,18 @@ def _resolution(case: CaseVerdict) -> str:
     return "" if ruled_out is None else f" (rules out >= {math.ceil(round(ruled_out * 1000, 6)) / 10:.1f}% slower)"
 
 
+def _resolution_reason(case: CaseVerdict, confidence: float) -> str:
+    """Why an inconclusive case rules out what it does when that is more than its interval shows:
+    a look may stop only on the exact signed-rank bound at its stop level too, and that bound, not
+    the interval's end, is what the case has shown (docs/design/ab.md#the-stops-own-error)."""
+    bound, level = case.details.get("stop_bound"), case.details.get("stop_level")
+    if case.rules_out_slowdown is None or bound is None or case.ci_high is None or bound <= case.ci_high:
+        return ""
+    at = f" ({level:.2g})" if isinstance(level, (int, float)) else ""
+    return (f"{bound:.3f} is the ratio's exact upper bound at this look's stop level{at}, above the "
+            f"{confidence * 100:g}% interval's end {case.ci_high:.3f}; a look stops only within both")
+
+
 def _row(report: GateReport, case: CaseVerdict) -> list[str]:
     verdict = case.verdict + _resolution(case) + _verdict_note(case)
     return ([case.name, _ms(case.baseline_median_s), _ms(case.current_median_s), _ratio(case),
@@ -436,21 +465,74 @@ def _row(report: GateReport, case: CaseVerdict) -> list[str]:
             + [column.cell(case) for column in report.columns] + [verdict])
 
 
+# The text form: a short row per case (case, ratio and interval, verdict), its details indented
+# under it as pytest prints a failure's, every line wrapped to fit a terminal of this width.
+TEXT_WIDTH = 120
+DETAIL_INDENT = "    "
+
+
+# Spaces a wrapped line never breaks at: before a number ("pairs 36", "other +96.0 KiB") and
+# between a number and its unit.
+_KEEP_TOGETHER = re.compile(r" (?=[+\-−×÷]?\d)|(?<=\d) (?=(?:[KMGT]i)?B\b|ms\b|s\b)")
+
+
+def wrap_text(text: str, indent: str = "", more: str = "  ") -> list[str]:
+    import textwrap
+
+    lines = textwrap.wrap(_KEEP_TOGETHER.sub("\u00a0", text.strip()), TEXT_WIDTH, initial_indent=indent,
+                          subsequent_indent=indent + more, break_long_words=False, break_on_hyphens=False)
+    return [line.replace("\u00a0", " ") for line in lines] or [indent.rstrip()]
+
+
+def _figures(report: GateReport, case: CaseVerdict) -> str:
+    """The numbers behind a case's ratio, for the first line under its row."""
+    parts = []
+    if case.baseline_median_s is not None or case.current_median_s is not None:
+        parts.append(f"medians {_ms(case.baseline_median_s)} ms baseline, {_ms(case.current_median_s)} ms "
+                     f"{report.current_label}")
+    if case.p_value is not None:
+        parts.append(f"p {case.p_value:.2g}")
+    for column in report.columns:
+        cell = column.cell(case)
+        if not column.own_line and cell != "-":
+            parts.append(f"{column.header} {cell}")
+    return "; ".join(part.replace(" ", "\u00a0") for part in parts)  # a line wraps between figures only
+
+
+def _details(report: GateReport, case: CaseVerdict) -> list[str]:
+    """A case's lines under its row: its figures, why it rules out what it does, then each
+    component that says more than ``same``."""
+    reason = _resolution_reason(case, report.confidence)
+    texts = [_figures(report, case), f"{_resolution(case).strip(' ()')}: {reason}" if reason else ""]
+    for column in report.columns:
+        cell = column.cell(case)
+        if column.own_line and cell not in ("-", Verdict.SAME) and not cell.startswith(f"{Verdict.NOT_COUNTED}: neither side"):
+            texts.append(f"{column.header}: {cell}")
+    return [line for text in texts if text for line in wrap_text(printable(text), DETAIL_INDENT)]
+
+
 def format_text(report: GateReport) -> str:
     """The report for a terminal: every line and cell printable (a run file's strings are input,
     and a newline or an escape sequence in one must not reach the terminal as such)."""
-    lines = [f"{report.title} ({report.summary()})", *map(printable, report.preamble)]
+    # The title wraps; the preamble, notes and warnings stay one line each (a message, found whole).
+    lines = wrap_text(f"{report.title} ({report.summary()})") + [printable(line) for line in report.preamble]
     lines += [f"note: {printable(n)}" for n in report.notes]
     lines += [f"WARNING: {printable(w)}" for w in report.warnings]
+    footer = [line for text in report.footer
+              for line in wrap_text(printable(text), " " * (len(text) - len(text.lstrip())))]
     if not report.cases:
-        return "\n".join(lines + ["no cases to compare"] + [printable(line) for line in report.footer])
-    rows = [_headers(report)] + [[printable(cell) for cell in _row(report, case)] for case in report.sorted_cases()]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines.append("  ".join(cell.ljust(w) for cell, w in zip(rows[0], widths)).rstrip())
-    for row, case in zip(rows[1:], report.sorted_cases()):
+        return "\n".join(lines + ["no cases to compare"] + footer)
+    cases = report.sorted_cases()
+    rows = [["case", f"ratio [{report.confidence * 100:g}% interval]", "verdict"]]
+    rows += [[printable(case.name), _ratio(case), printable(case.verdict + _resolution(case) + _verdict_note(case))]
+             for case in cases]
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    lines.append(f"{rows[0][0].ljust(widths[0])}  {rows[0][1].ljust(widths[1])}  {rows[0][2]}")
+    for row, case in zip(rows[1:], cases):
         flag = "  <<" if case.verdict.fails else ""
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + flag)
-    return "\n".join(lines + [printable(line) for line in report.footer])
+        lines.append(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}{flag}")
+        lines += _details(report, case)
+    return "\n".join(lines + footer)
 
 
 def format_markdown(report: GateReport) -> str:
@@ -471,7 +553,9 @@ def format_markdown(report: GateReport) -> str:
     for case in report.sorted_cases():
         row = [markdown_text(cell) for cell in _row(report, case)]
         row[0] = markdown_code(case.name)
-        row[-1] = case.verdict.markdown + markdown_text(_resolution(case) + _verdict_note(case))
+        reason = _resolution_reason(case, report.confidence)
+        resolution = f"{_resolution(case)[:-1]}: {reason})" if reason else _resolution(case)
+        row[-1] = case.verdict.markdown + markdown_text(resolution + _verdict_note(case))
         lines.append("| " + " | ".join(row) + " |")
     if report.footer:
         lines.append("")
@@ -546,10 +630,11 @@ def _ab_number(key: str, fmt: str) -> Callable[[CaseVerdict], str]:
 
 
 AB_COLUMNS = [
-    Column("per pool pair", lambda c: " / ".join(f"{r:.3f}" for r in c.details.get("ratio_per_pool_pair") or []) or "-"),
-    Column("block minima", _ab_number("ratio_of_block_minima", "{:.3f}")),
-    Column("pairs", _ab_number("pairs", "{}")),
-    Column("wall (s)", _ab_number("wall_s", "{:.1f}")),
+    Column("per pool pair", lambda c: " / ".join(f"{r:.3f}" for r in c.details.get("ratio_per_pool_pair") or []) or "-",
+           own_line=False),
+    Column("block minima", _ab_number("ratio_of_block_minima", "{:.3f}"), own_line=False),
+    Column("pairs", _ab_number("pairs", "{}"), own_line=False),
+    Column("wall (s)", _ab_number("wall_s", "{:.1f}"), own_line=False),
     STRUCTURE_COLUMN,
     MEMORY_COLUMN,
     NUMERICS_COLUMN,

@@ -1,5 +1,5 @@
 """Saved runs -> series of points: one series per (machine, backend, case), points in commit order
-(docs/design.md#series)."""
+(docs/design/storage-and-report.md#series)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Change points in a series: where a case's typical time moved to a new level and stayed there
-(docs/design.md#change-points)."""
+(docs/design/storage-and-report.md#change-points)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """SyncBatchNorm modules users import: a hand-written fused one (two all-reduces a step, CPU and CUDA)
-and a naive one (docs/design.md#fusedsyncbatchnorm)."""
+and a naive one (docs/design/families.md#fusedsyncbatchnorm)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Persistent rank processes: start them once, run tasks on all of them, notice when they break
-(docs/design.md#the-rank-pool).
+(docs/design/plugin-and-pool.md#the-rank-pool).
 
 Run by the controller: :mod:`.base`, :mod:`.local` (pools on this machine), :mod:`.rank_launch`
 (their ranks in another interpreter), :mod:`.external` (ranks torchrun started). Run in a rank:

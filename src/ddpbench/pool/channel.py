@@ -1,5 +1,5 @@
 """The multi-node channel between the controller and a torchrun worker: authenticated, then every
-message signed (docs/design.md#the-controller-and-its-signed-channel)."""
+message signed (docs/design/multi-node-and-gpu.md#the-controller-and-its-signed-channel)."""
 
 from __future__ import annotations
 

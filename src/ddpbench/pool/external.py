@@ -2,7 +2,7 @@
 (``python -m ddpbench.worker``). Each rank connects twice (tasks, control) over a channel that
 authenticates with a shared secret and signs every message (:mod:`ddpbench.pool.channel`); the
 controller gathers them phase by phase and refuses a rank that runs other software. Why and how:
-docs/design.md, *Rendezvous and security*; the wait's error text: :mod:`.troubleshooting`."""
+docs/design/multi-node-and-gpu.md#the-controller-and-its-signed-channel; the wait's error text: :mod:`.troubleshooting`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Why a workload cannot reach the rank processes, in words a user can act on
-(docs/design.md#shipping-tasks)."""
+(docs/design/plugin-and-pool.md#shipping-tasks)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """How a local pool starts its ranks in another interpreter or environment (A/B sides), run by the
 controller: :class:`RankLaunch` (the interpreter, import path and environment of a rank) and
 :func:`start_rank_subprocess`. The rank runs :data:`RANK_BOOTSTRAP`, then
-:mod:`ddpbench.rank_process` (of the ddpbench that interpreter has); docs/design.md says why a
-foreign launch runs an import guard."""
+:mod:`ddpbench.rank_process` (of the ddpbench that interpreter has); why a foreign launch runs an
+import guard: docs/design/ab.md#what-a-side-is."""
 
 from __future__ import annotations
 

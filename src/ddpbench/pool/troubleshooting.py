@@ -1,5 +1,5 @@
 """What the controller says when the torchrun workers do not form a pool: each expected rank's
-last phase and host, and what to check for it (docs/design.md, *Rendezvous and security*)."""
+last phase and host, and what to check for it (docs/design/multi-node-and-gpu.md#start-up-phase-by-phase)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``ddpbench report``: markdown tables and PNG charts of one saved run, a section per family,
 each family's table in its own module here, then the memory census and the numerics replay
-(docs/design.md#report)."""
+(docs/design/storage-and-report.md#report)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,14 @@ def num(value, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
 
 
 def mem(value) -> str:
-    return num(value, "{:.1f} MB", 1 / 2**20)
+    """Bytes in binary (IEC) units, the report's one convention for sizes: 32772 -> '32.0 KiB',
+    76080712 -> '72.6 MiB' (a size is never printed as '0.0' of a unit too large for it)."""
+    if not is_number(value):
+        return "n/a"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
 
 
 def yes_no(value) -> str:

@@ -5,26 +5,16 @@ open descriptors, memory)."""
 from __future__ import annotations
 
 from ..storage.runs import Case
-from .cells import is_number, mem, num, sort_key, spread, table, with_straggler, yes_no
+from .cells import mem, num, sort_key, spread, table, with_straggler, yes_no
 from .family_table import FamilyTable
 
 
-def decimal_size(nbytes) -> str:
-    """Bytes in decimal units, 3 significant digits: 602112 -> '602 KB', 12288 -> '12.3 KB'."""
-    if not is_number(nbytes):
-        return "n/a"
-    for unit, factor in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= factor:
-            return f"{nbytes / factor:.3g} {unit}"
-    return f"{nbytes:.0f} B"
-
-
 def sample_size(info: dict) -> str:
-    """A dataset case's sample: '3x224x224 (602 KB)', 'variable', or 'n/a' (not recorded)."""
+    """A dataset case's sample: '3x224x224 (588.0 KiB)', 'variable', or 'n/a' (not recorded)."""
     shape, nbytes = info.get("sample_shape"), info.get("sample_bytes")
     if isinstance(shape, list) and shape:
         label = "x".join(str(d) for d in shape)
-        return f"{label} ({decimal_size(nbytes)})" if nbytes is not None else label
+        return f"{label} ({mem(nbytes)})" if nbytes is not None else label
     if info.get("variable_size"):
         return "variable"
     return "n/a"

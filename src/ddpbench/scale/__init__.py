@@ -1,5 +1,5 @@
 """``ddpbench census``: the collective census of one training step at world sizes no machine here has,
-by simulation (docs/design.md#the-census-at-scale)."""
+by simulation (docs/design/census-and-memory.md#the-census-at-scale)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One process standing for rank 0 of N: torch's fake process group, with the one fix DDP needs
-(docs/design.md#one-process-as-rank-0-of-n)."""
+(docs/design/census-and-memory.md#one-process-as-rank-0-of-n)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Per-rank peak memory of one training step of the transformer family, counted tensor by tensor, on a
-real rank or simulated as rank 0 of N (docs/design.md#per-rank-peak-memory)."""
+real rank or simulated as rank 0 of N (docs/design/census-and-memory.md#per-rank-peak-memory)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def caveats(result: ScaleCensus) -> list[str]:
         notes.append(FAKE_VALUES_CAVEATS[w.comm_hook])
     if w.impl == "fsdp2" and w.precision == "bf16" and _memory_rows(result):
         notes.append("FSDP2 with bf16 parameters: the simulated peak memory is not byte-exact against real gloo "
-                     "ranks (cpu-small at 2 ranks: 2.6% under; docs/design.md, 'The census at scale')")
+                     "ranks (cpu-small at 2 ranks: 2.6% under; docs/design/census-and-memory.md#what-is-checked)")
     return notes
 
 

@@ -1,6 +1,6 @@
 """A record kept for every rank, small at any world size: rank 0's record whole, and each rank whose
 record differs from it as only the fields that differ, ranks with identical records named once
-(docs/design.md#every-ranks-record). A census compared on rank 0 alone misses a change on any
+(docs/design/census-and-memory.md#every-ranks-record). A census compared on rank 0 alone misses a change on any
 other rank (a pipeline's middle stage), and a list of N whole records would grow with N."""
 
 from __future__ import annotations

@@ -640,7 +640,7 @@ def run_record(exitstatus: int, failed: int, stopped: str | None, failed_cases: 
 @dataclass(frozen=True)
 class Completeness:
     """Whether a saved run measured everything it set out to: a partial run is never a default
-    baseline (docs/design.md)."""
+    baseline (docs/design/gates.md#a-partial-run-is-never-a-default-baseline)."""
 
     complete: bool
     recorded: bool  # False: saved before ddpbench recorded it (or by another tool)

@@ -1,5 +1,5 @@
 """Saved runs on disk: written whole or not at all, numbered without collisions, listed by number
-(docs/design.md#saving-is-whole-or-nothing).
+(docs/design/storage-and-report.md#saving-is-whole-or-nothing).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Collective workloads: all_reduce, all_gather, reduce_scatter and broadcast, one entry each in
-:data:`COLLECTIVES` (docs/design.md#collectives)."""
+:data:`COLLECTIVES` (docs/design/families.md#collectives)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def test_the_timing_alone_takes_many_looks_here():
 def test_a_structural_regression_ends_the_case_after_its_first_look():
     outcome = _case((BASE, GREW))
     assert len(outcome.levels_applied) == 1 and len(outcome.pairs) == SETTINGS.stage_sizes(2)[0] == 12
-    assert outcome.stopped_by_structure == "all_reduce float32 ×2: 1 → 2 per step, +4.0 KiB"
+    assert outcome.stopped_by_structure == "all_reduce float32 in a group of 2: 1 → 2 per step, +4.0 KiB"
     summary = outcome.summary({})
     assert summary["stopped_by_structure"] == outcome.stopped_by_structure and summary["stages"] == 1
     # The report: a regression by the structure, the timing read at its first look.
@@ -51,7 +51,7 @@ def test_a_change_on_one_rank_alone_ends_the_case_after_its_first_look():
     candidate: judged on rank 0's census alone, the ranks disagreeing on both sides, it read `same`."""
     outcome = _case(([BASE, GREW], [BASE, census(("all_reduce", "float32", 2, [1 << 20, 4096, 4096]))]))
     assert len(outcome.levels_applied) == 1
-    assert outcome.stopped_by_structure == "rank 1: all_reduce float32 ×2: 2 → 3 per step, +4.0 KiB"
+    assert outcome.stopped_by_structure == "rank 1: all_reduce float32 in a group of 2: 2 → 3 per step, +4.0 KiB"
     summary = outcome.summary({})
     assert summary["census_baseline"]["other_ranks"] == [{"ranks": "1", "fields": {
         "collectives": GREW["collectives"]}}]
@@ -105,7 +105,7 @@ def test_a_stopped_case_whose_first_look_settled_the_timing_keeps_it_when_the_ch
     # The first look can still end `same` or `not-slower` (the interval, not the level, decides
     # those): that timing was measured, so accepting the change leaves it standing.
     summary = {"verdict": "same", "ratio": 1.0, "ratio_ci": [0.99, 1.01], "pairs": 12, "threshold": 0.05,
-               "stopped_by_structure": "all_reduce float32 ×2: 1 → 2 per step, +4.0 KiB", "census_baseline": BASE}
+               "stopped_by_structure": "all_reduce float32 in a group of 2: 1 → 2 per step, +4.0 KiB", "census_baseline": BASE}
     case = verdicts.ab_verdict("t.py::test_step", summary, None, GREW, accept_structure_change=True)
     assert (case.verdict, case.timing_verdict, case.failed_by) == ("same", "same", [])
     assert not case.timing_unmeasured

@@ -1,2 +1,2 @@
 """A/B mode: a baseline side and a candidate side measured in the same run, interleaved
-(docs/design.md#ab-mode)."""
+(docs/design/ab.md#ab-mode)."""

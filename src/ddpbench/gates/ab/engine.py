@@ -47,7 +47,7 @@ class ABSettings:
     # allows: ``extra_pairs`` more pairs each, up to ``max_extended_pairs`` in all. An extra look is
     # tested at level 0 (EXTRA_LOOK_LEVEL: the planned looks spent all of alpha), so it can end the
     # case only as ``same`` or ``not-slower``, never ``regression``: the false-regression rate stays
-    # the planned looks' (docs/design.md, *Extra looks*).
+    # the planned looks' (docs/design/ab.md#extra-looks).
     extra_pairs: int = 48
     max_extended_pairs: int = 288
     min_block_rounds: int = 3
@@ -69,11 +69,11 @@ class ABSettings:
     # Summarise both blocks of a pair at the pair's own mix of placements (rounds where the ranks
     # shared a CPU, rounds where they did not: gates/ab/strata.py) instead of by their plain means.
     # Off: it hides a change in how often the ranks share a CPU, and no recorded run has shown yet
-    # that it narrows the intervals (docs/design.md).
+    # that it narrows the intervals (docs/design/ab.md#placement-strata).
     stratify_placement: bool = False
     # A case whose two censuses, taken at set-up, already show a structural regression stops after
-    # its first look: that verdict stands whatever the timing says (docs/design.md, "Structural
-    # verdict"), so more pairs would only spend the run's time; the first look still gives the
+    # its first look: that verdict stands whatever the timing says (docs/design/gates.md#the-structural-verdict),
+    # so more pairs would only spend the run's time; the first look still gives the
     # timing's ratio. Off when the gate accepts structural changes (--dist-ab-accept-structure-change).
     stop_on_structural_regression: bool = True
     # Likewise a case whose two memory censuses at set-up show a memory regression (exact too, so
@@ -113,7 +113,7 @@ class ABSettings:
         out a slowdown of the threshold for it to end the case as same or not-slower: together
         the looks spend the interval's one-sided miss, (1 - confidence) / 2, so a case slower by
         exactly the threshold reads same or not-slower at most that often however many looks it
-        takes (stats.stop_levels; docs/design.md, *The looks' levels*)."""
+        takes (stats.stop_levels; docs/design/ab.md#the-looks-levels)."""
         sizes = self.stage_sizes(pool_pairs) + self.extra_stage_sizes(pool_pairs)
         return stats.stop_levels((1.0 - self.confidence) / 2, tuple(itertools.accumulate(sizes)))
 
@@ -453,7 +453,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                 continue
             result = case.analyse(applied[-1], stop_levels[looks - 1])
             # Every decided verdict ends the case, not-slower too: stopping without a regression
-            # can only take chances to reject away, never add one (docs/design.md, *The looks' levels*).
+            # can only take chances to reject away, never add one (docs/design/ab.md#the-looks-levels).
             if result.verdict != Verdict.INCONCLUSIVE or last:
                 break
         metrics = case.finish()

@@ -1,5 +1,5 @@
 """The heap settings both sides' ranks run with in A/B mode (``--dist-ab-heap``;
-docs/design.md#the-heap-both-sides-run-with)."""
+docs/design/ab.md#the-heap-both-sides-run-with)."""
 
 from __future__ import annotations
 

@@ -286,21 +286,36 @@ class ABSession:
                                          self.allow_baseline_failure)[0]
 
     def summary_lines(self) -> list[tuple[str, bool]]:
-        """(line, whether it reports a failure) of the verdict table and the gate's outcome."""
+        """(line, whether it reports a failure) of the verdict table and the gate's outcome; the
+        last line says the run's exit status and why (pytest's own count of passed tests beneath
+        it does not: a case that ran to the end passes as a test whatever its verdict)."""
         report = self.report()
         lines = [(line, line.endswith("<<")) for line in format_text(report).splitlines()]
-        _, outcome = report.gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,
-                                        self.allow_baseline_failure)
+        status, outcome = report.gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,
+                                             self.allow_baseline_failure)
         for profile in self.profiles:
             lines += [(f"ddpbench A/B: {line}", False) for line in profile.lines()]
-        lines += [(f"ddpbench A/B: {line}", "exit status 1" in line) for line in outcome]
         lines.append((f"ddpbench A/B: block order seed {self.seed} (--dist-ab-seed {self.seed} repeats it)", False))
+        lines += [(f"ddpbench A/B: {line}", "exit status 1" in line) for line in outcome]
+        lines.append((exit_line(status, report), bool(status)))
         return lines
 
     def lost_cases(self) -> list[dict]:
         """The cases the candidate lost, for the run's JSON (they have no benchmark entry)."""
         return [{"name": name, "ab": summary} for name, summary, _, _ in self.results
                 if summary.get("verdict") == Verdict.MISSING]
+
+
+def exit_line(status: int, report) -> str:
+    """The run's last ddpbench line: the gate's exit status and the verdicts behind it (pytest's own
+    count beneath it passes every case that ran, whatever its verdict)."""
+    counts = ", ".join(f"{n} {verdict}" for verdict, n in report.counts().items() if n) or "no cases"
+    if not status:
+        return f"ddpbench A/B: exit status 0: no case fails the gate ({counts})"
+    failing = [c.fullname or c.name for c in report.sorted_cases() if c.verdict.fails]
+    shown = ", ".join(failing[:3]) + (" ..." if len(failing) > 3 else "")
+    why = f"{counts} ({shown})" if failing else f"{counts}; --dist-ab-fail-on-inconclusive"
+    return f"ddpbench A/B: exit status 1: {why}, whatever pytest's count of passed tests says"
 
 
 def baseline_lacks_case(error: BaseException) -> bool:

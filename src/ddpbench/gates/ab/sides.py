@@ -1,6 +1,6 @@
 """A side of an A/B run: what its ranks run with (an interpreter, environment overrides, sys.path
 entries), its engine and where it imports the code under test from, checked before rounds start
-(docs/design.md#what-a-side-is)."""
+(docs/design/ab.md#what-a-side-is)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Dataset storage sharing: how a dataset's layout decides the cost of handing it to spawned ranks
-(docs/design.md#dataset-storage-sharing)."""
+(docs/design/families.md#dataset-storage-sharing)."""
 
 from .checksums import SampleChecksums
 from .epoch import COLLATES, SAMPLERS, WORKER_START_METHODS, DatasetEpoch

@@ -1,5 +1,5 @@
 """Full training loops (hand-written all-reduce, DDP, Lightning, DataParallel) and the transformer
-family (DDP and FSDP2) (docs/design.md#training-loops, docs/design.md#transformers)."""
+family (DDP and FSDP2) (docs/design/families.md#training-loops, docs/design/families.md#transformers)."""
 
 from .lightning import lightning_unavailable_reason
 from .loops import LOOPS, make_buckets, reduce_gradients

@@ -98,7 +98,7 @@ class TrainingLoop:
 class TrainingWorkload(Workload):
     """A workload whose round is one optimizer step of this rank's :class:`TrainingLoop`
     (``state["loop"]``, built by ``build_loop``), with the compute-only and communication-only
-    variants where ``has_compute_only_form`` (docs/design.md, *Exposed communication*). A subclass
+    variants where ``has_compute_only_form`` (docs/design/families.md#exposed-communication). A subclass
     is a frozen dataclass with a ``compute_only`` field."""
 
     def build_loop(self, ctx) -> TrainingLoop:

@@ -1,5 +1,5 @@
 """Compute-only training steps: the same step with every gradient or parameter exchange replaced by one
-that hands the data back unreduced (docs/design.md#exposed-communication)."""
+that hands the data back unreduced (docs/design/families.md#exposed-communication)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A GPT-style decoder and its synthetic token data, deterministic per seed and rank
-(docs/design.md#transformers)."""
+(docs/design/families.md#transformers)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The transformer training workload: a GPT-style decoder trained with DDP or FSDP2, each knob a
-parameter (its knobs by section: transformer_settings.py); a round is one optimizer step (docs/design.md#transformers)."""
+parameter (its knobs by section: transformer_settings.py); a round is one optimizer step (docs/design/families.md#transformers)."""
 
 from __future__ import annotations
 

@@ -157,8 +157,8 @@ CASES = OptionGroup("ddpbench", "ddpbench distributed benchmarks", (
                 "dtype, bytes, group size; DDP buckets; graph breaks; CUDA kernel launches) into "
                 "extra_info['census']; off: no extra round. Default: on"),
     Option("--dist-memory-census", choices=("on", "off"), default="on",
-           help="on: after warm-up, one more untimed step under torch's memory tracker: the peak of live "
-                "tensor bytes per rank, what held them at the peak (parameters, gradients, optimizer "
+           help="on: after warm-up, untimed steps (as many as the collective census counts, at least two) "
+                "under torch's memory tracker, compiled code run eager: the peak of live tensor bytes per rank, what held them at the peak (parameters, gradients, optimizer "
                 "state, activations, temporaries, DDP buckets, FSDP2 buffers), where it fell and what "
                 "stays after the step, into extra_info['memory']; off: no extra step. Default: on"),
     Option("--dist-numerics-steps", type=opts.parse_numerics_steps, default=3, metavar="K",

@@ -67,8 +67,8 @@ def test_engine_records_planned_rounds_and_max_is_taken_over_ranks(pool):
     plan = RoundPlan(warmup=2, rounds=6)
     results = pool.run(measure_workload, SlowRankOne(), plan)
     assert [len(r.round_times) for r in results] == [6, 6]
-    # warm-up, the census round (two ops) and the memory census's step ran but are not recorded
-    assert [r.metrics["rounds_run"] for r in results] == [2 + 2 + 1 + 6] * 2
+    # warm-up, the census round (two ops) and the memory census's two steps ran but are not recorded
+    assert [r.metrics["rounds_run"] for r in results] == [2 + 2 + 2 + 6] * 2
     assert min(results[1].round_times) >= 0.03
     combined = max_over_ranks([r.round_times for r in results])
     assert combined == results[1].round_times
@@ -231,9 +231,9 @@ def test_refresh_builds_the_state_anew_and_warms_it_up_untimed():
     session.refresh()
     times, _ = session.record(3)
     assert (log["setup"], log["teardown"]) == (2, 1)
-    # generation 1: 1 warm-up + the census round (two ops) + the memory census's step + 3 recorded;
+    # generation 1: 1 warm-up + the census round (two ops) + the memory census's two steps + 3 recorded;
     # generation 2: 1 warm-up after the refresh + 3 recorded (the case's censuses are taken once)
-    assert log["rounds_by_generation"] == [1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2]
+    assert log["rounds_by_generation"] == [1] * 8 + [2, 2, 2, 2]
     assert len(times) == 3
     session.finish(check=False)
     assert log["teardown"] == 2  # the last state is torn down once
@@ -250,7 +250,8 @@ def test_the_numerics_replay_runs_after_everything_timed_on_states_of_its_own():
     metrics = session.finish(check=False)
     # the timed state is torn down first; then two replays, each a set-up of its own, 2 steps, a teardown
     assert (log["setup"], log["teardown"]) == (3, 3)
-    assert log["rounds_by_generation"] == [1] * 7 + [2, 2, 3, 3]
+    # generation 1: 1 warm-up, the census's 2 ops, the memory census's 2 steps, 3 recorded
+    assert log["rounds_by_generation"] == [1] * 8 + [2, 2, 3, 3]
     assert metrics["numerics"]["steps"] == 2 and metrics["numerics"]["replays"] == 2
     assert metrics["engine_numerics_s"] >= 0
 
@@ -320,8 +321,8 @@ def test_a_round_of_k_ops_calls_the_workload_k_times_and_records_the_time_per_op
     session.start()
     times, _ = session.record(3)
     assert times == [0.002] * 3  # 8 ms for 4 ops
-    # warm-up, census, recorded rounds of 4 ops; the memory census counts one step, not one round
-    assert len(log["rounds_by_generation"]) == 4 * (1 + 1 + 3) + 1
+    # warm-up, census, recorded rounds of 4 ops; the memory census counts as many steps as the census
+    assert len(log["rounds_by_generation"]) == 4 * (1 + 1 + 3) + 4
     assert session.round_estimate_s == pytest.approx(0.008)  # rounds are sized by the whole round
     metrics = session.finish(check=False)
     assert metrics["ops_per_round"] == 4 and "round_fixed_cost_s" not in metrics

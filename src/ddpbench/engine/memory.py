@@ -3,11 +3,12 @@ and where it fell (``extra_info["memory"]``; docs/design/census-and-memory.md#me
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from typing import Any, Callable, Iterable
 
-from .census import workload_census_details
+from .census import CENSUS_MIN_OPS, ddp_bucket_sizes, workload_census_details
 
 MEMORY_VERSION = 1
 
@@ -58,6 +59,12 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
         def __init__(self, *args):
             super().__init__(*args)
             self._ref_class = refs
+            _name_modules_inside_compiled_ones(self._mod_tracker)
+            # DDP's bucket buffers, alive all step but out of Python's reach until an op writes one:
+            # (device, bytes) counted from the start; each leaves the list when the step first writes
+            # a storage of its size that existed before the step (see count_ddp_buckets).
+            self._bucket_placeholders: list[tuple[Any, int]] = []
+            self._untracked_inputs: dict[int, Any] = {}
             self.peak_where: dict[Any, tuple[str | None, str]] = {}
             # Per device, the storages provisionally labelled at the peak (a temporary, an
             # activation, "other") with their label and bytes then: see relabeled_peak.
@@ -126,8 +133,40 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
                         snapshot[final] = snapshot.get(final, 0) + nbytes
             return peak
 
+        def count_ddp_buckets(self, device, sizes: list[int]) -> None:
+            """Count DDP's bucket buffers (``sizes`` bytes each, on ``device``) as live from now."""
+            snapshot = self._curr_mem_snap.setdefault(device, dict.fromkeys(self._ref_class, 0))
+            snapshot.setdefault("Total", 0)
+            for nbytes in sizes:
+                self._bucket_placeholders.append((device, int(nbytes)))
+                snapshot[refs.COLLECTIVE] += int(nbytes)
+                snapshot["Total"] += int(nbytes)
+
+        def _track(self, reftype, t) -> None:
+            if self._bucket_placeholders:
+                for storage in _storages(t):
+                    self._maybe_bucket(storage, t)
+            super()._track(reftype, t)
+
+        def _maybe_bucket(self, storage, t) -> None:
+            """A storage the step did not make, first written now, with a counted bucket's size:
+            that bucket, from now on counted as the storage itself (a collective buffer)."""
+            if storage in self._WINFO or id(storage) not in self._untracked_inputs:
+                return
+            key = (t.device, int(storage.nbytes()))
+            if key not in self._bucket_placeholders:
+                return
+            self._bucket_placeholders.remove(key)
+            snapshot = self._curr_mem_snap[t.device]
+            snapshot[refs.COLLECTIVE] -= key[1]
+            snapshot["Total"] -= key[1]
+            self._update_and_maybe_create_winfos(t, refs.COLLECTIVE)
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self._bucket_placeholders:  # the storages that existed before this op and are not counted yet
+                self._untracked_inputs = _untracked_storages(self._WINFO, args, kwargs)
             res = super().__torch_dispatch__(func, types, args, kwargs)
+            self._untracked_inputs = {}
             if getattr(func, "namespace", None) in ("c10d", "_c10d_functional") and res is not NotImplemented \
                     and describe_call(func, args, kwargs) is not None:
                 self._label_collective_buffers(args)
@@ -153,6 +192,65 @@ def _storages(tensor) -> list:
     from torch.distributed._tools.common_utils import get_untyped_storages
 
     return list(get_untyped_storages(tensor))
+
+
+def _untracked_storages(tracked, args, kwargs) -> dict[int, Any]:
+    """id -> storage of the tensors an op is handed that the tracker does not count yet."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    found: dict[int, Any] = {}
+    for value in tree_flatten((list(args), dict(kwargs or {})))[0]:
+        if isinstance(value, torch.Tensor):
+            for storage in _storages(value):
+                if storage not in tracked:
+                    found[id(storage)] = storage
+    return found
+
+
+def _name_modules_inside_compiled_ones(mod_tracker) -> None:
+    """Let ``mod_tracker`` (torch's ModTracker) see the modules a compiled module runs. It ignores
+    every module inside an ``OptimizedModule`` (so that dynamo traces no hook), which leaves them
+    unnamed: FSDPMemTracker then fails (``assert mod_fqn is not None``). Under the census the step
+    runs eager (:func:`_compiled_code_runs_eager`), so its hooks run as plain Python."""
+    if "torch._dynamo" not in sys.modules:
+        return
+    from torch._dynamo import eval_frame
+
+    for name in ("_fw_pre_hook", "_fw_post_hook"):
+        hook = getattr(mod_tracker, name, None)
+        if hook is None:
+            continue
+
+        def outside(*args, _hook=hook, **kwargs):
+            was = getattr(eval_frame, "_in_optimized_module", False)
+            eval_frame._in_optimized_module = False
+            try:
+                return _hook(*args, **kwargs)
+            finally:
+                eval_frame._in_optimized_module = was
+
+        setattr(mod_tracker, name, outside)
+
+
+@contextlib.contextmanager
+def _compiled_code_runs_eager():
+    """The census's steps run torch.compile'd code eager, leaving dynamo untouched. Under a
+    (non-infra) dispatch mode dynamo would refuse each compiled frame and mark its code object
+    skipped for good, so that every later round, timed ones included, ran eager; with the
+    ``force_eager`` stance dynamo's frame hook is off and looks at nothing."""
+    if "torch._dynamo" not in sys.modules:  # nothing compiled in this process
+        yield
+        return
+    import warnings
+
+    import torch
+
+    with torch.compiler.set_stance("force_eager"), warnings.catch_warnings():
+        # OptimizedModule's warning that the tracker's module hooks fire once more for it: they do
+        # (the wrapper is named away, _module_name), and eager, they trace nothing.
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+        yield
 
 
 def discover_targets(state: Any, depth: int = 3) -> list:
@@ -250,20 +348,39 @@ def _module_name(fqn: str | None, wrapped: dict[str, str] | None = None) -> str 
     head, _, rest = fqn.partition(".")
     if not rest:
         return head
+    if head == "OptimizedModule" and rest.partition(".")[0] == "_orig_mod":  # torch.compile's wrapper
+        rest = rest.partition(".")[2]
+        if not rest:
+            return head
+        if rest == "module" or rest.startswith("module."):  # a compiled DDP model
+            head = "DistributedDataParallel"
     if head in (wrapped or {}):
         return wrapped[head] if rest == "module" else rest.removeprefix("module.")
-    return rest
+    return rest.removeprefix("module.") if head == "DistributedDataParallel" else rest
+
+
+# What no memory census counts (the record's ``not_counted``; docs/design/census-and-memory.md#memory-census).
+NOT_COUNTED = (
+    "tensors other threads make",
+    "tensors from before the step that memory_census_targets does not name, until an op writes them",
+    "memory outside torch tensors (numpy)",
+)
 
 
 def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
-                       incomplete: str | None = None) -> dict[str, Any]:
-    """Run ``run()`` (one step) once under the memory tracker and return the record. ``targets``:
-    the modules, optimizers and tensors alive before the step (:func:`discover_targets`);
-    ``device``: the rank's device (its figures are the record's); ``incomplete``: why part of the
-    step escapes the count (the gates then do not judge it). ``targets`` is emptied once they are
-    registered: a reference held here would keep a tensor alive that the step itself lets go."""
+                       incomplete: str | None = None, steps: int = 1) -> dict[str, Any]:
+    """Run ``run()`` (one step) ``steps`` times under the memory tracker and return the record: the
+    peak over them all (a step that allocates more every other step shows with ``steps=2``).
+    ``targets``: the modules, optimizers and tensors alive before the step (:func:`discover_targets`);
+    a DistributedDataParallel module's bucket buffers count from the start too. ``device``: the
+    rank's device (its figures are the record's); ``incomplete``: why part of the step escapes the
+    count (the gates then do not judge it). ``targets`` is emptied once they are registered: a
+    reference held here would keep a tensor alive that the step itself lets go. Compiled code runs
+    eager under the census, and dynamo's state is left as it was (:func:`_compiled_code_runs_eager`)."""
     import torch
 
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: the memory census counts at least one step")
     modules = [t for t in targets if isinstance(t, torch.nn.Module)]
     optimizers = [t for t in targets if isinstance(t, torch.optim.Optimizer)]
     tensors = [t for t in targets if isinstance(t, torch.Tensor)]
@@ -279,10 +396,16 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
         tracker.track_external(*modules, *optimizers, *tensors)
         method = "MemTracker"
     del tensors
-    ddp = any(_is_ddp(m) for m in modules)
+    ddps = [m for m in modules if _is_ddp(m)]
+    not_counted = list(NOT_COUNTED)
+    for ddp in ddps:
+        missing = _count_ddp_buckets(tracker, ddp)
+        if missing:
+            not_counted.append(missing)
     before = tracker.get_tracker_snapshot("current")
-    with tracker:
-        run()
+    with _compiled_code_runs_eager(), tracker:
+        for _ in range(steps):
+            run()
     after = tracker.get_tracker_snapshot("current")
     peak = tracker.relabeled_peak()
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -291,11 +414,12 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
         chosen = sorted(peak, key=str)[0]
     wrapped = {type(m).__name__: type(m.module).__name__ for m in modules if _is_ddp(m)}
     where = tracker.peak_where.get(chosen, (None, "outside the model"))
+    ddp = bool(ddps)
     record: dict[str, Any] = {
         "version": MEMORY_VERSION,
         "method": method,
         "device": dev.type,
-        "steps_counted": 1,
+        "steps_counted": steps,
         "peak_bytes": _total(peak.get(chosen, {})),
         "at_peak": _bytes_by_category(peak.get(chosen, {}), ddp),
         "peak_at": {"module": _module_name(where[0], wrapped), "phase": where[1]},
@@ -303,6 +427,7 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
         "after_step_bytes": _total(after.get(chosen, {})),
         "after_step": _bytes_by_category(after.get(chosen, {}), ddp),
         "optimizers": [optimizer_facts(o) for o in optimizers],
+        "not_counted": not_counted,
     }
     others = {str(d): _total(s) for d, s in peak.items() if d != chosen and _total(s)}
     if others:
@@ -312,17 +437,44 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
     return record
 
 
+def _count_ddp_buckets(tracker, ddp) -> str | None:
+    """Count ``ddp``'s bucket buffers from the step's start (they are alive all step, but Python
+    reaches them only when the reducer writes a gradient in, often after the peak); returns what
+    is left uncounted, or None. With ``gradient_as_bucket_view`` a bucket that already backs the
+    gradients is counted as them."""
+    if not getattr(ddp, "_has_rebuilt_buckets", False):
+        return "DDP's buckets before their rebuild in DDP's second step (the census ran before it)"
+    try:
+        sizes = ddp_bucket_sizes(ddp)
+    except Exception as exc:  # a torch whose DDP keeps no logging data: say so, count the rest
+        return f"DDP's bucket buffers (their sizes could not be read: {type(exc).__name__})"
+    device = next((p.device for p in ddp.parameters()), None)
+    if device is None or not sizes:
+        return None
+    held = [int(s.nbytes()) for p in ddp.parameters() if p.grad is not None for s in _storages(p.grad)
+            if s in tracker._WINFO]
+    for nbytes in set(held):  # a gradient's storage the size of a bucket: the bucket itself
+        if nbytes in sizes:
+            sizes.remove(nbytes)
+    tracker.count_ddp_buckets(device, sizes)
+    return None
+
+
 def take_memory_census_round(workload, state, ctx, census: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The engine's memory census: one untimed step (one ``run_round``, whatever the ops per round)
-    under the tracker, on every rank: what the workload's ``memory_census_targets`` names (its
-    modules, optimizers, tensors) counts from the start, every tensor the step makes as it is made.
-    ``census``: the case's collective census record, whose ``incomplete`` this record shares; without
-    one, the workload's ``census_details`` says what escapes the count (a step on another thread)."""
+    """The engine's memory census: untimed steps (each one ``run_round``) under the tracker, on every
+    rank, as many as the collective census counted (``ops_counted``, at least
+    :data:`~.census.CENSUS_MIN_OPS`), so that a step that allocates more every other step (the sync
+    step of gradient accumulation) is in the peak: what the workload's ``memory_census_targets``
+    names (its modules, optimizers, tensors) counts from the start, every tensor the steps make as
+    it is made. ``census``: the case's collective census record, whose ``incomplete`` this record
+    shares; without one, the workload's ``census_details`` says what escapes the count (a step on
+    another thread)."""
     targets_of = getattr(workload, "memory_census_targets", None)  # duck-typed workloads lack it
     targets = list(targets_of(state) if targets_of is not None else discover_targets(state))
+    steps = max(CENSUS_MIN_OPS, int((census or {}).get("ops_counted") or 1))
     try:
         record = take_memory_census(lambda: workload.run_round(state), targets, device=getattr(ctx, "device", None),
-                                    incomplete=(census or {}).get("incomplete"))
+                                    incomplete=(census or {}).get("incomplete"), steps=steps)
     except Exception as exc:
         raise RuntimeError(f"the memory census of {type(workload).__name__}'s step failed on rank {ctx.rank}: "
                            f"{type(exc).__name__}: {exc} (--dist-memory-census=off runs the case without it)") from exc

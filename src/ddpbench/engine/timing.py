@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple
 
 from ..pool.base import TaskError
 from .census import combine_census, dynamo_snapshot, take_census_round
+from .compiled_frames import CompiledFrameEntries, EntryHistory, check_rounds, frames_compiled
 from .memory import combine_memory, measured_cuda, take_memory_census_round
 from .numerics import combine_numerics, take_numerics
 from .phases import PhaseClock
@@ -197,6 +198,7 @@ class RankSession:
         self.memory_census: dict[str, Any] | None = None  # the memory census's record (plan.memory_census)
         self.numerics: dict[str, Any] | None = None  # the numerics replay's record (plan.numerics_steps)
         self._dynamo_at_start = None
+        self._compiled_entries = EntryHistory()  # the rounds' compiled-frame entries so far (check_rounds)
         self.variant_times: dict[str, list[float]] = {}
         if plan.cuda_graphs:
             refuse_uncapturable(workload, self.on_cuda)
@@ -230,8 +232,12 @@ class RankSession:
             self.state = self.workload.setup(self.ctx)
             self._set_up = True
             self._graph = None
-        with self.clock.phase("warmup"):
-            return [self._round() for _ in range(warmup)]
+        with self.clock.phase("warmup"), CompiledFrameEntries() as entries:
+            times = []
+            for _ in range(warmup):
+                times.append(self._round())
+                self._compiled_entries.add([entries.take()])
+        return times
 
     def start(self) -> None:
         """Set-up, warm-up, (with "auto") the ops per round and the censuses; leaves the fastest
@@ -239,11 +245,21 @@ class RankSession:
         with pinned_to(self.core):
             # Choosing the round count or the ops per round needs at least one timed warm-up round.
             auto = self.plan.ops_per_round == "auto"
-            times = self._build(max(self.plan.warmup, 1 if self.plan.rounds == 0 or auto else 0))
+            warmup = max(self.plan.warmup, 1 if self.plan.rounds == 0 else 0)
+            times = self._build(max(warmup, 1 if auto else 0))
             if auto:
                 with self.clock.phase("warmup"):
                     self._choose_ops_per_round()
-                    times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
+                if self.plan.census or self.plan.memory_census:
+                    # A fresh state, warmed up as a pool given the chosen count is: every pool (an A/B
+                    # run's other pools time the count the first one chose) takes its censuses after
+                    # the same steps, not after the search's extra ones.
+                    with self.clock.phase("setup"):
+                        self.close()
+                    times = self._build(warmup)
+                else:
+                    with self.clock.phase("warmup"):
+                        times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
             if self.plan.census:  # before any capture: a graph's replay dispatches no collective
                 with self.clock.phase("census"):
                     self.census = take_census_round(self.workload, self.state, ops_per_round=self.ops_per_round,
@@ -297,18 +313,23 @@ class RankSession:
                 torch.cuda.reset_peak_memory_stats(self.ctx.device)
                 self._peak_reset = True
             cpus: list = []
+            entered: list[int | None] = []  # compiled frames each round entered (check_rounds)
 
             def timed_round() -> float:
                 elapsed = self._round()
                 cpus.append(cpu.read())
+                count = entries.take()
+                entered.append(count if self._graph is None else None)  # a graph's replay enters no frame
                 return elapsed
 
             first_look = max(PRECISION_FIRST_LOOK, self.plan.min_rounds) if stop_when_precise else None
-            with self.clock.phase("between_rounds") as phase:
+            compiled_before = frames_compiled()
+            with self.clock.phase("between_rounds") as phase, CompiledFrameEntries() as entries:
                 times = rounds_until_precise(timed_round, rounds, first_look, self.plan.precision,
                                              lambda values: self._agree(self.ctx, values))
                 # The phase is the untimed part: barriers, CUDA syncs, the stopping rule.
                 phase.discount(sum(times) * self.ops_per_round)
+            check_rounds(entered, compiled_before, frames_compiled(), self._compiled_entries)
         return times, (cpus if None not in cpus else None)
 
     def time_variants(self, rounds: int) -> dict[str, list[float]]:

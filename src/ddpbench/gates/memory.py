@@ -50,7 +50,8 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
     if isinstance(read, StructureVerdict):
         return read
     base, cur = read
-    verdict = by_rank(base, cur, current_label, lambda b, c: _compare_rank(b, c, current_label), "memory census")
+    verdict = _with_unseen(by_rank(base, cur, current_label, lambda b, c: _compare_rank(b, c, current_label),
+                                   "memory census"), base, cur)
     base_allocated, cur_allocated = (getattr(side.whole if isinstance(side, Ranks) else side, "allocated", None)
                                      for side in (base, cur))
     if base_allocated is None or cur_allocated is None or base_allocated == cur_allocated \
@@ -66,6 +67,16 @@ def compare_memory(baseline: Any, current: Any, current_label: str = "current",
                                                                       f"tolerance"]))
     note = text + (" (shown, not judged)" if tolerance is None else f", within {tolerance * 100:g}%")
     return StructureVerdict(verdict.verdict, "; ".join(filter(None, [verdict.line, note])))
+
+
+def _with_unseen(verdict: StructureVerdict, *sides: Any) -> StructureVerdict:
+    """``verdict`` with what neither census counts named (the records' ``not_counted``), so that a
+    `same` is read as far as it goes."""
+    unseen = list(dict.fromkeys(item for side in sides
+                                for item in getattr(side.whole if isinstance(side, Ranks) else side, "not_counted", ())))
+    if not unseen or verdict.verdict is NOT_COUNTED:
+        return verdict
+    return StructureVerdict(verdict.verdict, "; ".join(filter(None, [verdict.line, "not counted: " + "; ".join(unseen)])))
 
 
 def _compare_rank(base: MemoryCensus, cur: MemoryCensus, current_label: str) -> StructureVerdict:

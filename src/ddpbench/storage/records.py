@@ -339,6 +339,9 @@ MEMORY = Shape(_object("the case's memory census (an object)"), (
     Field("ranks_disagree", BOOLEAN, nullable=False, default=False),
     Field("measured", _object("the measured CUDA figures (an object)")),
     Field("incomplete", expect("text (why the census misses tensors)", _text)),
+    # What the census cannot see (threads, tensors it was not told of): said beside every verdict.
+    Field("not_counted", expect("a list of texts", lambda value: isinstance(value, list)), nullable=False,
+          default=[], each=TEXT),
     *RANK_FIELDS,
 ))
 PEAK_AT = Shape(MEMORY["peak_at"].kind, (
@@ -371,6 +374,7 @@ class MemoryCensus:
     phase: str | None
     ranks_disagree: bool
     allocated: int | None
+    not_counted: tuple[str, ...] = ()
 
 
 def _categories(record: dict, name: str, where: str) -> dict[str, int]:
@@ -413,7 +417,7 @@ def _read_rank_memory(record: dict, where: str) -> MemoryCensus | NotCounted:
     after = MEMORY["after_step_bytes"].read(record, where)
     return MemoryCensus(method, device, peak, at_peak, after, _categories(record, "after_step", where),
                         peak_at.get("module"), peak_at.get("phase"), MEMORY["ranks_disagree"].read(record, where),
-                        measured.get("max_allocated_bytes"))
+                        measured.get("max_allocated_bytes"), tuple(MEMORY["not_counted"].read(record, where)))
 
 
 # ----------------------------------------------------------------------------------------------

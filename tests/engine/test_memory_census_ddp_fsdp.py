@@ -1,0 +1,118 @@
+"""The memory census under a process group (issue 52 item 7, issue 53): DDP's bucket buffers count
+from the step's start, so a peak that falls before the reducer writes them holds them (they are
+alive); the census of a compiled FSDP2 step runs (FSDPMemTracker named no module inside a compiled
+one and failed); what the census cannot see is named in the record and the verdict. A fresh process
+with a one-rank gloo group."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import json, os, tempfile, threading
+    import torch, torch.distributed as dist
+    from ddpbench.engine.memory import take_memory_census
+
+    store = os.path.join(tempfile.mkdtemp(), "store")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    SCRATCH = 8 << 20
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)
+
+        def forward(self, x):
+            scratch = torch.empty(SCRATCH, dtype=torch.uint8)  # the peak: in forward, before any bucket is written
+            out = self.b(torch.relu(self.a(x)))
+            del scratch
+            return out
+
+    def census(wrap, compile_backend=None, thread_bytes=0):
+        torch.manual_seed(0)
+        net = Net()
+        model = wrap(net)
+        forward = torch.compile(model, backend=compile_backend) if compile_backend else model
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = torch.randn(32, 256)
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            if thread_bytes:  # a helper thread's tensor, alive across the step's peak
+                done = threading.Event()
+                held = []
+                worker = threading.Thread(target=lambda: (held.append(torch.empty(thread_bytes, dtype=torch.uint8)),
+                                                          done.set()))
+                worker.start(), done.wait()
+            forward(x).square().mean().backward()
+            optimizer.step()
+
+        step(), step()
+        return take_memory_census(step, [model, optimizer, x], steps=2)
+
+    def fsdp(net):
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(net.a), fully_shard(net.b)
+        return fully_shard(net)
+
+    ddp = lambda net: torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=64)
+    out = {"manual": census(lambda net: net), "ddp": census(ddp),
+           "ddp_view": census(lambda net: torch.nn.parallel.DistributedDataParallel(
+               net, bucket_cap_mb=64, gradient_as_bucket_view=True)),
+           "thread_small": census(lambda net: net, thread_bytes=1 << 20),
+           "thread_large": census(lambda net: net, thread_bytes=64 << 20),
+           "fsdp_compiled": census(fsdp, compile_backend="eager")}
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def records():
+    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+PARAMS = 2 * (256 * 256 + 256) * 4  # one bucket: every parameter's gradient, float32
+
+
+@pytest.mark.pool
+def test_ddp_s_buckets_are_in_a_peak_that_falls_before_the_reducer_writes_them(records):
+    manual, ddp = records["manual"], records["ddp"]
+    assert manual["peak_at"]["phase"] == ddp["peak_at"]["phase"] == "forward"
+    # Main: the peak missed the bucket (first touched in backward): ddp - manual == 0.
+    assert ddp["peak_bytes"] - manual["peak_bytes"] == PARAMS
+    assert ddp["at_peak"]["ddp_buckets"] == PARAMS
+    assert ddp["after_step"]["ddp_buckets"] == PARAMS  # counted once, the bucket itself once written
+    assert ddp["after_step_bytes"] - manual["after_step_bytes"] == PARAMS
+    assert ddp["before_step_bytes"] - manual["before_step_bytes"] == PARAMS
+
+
+@pytest.mark.pool
+def test_gradients_that_are_views_of_the_buckets_are_not_counted_twice(records):
+    manual, view = records["manual"], records["ddp_view"]
+    assert view["peak_bytes"] - manual["peak_bytes"] == PARAMS  # the buckets hold the gradients...
+    assert view["after_step_bytes"] == manual["after_step_bytes"]  # ...which outlive the step
+
+
+@pytest.mark.pool
+def test_a_helper_thread_s_tensors_are_said_not_to_be_counted(records):
+    from ddpbench.gates.memory import compare_memory
+
+    small, large = records["thread_small"], records["thread_large"]
+    assert small["peak_bytes"] == large["peak_bytes"]  # the tracker cannot see another thread...
+    verdict = compare_memory(small, large)
+    assert verdict.verdict == "same"
+    assert "not counted: tensors other threads make" in verdict.line  # ...and the verdict says so
+
+
+@pytest.mark.pool
+def test_a_compiled_fsdp2_step_is_censused(records):
+    # Main: FSDPMemTracker's `assert mod_fqn is not None` (no module named inside the compiled one).
+    record = records["fsdp_compiled"]
+    assert record["method"] == "FSDPMemTracker" and record["peak_bytes"] > 0

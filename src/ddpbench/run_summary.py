@@ -1,5 +1,5 @@
-"""What ddpbench adds to a run's terminal summary: each case's memory peak (pytest-benchmark's table
-shows time only) and why its cases were skipped (pytest lists skip reasons only with ``-rs``), so a
+"""What ddpbench adds to a run's terminal summary: each case's memory peak and numerics replay
+(pytest-benchmark's table shows time only) and why its cases were skipped (pytest lists skip reasons only with ``-rs``), so a
 first run says what it measured and left out without options."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 
 from .gates.memory import peak_place
 from .gates.structure import size_text
-from .storage.records import MEMORY_KEY, NotCounted, RecordError, read_memory
+from .storage.records import MEMORY_KEY, NUMERICS_KEY, NotCounted, Ranks, RecordError, read_memory, read_numerics
 
 SKIPS_SHOWN_BY = frozenset("saA")  # -rs / -ra / -rA: pytest lists every skip with its reason itself
 
@@ -46,6 +46,8 @@ def memory_fact(extra_info: dict) -> str | None:
         figures = read_memory(record)
     except RecordError as exc:
         return f"memory census unreadable ({exc})"
+    if isinstance(figures, Ranks):  # every rank's record: the case's figures are the whole's
+        figures = figures.whole
     if isinstance(figures, NotCounted):
         return f"memory not counted: {figures}"
     disagree = " (the ranks disagree)" if figures.ranks_disagree else ""
@@ -53,8 +55,26 @@ def memory_fact(extra_info: dict) -> str | None:
             f"{size_text(figures.after)} kept after the step")
 
 
-# What each case's summary line says, in order: a component adds its fact here (numerics, once built).
-CASE_FACTS: list[Callable[[dict], str | None]] = [memory_fact]
+def numerics_fact(extra_info: dict) -> str | None:
+    """A case's numerics replay in a few words: its steps and whether its two replays agreed bit
+    for bit; why it was not counted; None without a replay."""
+    record = extra_info.get(NUMERICS_KEY)
+    if record is None:
+        return None
+    try:
+        numerics = read_numerics(record)
+    except RecordError as exc:
+        return f"numerics unreadable ({exc})"
+    if isinstance(numerics, NotCounted):
+        return f"numerics not counted: {numerics}"
+    agree = ("replays bitwise equal" if numerics.first_nondeterministic_step is None
+             else f"replays differ from step {numerics.first_nondeterministic_step}, "
+                  f"up to {numerics.replay_spread:.2g}")
+    return f"numerics {numerics.steps} steps, {agree}, digest {numerics.digests[-1][:12]}"
+
+
+# What each case's summary line says, in order: a component adds its fact here.
+CASE_FACTS: list[Callable[[dict], str | None]] = [memory_fact, numerics_fact]
 
 
 def case_lines(benchmarks: Iterable[Any]) -> list[str]:

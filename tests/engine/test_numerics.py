@@ -135,6 +135,22 @@ def test_planted_bugs_only_the_numerics_catch_are_regressions_and_an_a_a_is_same
     assert lines["frozen-param"].line.startswith("changed from step 1 of 3 (there most in param 0.weight")
 
 
+def test_a_workload_that_opts_out_is_not_replayed_and_has_no_record(pool):
+    # The dataset family sets numerics_replay = False: no trainable state, its check verifies every
+    # sample; a replay would only cost two more handovers and six epochs.
+    from ddpbench.testing import SelfmadeTraining
+    from ddpbench.workloads.datasets.epoch import DatasetEpoch
+
+    assert DatasetEpoch.numerics_replay is False
+
+    class NotReplayed(SelfmadeTraining):
+        numerics_replay = False
+
+    plan = RoundPlan(warmup=1, rounds=2, census=False, memory_census=False)
+    ranks = pool.run(measure_workload, NotReplayed(), plan, timeout_s=120)
+    assert all("numerics" not in m.metrics for m in ranks)
+
+
 BENCH = '''
 from ddpbench.testing import SelfmadeTraining
 
@@ -154,8 +170,9 @@ def test_an_ab_run_whose_candidate_sums_gradients_fails_at_its_first_look_naming
         "--dist-ab-block-time=0.02", "--dist-ab-max-time=8", "--dist-ab-profile=off", "--dist-census=off",
         "--benchmark-json=ab.json", "-m", "not gpu", "-p", "no:cacheprovider", timeout=300)
     assert result.ret == 1, result.stdout.str()
-    result.stdout.fnmatch_lines(["*test_step*changed from step 1 of 3: largest relative difference 1 (100%)*"
-                                 "regression (numerics; timing*", "*1 numerics change(s)*"])
+    result.stdout.fnmatch_lines(["*test_step*regression (numerics; timing*",
+                                 "    numerics: changed from step 1 of 3: largest relative difference 1 (100%)*",
+                                 "*1 numerics change(s)*"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]
     ab = case["extra_info"]["ab"]
     assert ab["numerics_verdict"] == "regression" and ab["stages"] == 1  # decided at its first look

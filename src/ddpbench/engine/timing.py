@@ -292,7 +292,8 @@ class RankSession:
         """The numerics replays (:func:`.numerics.take_numerics`), untimed, on states of their own:
         the session's state is torn down first (never two alive at once), and with ``rebuild`` set
         up and warmed up anew after, as a :meth:`refresh` does (A/B mode, before its blocks)."""
-        if not self.plan.numerics_steps or self.numerics is not None:
+        if (not self.plan.numerics_steps or self.numerics is not None
+                or not getattr(self.workload, "numerics_replay", True)):  # duck-typed workloads lack it
             return
         with pinned_to(self.core):
             with self.clock.phase("setup"):

@@ -33,6 +33,10 @@ class Workload:
     pin_to_core: bool = True
     #: Whether its rounds are GPU work only, which --dist-cuda-graphs can capture and replay.
     cuda_graph_safe: bool = False
+    #: Whether the numerics replay (--dist-numerics-steps) runs for it. A workload with no trainable
+    #: state, whose check already verifies every result (the dataset family), sets False: its replay
+    #: would only cost set-ups and rounds, and its case then has no numerics record (never `same`).
+    numerics_replay: bool = True
 
     def setup(self, ctx) -> Any:
         """Build this rank's state (tensors, models...) outside the timed rounds."""

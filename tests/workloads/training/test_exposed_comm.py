@@ -177,8 +177,8 @@ def test_the_engine_interleaves_the_variants_after_the_recorded_rounds(pool):
     workload = rank_tasks.LoggedRounds("step", ("compute_only", "communication_only"))
     ranks = pool.run(measure_workload, workload, RoundPlan(warmup=1, rounds=2, variant_rounds=3), timeout_s=60)
     log = ranks[0].metrics["round_log"]
-    assert log == ["step", "step", "step", "step", "step", "step",  # warm-up, the census's 2 ops, the memory
-                   # census's step and the recorded rounds
+    assert log == ["step", "step", "step", "step", "step", "step", "step",  # warm-up, the census's 2 ops, the
+                   # memory census's 2 steps and the recorded rounds
                    "compute_only", "communication_only",  # one warm-up round each
                    "step", "compute_only", "communication_only",  # round groups, rotated by one
                    "compute_only", "communication_only", "step",
@@ -191,7 +191,7 @@ def test_the_engine_interleaves_the_variants_after_the_recorded_rounds(pool):
     assert "engine_variants_s" in ranks[0].metrics
     # The control: no variant rounds asked for, none run.
     plain = pool.run(measure_workload, workload, RoundPlan(warmup=1, rounds=2), timeout_s=60)
-    assert plain[0].metrics["round_log"] == ["step"] * 6 and CaseRounds.of(plain).variant_times is None
+    assert plain[0].metrics["round_log"] == ["step"] * 7 and CaseRounds.of(plain).variant_times is None
 
 
 ONE_RANK = """

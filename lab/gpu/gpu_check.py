@@ -72,7 +72,7 @@ PARTS = ("install", "suite", "suite_gates", "transformer", "exposed_comm", "memo
 # Seconds per part; they add up to TOTAL_BUDGET_S, 9 minutes, so the device call (timeout_s 580)
 # ends with the summary and bundle written. The last part run also gets what the others left unused
 # (unless --budget sets its own). The background build of nccl-tests has its own limit.
-BUDGETS = {"install": 25, "suite": 130, "suite_gates": 60, "transformer": 100, "exposed_comm": 60,
+BUDGETS = {"install": 25, "suite": 120, "suite_gates": 70, "transformer": 100, "exposed_comm": 60,
            "memory": 25, "nccl_tests": 80, "ab_gate": 60}
 TOTAL_BUDGET_S = 540
 MIN_PART_S = 10

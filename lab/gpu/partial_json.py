@@ -47,7 +47,8 @@ class PartialJson:
         from ddpbench.storage.records import RUN_KEY, run_record
 
         doc[RUN_KEY] = run_record(2, sum(1 for b in session.benchmarks if b.has_error), STOPPED, [])
-        path = os.fspath(getattr(path, "name", path))
+        # a path (pytest-benchmark 5) or an open file (older releases: argparse.FileType)
+        path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path.name
         tmp = f"{path}.partial"
         with open(tmp, "w") as fh:
             json.dump(doc, fh, indent=1, default=str)

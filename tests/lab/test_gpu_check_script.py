@@ -494,3 +494,57 @@ def test_install_carries_what_the_image_lacks_and_falls_back_to_the_tree_when_pi
     rows = {r["name"]: r for r in part["figures"]["requirements"]}
     assert rows["pytest"]["action"] == "ok" and rows["torch"]["found"] == "2.11.0+cu130"
     assert rows["setuptools"]["ok"] and "tomli" not in rows  # a marker that does not hold here
+
+
+PLAIN_BENCHMARKS = """
+import os
+
+
+def test_first(benchmark):
+    benchmark(sum, range(10))
+
+
+def test_second_is_killed(benchmark):
+    os._exit(1)  # as a part's time limit kills pytest: no session end, no JSON of its own
+"""
+
+
+def test_a_run_killed_midway_keeps_the_cases_it_measured(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(lab_script_path("partial_json").parent))
+    pytester.makepyfile(test_plain=PLAIN_BENCHMARKS)
+    result = pytester.runpytest_subprocess("-p", "partial_json", "-p", "no:cacheprovider", "--benchmark-json=out.json")
+    assert result.ret == 1
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert [b["name"] for b in doc["benchmarks"]] == ["test_first"] and doc["benchmarks"][0]["stats"]["data"]
+    assert doc["ddpbench_run"]["complete"] is False and doc["ddpbench_run"]["stopped"].startswith("partial")
+    assert not list(pytester.path.glob("*.partial")) and not (ROOT / "out.json").exists()
+
+
+@pytest.mark.pool
+def test_the_cpu_rehearsal_runs_the_real_commands_through_budgets_bundle_and_summary(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable)
+    done = subprocess.run(["bash", str(lab_script_path("gpu_check").parent / "check.sh"), "--cpu-rehearsal",
+                           "--work", str(work), "--no-pip-install", "--parts", "install,suite,suite_gates,nccl_tests",
+                           "--dist-sizes", "64KB", "--select", "suite=test_all_reduce",
+                           "--select", "suite_gates=test_all_reduce and 1MB", "--budget", "suite_gates=240",
+                           "--total-budget", "500"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(out)) == ["bundle.tar.gz", "summary.json", "summary.md"]  # the call brings back 8 at most
+    brief = done.stdout[done.stdout.index("ddpbench GPU check (cpu-rehearsal)"):]
+    assert len(brief) <= outputs.BRIEF_LIMIT and brief.rstrip().splitlines()[-1].startswith("nccl_tests | skipped")
+    doc = outputs.load_summary(out / "summary.json")
+    install, suite, gates, nccl = doc["parts"]
+    assert install["status"] == "passed" and "ddpbench from src/" in install["headline"], install
+    assert suite["status"] == "passed" and suite["counts"]["passed"] == 1, suite
+    assert gates["status"] == "passed" and sum(gates["figures"]["compare_counts"].values()) == 1, gates
+    assert nccl["status"] == "skipped" and nccl["reason"].startswith("CPU rehearsal: nccl-tests needs a GPU")
+    with tarfile.open(out / "bundle.tar.gz") as tar:
+        names = set(tar.getnames())
+        run = json.load(tar.extractfile("suite/suite.json"))
+    assert {"suite/log.txt", "suite_gates/run1.json", "suite_gates/run2.json", "suite_gates/compare.json",
+            "suite_gates/report.md", "suite_gates/history.html", "summary.md"} <= names
+    assert any(n.startswith("suite_gates/charts/") and n.endswith(".png") for n in names)
+    assert [b["name"] for b in run["benchmarks"]] == ["test_all_reduce[gloo-2p-64KB]"]
+    assert run["ddpbench_run"]["complete"]  # pytest finished: its own JSON replaced the partial one

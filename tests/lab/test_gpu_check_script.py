@@ -5,6 +5,7 @@ benchmark JSON of the transformer and exposed-communication cases, A/B verdicts)
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -38,8 +39,7 @@ def test_dry_run_collects_every_pytest_command_and_finds_every_flag(tmp_path):
         assert part["status"] == "passed", part
         assert not part["logs"] and part["headline"].endswith("every pytest run collects, every flag exists")
     assert "-m 'gpu and not slow' benchmarks/ --dist-backend=nccl" in suite["commands"][0]
-    assert [c.split(" -c ")[-1].split()[1] for c in gates["commands"][2:]] == ["compare", "compare", "report",
-                                                                               "history"]
+    assert [shlex.split(c)[3] for c in gates["commands"][2:]] == ["compare", "compare", "report", "history"]
     assert nccl["status"] == "skipped" and not nccl["findings"][-1].startswith("dry run")  # its script's flags exist
     assert len(ab["commands"]) == 4 and "test_all_gather[nccl-1p-100MB]" in ab["commands"][0]
     assert not (tmp_path / "out" / outputs.BUNDLE_NAME).exists()  # nothing ran: nothing to bundle

@@ -87,20 +87,27 @@ def test_gpu_cases_skip_with_a_reason_without_cuda(pytester, monkeypatch):
 BROKEN_CUDA_CONFTEST = """
 import ddpbench.devices
 
-# This machine "has" an NVIDIA GPU, but the installed torch is the CPU build: broken, not GPU-less.
+# This machine "has" an NVIDIA GPU, but the installed torch cannot use it (a CPU build, or a CUDA
+# build with no driver): broken, not GPU-less.
 ddpbench.devices._nvidia_gpus_present = lambda: ["/dev/nvidia0"]
 """
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CUDA works here: nothing to find broken")
 def test_a_broken_cuda_install_is_an_error_when_gpu_cases_are_asked_for(pytester, monkeypatch):
+    import torch
+
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     pytester.makeconftest(BROKEN_CUDA_CONFTEST)
     pytester.makepyfile(test_bench=TINY_BENCHMARK)
+    # A CPU-only build cannot use the GPUs; a CUDA build (PyPI's Linux wheel) finds no driver here.
+    broken = ("is a CPU-only build" if torch.version.cuda is None else
+              f"(CUDA {torch.version.cuda}) cannot use them: *")
     for args in (["-m", "gpu"], ["-m", "gpu and not slow"], ["--dist-backend=nccl"]):
         result = _run(pytester, "--dist-sizes=4KB", *args)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
         result.stderr.fnmatch_lines(["*GPU cases were asked for*but CUDA is broken here: this machine has "
-                                     "NVIDIA GPUs (/dev/nvidia0) but torch * is a CPU-only build*"])
+                                     f"NVIDIA GPUs (/dev/nvidia0) but torch * {broken}*"])
     # Not asked for: the GPU cases skip, and the reason says why.
     result = _run(pytester, "--dist-sizes=4KB", "-m", "not slow", "-rs", "-k", "nccl")
     assert result.ret == pytest.ExitCode.OK

@@ -20,6 +20,8 @@ Run by lab/gpu/check.sh's ``exposed_comm`` part; not collected by ``pytest tests
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ddpbench.pool import PoolSpec
@@ -35,6 +37,10 @@ SPECS = [pytest.param(PoolSpec("nccl", 1, "cuda"), id="nccl-1p", marks=pytest.ma
          pytest.param(PoolSpec("gloo", 2, "cuda"), id="gloo-cuda-2p", marks=pytest.mark.gpu)]
 CASES = [TransformerTraining(size="gpt2-124m", precision="bf16"),
          TransformerTraining(size="gpt2-124m", precision="bf16", bucket_cap_mb=ONE_BUCKET_CAP_MB)]
+if os.environ.get("DDPBENCH_GPU_CHECK_REHEARSAL") == "1":
+    # check.sh --cpu-rehearsal: the same pair on the CPU (cpu-small, gloo), so its plumbing runs
+    SPECS = [pytest.param(PoolSpec("gloo", 2, "cpu"), id="gloo-2p")]
+    CASES = [TransformerTraining(), TransformerTraining(bucket_cap_mb=ONE_BUCKET_CAP_MB)]
 
 
 @pytest.mark.parametrize("workload", [pytest.param(w, id=w.case_id) for w in CASES])

@@ -2,16 +2,17 @@
 # ddpbench on a lent GPU, in one device call (issue 48): install, the GPU suite and its gates, the
 # transformer family (MFU, census, exposed communication), default buckets vs one bucket, the
 # memory census against the allocator, nccl-tests side by side, the A/B gate on NCCL. Each part
-# runs under its own `timeout`; all of them fit 540 s. Logs, JSON, summary.md and summary.json go
-# to $OUT (a new temporary folder when unset). Exit 0 with the summary whatever the parts did.
+# runs under its own `timeout`; all of them fit 540 s. The parts write under a work folder; $OUT (a
+# new temporary folder when unset) gets summary.md, summary.json and bundle.tar.gz (every log, JSON
+# and chart), and the output ends with a table of at most 2 KB. Exit 0 whatever the parts did.
 #
 #   bash lab/gpu/check.sh                 # on the GPU machine (the device tool sets $OUT)
-#   bash lab/gpu/check.sh --dry-run       # anywhere: nothing installed, built or run on a GPU;
-#                                         # every part says why it skipped and what it would run
+#   bash lab/gpu/check.sh --cpu-rehearsal # here: every part's real commands, gloo and the CPU cases
+#   bash lab/gpu/check.sh --dry-run       # anywhere: every pytest command collects, every flag exists
 #   bash lab/gpu/check.sh --parts suite,suite_gates --budget suite=300    # a rerun of some parts
 #
-# Before the device call: lab/gpu/fetch_nccl_tests.sh (source into lab/gpu/nccl-tests/, carried
-# with the call). lab/gpu/README.md has the one device call; lab/gpu/gpu_check.py the parts.
+# Before the device call: lab/gpu/fetch_nccl_tests.sh and lab/gpu/fetch_wheels.sh (carried with
+# the call: [".whl", "lab/gpu/nccl-tests"]). lab/gpu/README.md has the one device call.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1

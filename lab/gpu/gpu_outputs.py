@@ -13,8 +13,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 STATUSES = ("passed", "failed", "timed-out", "skipped")
+BUNDLE_NAME = "bundle.tar.gz"
+BRIEF_LIMIT = 2000  # characters of the table printed last (the device call returns the output's end)
 
 # ----------------------------------------------------------------------------------------------
 # pytest's terminal output (run with -v -rfEs)
@@ -77,6 +79,14 @@ def pytest_counts(text: str) -> dict[str, Any]:
         counts = verbose
     return {"counts": counts, "complete": final is not None, "failed_cases": failed,
             "skip_reasons": sorted(([n, r] for r, n in skips.items()), key=lambda item: (-item[0], item[1]))}
+
+
+def add_counts(total: dict[str, int] | None, parsed: dict[str, Any]) -> dict[str, int]:
+    """``total`` (passed / failed / skipped / errors over a part's pytest runs) plus one run's."""
+    total = dict(total or {"passed": 0, "failed": 0, "skipped": 0, "errors": 0})
+    for key in total:
+        total[key] += parsed["counts"].get(key, 0)
+    return total
 
 
 def counts_line(parsed: dict[str, Any]) -> str:
@@ -334,7 +344,8 @@ def _cell(text) -> str:
 def render_markdown(doc: dict) -> str:
     """summary.md: the environment, one table row per part, then each part's details."""
     env = doc.get("environment") or {}
-    lines = [f"# ddpbench GPU check, {doc.get('started', '?')}" + (" (dry run)" if doc.get("dry_run") else ""), ""]
+    kind = " (dry run)" if doc.get("dry_run") else " (CPU rehearsal)" if doc.get("mode") == "cpu-rehearsal" else ""
+    lines = [f"# ddpbench GPU check, {doc.get('started', '?')}{kind}", ""]
     for key in ("gpu", "driver", "torch", "cuda", "nccl", "python", "ddpbench_commit", "nccl_tests_commit", "nvcc",
                 "cpus"):
         if env.get(key) is not None:
@@ -356,13 +367,41 @@ def render_markdown(doc: dict) -> str:
         for finding in part.get("findings", []):
             lines.append(f"- {finding}")
         for check in part.get("checks", []):
-            lines.append(f"- check {'ok' if check['ok'] else 'FAILED'}: {check['name']}"
+            verdict = {True: "ok", False: "FAILED", None: "n/a"}[check["ok"]]
+            lines.append(f"- check {verdict}: {check['name']}"
                          + (f" ({check['detail']})" if check.get("detail") else ""))
         if part.get("table"):
             lines += ["", part["table"]]
         if part.get("logs"):
             lines.append("Logs: " + ", ".join(part["logs"]))
     return "\n".join(lines) + "\n"
+
+
+def render_brief(doc: dict, limit: int = BRIEF_LIMIT) -> str:
+    """The table the run ends with, at most ``limit`` characters: one line per part (status, wall /
+    budget, pytest cases passed / failed / skipped, its key figures, where in the bundle), under a
+    line naming the machine and the bundle."""
+    env = doc.get("environment") or {}
+    bundle = doc.get("bundle") or {}
+    head = (f"ddpbench GPU check ({doc.get('mode', 'gpu')}{', dry run' if doc.get('dry_run') else ''}): "
+            f"{env.get('gpu') or 'no GPU'}, torch {env.get('torch')}, python {env.get('python')}; "
+            f"{doc.get('wall_s', 0):.0f} s of {doc.get('total_budget_s', 0):.0f}")
+    where = (f"$OUT: summary.md, summary.json, {bundle['name']} ({bundle['files']} files, {bundle['bytes'] / 1e6:.1f} MB"
+             f"{', left out: ' + str(len(bundle['left_out'])) if bundle.get('left_out') else ''})" if bundle else
+             "$OUT: summary.md, summary.json (no bundle: nothing ran)")
+    lines = [head, where, "part | status | s/budget | cases p/f/s | figures | bundle"]
+    for part in doc.get("parts", []):
+        counts = part.get("counts")
+        cases = f"{counts['passed']}/{counts['failed'] + counts.get('errors', 0)}/{counts['skipped']}" if counts else "-"
+        figures = part.get("brief") or part.get("reason") or part.get("headline") or ""
+        line = (f"{part['name']} | {part['status']} | {part['wall_s']:.0f}/{part['budget_s']:.0f} | {cases} | "
+                f"{_cell(figures)} | {part.get('where') or '-'}")
+        lines.append(line if len(line) <= 200 else line[:197] + "...")
+    text = "\n".join(lines) + "\n"
+    if len(text) > limit:  # keep whole lines; the rest is in summary.md
+        cut = text[:limit - 40].rsplit("\n", 1)[0]
+        text = cut + "\n... (cut at 2 KB: summary.md has it all)\n"
+    return text
 
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:

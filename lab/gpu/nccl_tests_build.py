@@ -161,28 +161,35 @@ def library_dirs(found: dict) -> list[str]:
 
 
 def plan(source: Path, build: Path, arch: str | None, jobs: int, search_dirs=None, environ=os.environ) -> dict:
-    """What the build needs, found or not: ``{"ok": bool, "reason": str|None, "commit", "nccl",
-    "nvcc", "command"}``. ``arch`` None: the build is planned but not runnable (no GPU to ask)."""
-    out: dict = {"ok": False, "reason": None, "commit": None, "nccl": None, "nvcc": None, "cuda_home": None,
-                 "command": None}
+    """What the build needs, found or not: ``{"ok": bool, "reason": str|None, "nvcc", "make",
+    "commit", "nccl", "command"}``, asked in that order: the machine's tools (nvcc, make) first, so a
+    machine that cannot build says so whatever was carried; then the source, then torch's NCCL.
+    ``arch`` None: the build is planned but not runnable (no GPU to ask)."""
+    out: dict = {"ok": False, "reason": None, "commit": None, "nccl": None, "nvcc": None, "make": None,
+                 "cuda_home": None, "command": None}
+    nvcc = find_nvcc(environ)
+    out["nvcc"] = str(nvcc) if nvcc else None
+    make = shutil.which("make", path=environ.get("PATH"))
+    out["make"] = make
+    if nvcc is None:
+        out["reason"] = ("no nvcc (CUDA toolkit) on this machine: $CUDA_HOME/bin/nvcc, nvcc on PATH and "
+                         "/usr/local/cuda/bin/nvcc are all missing; nccl-tests cannot be built here")
+        return out
+    if make is None:
+        out["reason"] = "no make on this machine's PATH: nccl-tests cannot be built here"
+        return out
     if not (source / "src" / "Makefile").is_file():
         out["reason"] = (f"no nccl-tests source at {source} (no src/Makefile): run "
                          f"lab/gpu/fetch_nccl_tests.sh, then carry lab/gpu/nccl-tests with the device call")
         return out
     commit_file = source / "COMMIT"
     out["commit"] = commit_file.read_text().strip() if commit_file.is_file() else None
-    nvcc = find_nvcc(environ)
-    out["nvcc"] = str(nvcc) if nvcc else None
     try:
         nccl = find_nccl(nccl_search_dirs() if search_dirs is None else search_dirs)
     except ValueError as exc:
         out["reason"] = str(exc)
         return out
     out["nccl"] = {k: str(v) if v is not None else None for k, v in nccl.items()}
-    if nvcc is None:
-        out["reason"] = ("no nvcc (CUDA toolkit) on this machine: $CUDA_HOME/bin/nvcc, nvcc on PATH and "
-                         "/usr/local/cuda/bin/nvcc are all missing; nccl-tests cannot be built here")
-        return out
     if arch is None:
         out["reason"] = "no GPU to take the compute capability from"
         return out
@@ -209,7 +216,8 @@ def main(argv=None) -> int:
             return 1
         arch = "%d.%d" % torch.cuda.get_device_capability(0)
     found = plan(args.source, args.build, arch, args.jobs)
-    print(f"nccl-tests commit {found['commit']}; NCCL {found['nccl']}; nvcc {found['nvcc']}", flush=True)
+    print(f"nvcc {found['nvcc']}; make {found['make']}; nccl-tests commit {found['commit']}; NCCL {found['nccl']}",
+          flush=True)
     if not found["ok"]:
         print(found["reason"], file=sys.stderr)
         return 1

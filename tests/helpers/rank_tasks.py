@@ -16,6 +16,14 @@ def rank_and_sum(ctx, offset):
     return {"rank": ctx.rank, "pid": os.getpid(), "sum": value.item(), "threads": __import__("torch").get_num_threads()}
 
 
+def python_thread_ids(ctx):
+    """The native ids of the rank's Python threads: every thread ddpbench starts is one (gloo's and
+    torch's own threads are C++ threads, named or not depending on the torch release)."""
+    import threading
+
+    return sorted(t.native_id for t in threading.enumerate())
+
+
 def raise_on_rank_one(ctx):
     if ctx.rank == 1:
         raise ValueError("rank one refuses")

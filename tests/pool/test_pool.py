@@ -124,16 +124,19 @@ def _wake_ups(pid: int) -> dict[str, int]:
                     reason="needs Linux pidfds and /proc")
 def test_an_idle_rank_adds_no_wake_ups_of_its_own(registry):
     """Between tasks no thread ddpbench runs in a rank wakes up on a timer (a parent watch that
-    polled twice a second did). gloo's own TCP event loop (thread "gloo_tcp_loop") wakes every
+    polled twice a second did). ddpbench's threads are the rank's Python threads; gloo's own TCP
+    event loop, a C++ thread (named "gloo_tcp_loop" from torch 2.13, unnamed before), wakes every
     10 ms in every gloo process, a plain script's included: it is not ddpbench's to remove."""
     pool = registry.get(SPEC)
     pool.run(rank_tasks.rank_and_sum, 0)
+    ours = pool.run(rank_tasks.python_thread_ids)
     time.sleep(0.5)  # the task's own hand-offs settle
     before = [_wake_ups(pid) for pid in pool.pids]
     time.sleep(3.0)
-    for pid, earlier in zip(pool.pids, before):
-        woke = {thread: n - earlier[thread] for thread, n in _wake_ups(pid).items()
-                if thread in earlier and "gloo" not in thread.split(" ", 1)[1]}
+    for pid, earlier, tids in zip(pool.pids, before, ours):
+        checked = {thread for thread in earlier if int(thread.split(" ", 1)[0]) in tids}
+        assert len(checked) == len(tids), (tids, earlier)  # every Python thread found in /proc
+        woke = {thread: n - earlier[thread] for thread, n in _wake_ups(pid).items() if thread in checked}
         assert all(n <= 1 for n in woke.values()), f"idle rank threads woke up in 3 s: {woke}"
 
 

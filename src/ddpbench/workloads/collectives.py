@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .base import Workload
+from .tensor_ops import all_gather_tensor, reduce_scatter_tensor
 
 PATTERN_PERIODS = (65521, 65537)
 PATTERN_VALUES = 64  # table entries in 0..63 at most: a rank's value is at most 126
@@ -129,18 +130,6 @@ def _reduce_op(name: str):
             "avg": dist.ReduceOp.AVG}[name]
 
 
-def _gather_fn():
-    import torch.distributed as dist
-
-    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _scatter_fn():
-    import torch.distributed as dist
-
-    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
 def _chunk(state) -> tuple[int, int]:
     """(start, length) of this rank's chunk of the full vector."""
     ctx = state["ctx"]
@@ -201,11 +190,11 @@ def _run_all_reduce(state) -> None:
 
 
 def _run_all_gather(state) -> None:
-    _gather_fn()(state["output"], state["input"])
+    all_gather_tensor()(state["output"], state["input"])
 
 
 def _run_reduce_scatter(state) -> None:
-    _scatter_fn()(state["output"], state["input"], op=_reduce_op(state["reduce_op"]))
+    reduce_scatter_tensor()(state["output"], state["input"], op=_reduce_op(state["reduce_op"]))
 
 
 def _run_broadcast(state) -> None:

@@ -119,6 +119,26 @@ def test_the_replay_refuses_what_it_cannot_issue():
         replay_calls([{"kind": "all_reduce", "dtype": "float32", "group_size": 4, "call_bytes": [4]}], 2, "cpu")
 
 
+
+@pytest.mark.parametrize("has_single", [True, False], ids=["torch-2.13", "torch-2.11"])
+def test_the_replay_issues_the_single_tensor_collectives_this_torch_has(monkeypatch, has_single):
+    # torch 2.11 and 2.12 lack all_gather_single / reduce_scatter_single: the replay (of every FSDP2
+    # step's exposed communication) takes the same ops under their older names there.
+    import torch.distributed as dist
+
+    if not has_single:
+        monkeypatch.delattr(dist, "all_gather_single", raising=False)
+        monkeypatch.delattr(dist, "reduce_scatter_single", raising=False)
+    elif not hasattr(dist, "all_gather_single"):
+        pytest.skip("this torch has no all_gather_single")
+    record = [{"kind": kind, "dtype": "float32", "group_size": 2, "call_bytes": [64, 32]}
+              for kind in ("all_gather", "reduce_scatter")]
+    calls = replay_calls(record, 2, "cpu")
+    expected = ([dist.all_gather_single] * 2 + [dist.reduce_scatter_single] * 2 if has_single else
+                [dist.all_gather_into_tensor] * 2 + [dist.reduce_scatter_tensor] * 2)
+    assert [call.func for call in calls] == expected
+    assert [(call.args[0].numel(), call.args[1].numel()) for call in calls] == [(32, 16), (16, 8), (8, 16), (4, 8)]
+
 # -- on ranks -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import Workload
+from ..tensor_ops import all_gather_tensor, reduce_scatter_tensor
 
 # Steps of the source run in set-up: DDP rebuilds its buckets, in the order gradients became
 # ready, at the start of the second step; the record kept is the last step's.
@@ -30,6 +31,7 @@ def replay_calls(record: list[dict[str, Any]], world_size: int, device) -> list:
     import torch
     import torch.distributed as dist
 
+    all_gather, reduce_scatter = all_gather_tensor(), reduce_scatter_tensor()
     calls = []
     for entry in record:
         kind, dtype_name, group_size = entry["kind"], entry["dtype"], entry["group_size"]
@@ -49,11 +51,11 @@ def replay_calls(record: list[dict[str, Any]], world_size: int, device) -> list:
         source = torch.zeros(largest, dtype=dtype, device=device)
         if kind == "all_gather":
             target = torch.zeros(largest * world_size, dtype=dtype, device=device)
-            calls += [functools.partial(dist.all_gather_single, target[:n * world_size], source[:n])
+            calls += [functools.partial(all_gather, target[:n * world_size], source[:n])
                       for n in sizes]
         elif kind == "reduce_scatter":  # the input is every rank's chunk, the output this rank's
             target = torch.zeros(largest // world_size, dtype=dtype, device=device)
-            calls += [functools.partial(dist.reduce_scatter_single, target[:n // world_size],
+            calls += [functools.partial(reduce_scatter, target[:n // world_size],
                                         source[:n // world_size * world_size]) for n in sizes]
         else:
             calls += [functools.partial(dist.all_reduce, source[:n]) for n in sizes]

@@ -54,7 +54,7 @@ class CaseVerdict:
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
     timing_verdict: Verdict | None = None  # the timing's own verdict, once the components decided ``verdict``
     memory: StructureVerdict | None = None  # the memory censuses compared (ddpbench.gates.memory)
-    failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide)
+    failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide_case)
     numerics: StructureVerdict | None = None  # the numerics replays compared (ddpbench.gates.numerics)
 
     @property
@@ -81,21 +81,21 @@ class CaseVerdict:
             self.fullname = self.name
 
     def judge_structure(self, structure: StructureVerdict, accepted: bool = False) -> None:
-        """Add the structural verdict and decide the case (:func:`decide`): an unaccepted
+        """Add the structural verdict and decide the case (:func:`decide_case`): an unaccepted
         structural regression makes it a regression whatever the timing says (``accepted``: the
         gate's option to accept it)."""
         self.structure = accept(structure) if accepted else structure
         self.decide_from_components()
 
     def judge_memory(self, memory: StructureVerdict, accepted: bool = False) -> None:
-        """Add the memory verdict and decide the case (:func:`decide`): an unaccepted memory
+        """Add the memory verdict and decide the case (:func:`decide_case`): an unaccepted memory
         regression makes it a regression whatever the timing says (``accepted``: the gate's option
         to accept it)."""
         self.memory = accept(memory) if accepted else memory
         self.decide_from_components()
 
     def judge_numerics(self, numerics: StructureVerdict, accepted: bool = False) -> None:
-        """Add the numerics verdict and decide the case (:func:`decide`): an unaccepted change of
+        """Add the numerics verdict and decide the case (:func:`decide_case`): an unaccepted change of
         what the steps compute makes it a regression whatever the timing says (``accepted``: the
         gate's option to accept it)."""
         self.numerics = accept(numerics) if accepted else numerics
@@ -103,12 +103,12 @@ class CaseVerdict:
 
     def decide_from_components(self) -> None:
         """Set ``verdict`` to what the gate decides from the timing's own verdict (kept in
-        ``timing_verdict``) and the components judged so far (:func:`decide`); a component's
+        ``timing_verdict``) and the components judged so far (:func:`decide_case`); a component's
         ``judge_...`` method calls it after adding its verdict."""
         if self.timing_verdict is None:
             self.timing_verdict = self.verdict
         self.failed_by = component_failures(self)
-        self.verdict = decide(self.timing_verdict, self.failed_by)
+        self.verdict = decide_case(self.timing_verdict, self.failed_by)
 
     @property
     def timing_unmeasured(self) -> bool:
@@ -144,7 +144,7 @@ def component_failures(case: CaseVerdict) -> list[str]:
     return failures
 
 
-def decide(timing_verdict: Verdict, failed_by: list[str]) -> Verdict:
+def decide_case(timing_verdict: Verdict, failed_by: list[str]) -> Verdict:
     """The verdict a gate decides and exits on: ``regression`` when any component failed the case
     (``failed_by``), else the timing's own verdict."""
     return Verdict.REGRESSION if failed_by else timing_verdict

@@ -64,7 +64,7 @@ class ABSettings:
     alpha: float = stats.DEFAULT_ALPHA
     confidence: float = stats.DEFAULT_CONFIDENCE
     # With two or more pool pairs, every pool pair's own ratio must be over 1 + this share of the
-    # threshold for a regression (stats.decide).
+    # threshold for a regression (stats.decide_paired).
     pool_pair_share: float = stats.POOL_PAIR_SHARE
     # Summarise both blocks of a pair at the pair's own mix of placements (rounds where the ranks
     # shared a CPU, rounds where they did not: gates/ab/strata.py) instead of by their plain means.

@@ -15,7 +15,7 @@ from helpers.benchjson import bench, run_cli, run_doc, write
 from helpers.census_records import census
 from ddpbench import cli
 from ddpbench.gates import verdicts
-from ddpbench.gates.compare import compare_runs
+from ddpbench.gates.stored_run_gate import compare_runs
 from ddpbench.gates.structure import StructureVerdict, compare_census
 from ddpbench.storage.records import RecordError
 from ddpbench.storage.runs import load_run

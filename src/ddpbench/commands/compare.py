@@ -11,7 +11,7 @@ import sys
 from .. import option_table
 from .. import options as opts
 from .. import report
-from ..gates import compare as cmp
+from ..gates import stored_run_gate as cmp
 from ..gates import verdicts
 from ..gates.ab.forensics import CaseProfile
 from ..gates.fingerprint import parse_allowed

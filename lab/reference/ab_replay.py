@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 from ddpbench.gates import stats
 from ddpbench.gates.ab import strata
-from ddpbench.gates.ab.engine import BLOCK_SUMMARY, EXTRA_LOOK_LEVEL, ABSettings, SideRounds
+from ddpbench.gates.ab.pairs_loop import BLOCK_SUMMARY, EXTRA_LOOK_LEVEL, ABSettings, SideRounds
 
 BLOCK_SUMMARIES = {
     "mean": lambda rounds: rounds.block_means,  # the engine's

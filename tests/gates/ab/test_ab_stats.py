@@ -10,7 +10,7 @@ import pytest
 
 from ddpbench.gates import stats
 from ddpbench.gates.ab import schedule
-from ddpbench.gates.ab.engine import ABSettings, SideRounds
+from ddpbench.gates.ab.pairs_loop import ABSettings, SideRounds
 
 
 def _pairs(rng, n, shift=0.0, noise=0.05):

@@ -20,7 +20,7 @@ from ...options import AB_OPTIONS  # any of these turns A/B mode on
 from ..verdict_words import Verdict
 from ..verdicts import LOST_CASES_KEY, VerdictError, ab_report, ab_verdicts, format_text, record_decision
 from .budget import RunBudget
-from .engine import ABSettings, SideFailed, run_case
+from .pairs_loop import ABSettings, SideFailed, run_case
 from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
                         should_profile)
 from .heap import DEFAULT_HEAP, heap_env

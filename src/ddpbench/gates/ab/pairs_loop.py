@@ -3,7 +3,7 @@ each, then blocks of rounds in a balanced random order (ddpbench.gates.ab.schedu
 (ddpbench.gates.stats) after every stage, and more pairs while the answer is unclear, up to a time cap
 (the case's share of a run budget, ddpbench.gates.ab.budget, when the run has one).
 
-The engine knows sides only as lists of pools; it never knows what the workload does.
+This loop knows sides only as lists of pools; it never knows what the workload does.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import options as opts
-from .gates.ab.forensics import DEFAULT_PROFILE, PROFILE_MODES
+from .gates.ab.profiling import DEFAULT_PROFILE, PROFILE_MODES
 from .gates.ab.heap import DEFAULT_HEAP, HEAP_MODES
 from .workloads.collectives import DTYPES, PLACEMENTS, REDUCE_OPS
 

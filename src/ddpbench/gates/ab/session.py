@@ -21,7 +21,7 @@ from ..verdict_words import Verdict
 from ..verdicts import LOST_CASES_KEY, VerdictError, ab_report, ab_verdicts, format_text, record_decision
 from .budget import RunBudget
 from .pairs_loop import ABSettings, SideFailed, run_case
-from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
+from .profiling import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
                         should_profile)
 from .heap import DEFAULT_HEAP, heap_env
 from .schedule import new_seed
@@ -53,7 +53,7 @@ class ABSession:
     memory_tolerance: float | None = None  # --dist-ab-memory-tolerance (None: measured figures not judged)
     accept_numerics_change: bool = False  # --dist-ab-accept-numerics-change
     numerics_tolerance: float | None = None  # --dist-ab-numerics-tolerance (None: the default, none)
-    profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
+    profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.profiling)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
     budget: RunBudget | None = None  # --dist-ab-run-budget: each case's cap is its share of what is left
     results: list = field(default_factory=list)

@@ -25,9 +25,9 @@ from .profiling import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_
                         should_profile)
 from .heap import DEFAULT_HEAP, heap_env
 from .schedule import new_seed
-from .sides import (ImportIsolationError, SameCodeError, Side, SideError, check_import_isolation, check_modules_differ,
-                    engine_lines, local_facts, make_side, module_lines, modules_under_test, parse_env_assignments,
-                    probe, resolve_modules, with_import_guard)
+from .side_environments import (ImportIsolationError, SameCodeError, Side, SideError, check_import_isolation,
+                                check_modules_differ, engine_lines, local_facts, make_side, module_lines,
+                                modules_under_test, parse_env_assignments, probe, resolve_modules, with_import_guard)
 
 OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
 DEFAULT_MAX_TIME_S = 60.0  # a case's cap for adding pairs without --dist-ab-max-time or a run budget

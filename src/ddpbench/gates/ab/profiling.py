@@ -3,10 +3,8 @@ under torch.profiler (``--dist-ab-profile``), a Chrome trace per side and rank, 
 self time per round grew most.
 
 It runs after the verdict, on rounds that are thrown away: the verdict and the case's recorded
-rounds are final before the profiler starts. A side that cannot be profiled (an older ddpbench
-without this task, a profiler error) is named in the result instead of failing the case. The ranks'
-task is :func:`ddpbench.gates.ab.forensics.profile_rounds` (its path is a contract with other
-ddpbench versions); this module runs it on each side and reads what it returns. When the
+rounds are final before the profiler starts. The ranks run :mod:`.forensics`'s task; a side that
+cannot (an older ddpbench without it, a profiler error) is named instead of failing the case. When the
 case asks for variant rounds (``--dist-exposed-comm``) and the side's workload has them, the side
 also times them after the profiled rounds, outside the profiler, and the text shows each side's
 exposed communication (a side whose ddpbench or workload has none shows none).

@@ -17,13 +17,14 @@ import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
 from ...options import AB_OPTIONS  # any of these turns A/B mode on
+from ..exit_decision import decide_exit
 from ..verdict_words import Verdict
 from ..verdicts import LOST_CASES_KEY, VerdictError, ab_report, ab_verdicts, format_text, record_decision
 from .budget import RunBudget
+from .heap import DEFAULT_HEAP, heap_env
 from .pairs_loop import ABSettings, SideFailed, run_case
 from .profiling import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
                         should_profile)
-from .heap import DEFAULT_HEAP, heap_env
 from .schedule import new_seed
 from .side_environments import (ImportIsolationError, SameCodeError, Side, SideError, check_import_isolation,
                                 check_modules_differ, engine_lines, local_facts, make_side, module_lines,
@@ -282,8 +283,8 @@ class ABSession:
             pass
 
     def exit_status(self) -> int:
-        return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,
-                                         self.allow_baseline_failure)[0]
+        return decide_exit(self.report(), self.allow_missing, self.fail_on_inconclusive,
+                           self.allow_baseline_failure).status
 
     def summary_lines(self) -> list[tuple[str, bool]]:
         """(line, whether it reports a failure) of the verdict table and the gate's outcome; the

@@ -15,7 +15,7 @@ log ratio sd 0.21-0.35 at 1 MB, 0.13 at 10 MB, 0.08 at 100 MB; tau, quiet, stead
 (stats.signed_rank_upper_bound at the look's stop level) lies within 1 + threshold: at identical
 sides the bound, at a level of 2.5% or less, is wider than the 95% bootstrap interval nearly
 always, so it is what decides (ab_stop_error.py checks that with the full analysis). The run is
-then the engine's loop (gates/ab/engine.py) under ab.yml's --dist-ab-run-budget: each case's cap
+then the engine's loop (gates/ab/pairs_loop.py) under ab.yml's --dist-ab-run-budget: each case's cap
 is what is left of the budget over the cases left, a next stage runs only if its pairs fit the
 cap, and each look costs an analysis — the bootstrap at every look (`full`), or only at a look
 that may decide or ends the case (`lazy`, stats.may_decide). Seconds per pair, the analysis's
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab_stop_error import equal_stop_levels  # noqa: E402
 
 from ddpbench.gates import stats  # noqa: E402
-from ddpbench.gates.ab.engine import ABSettings  # noqa: E402
+from ddpbench.gates.ab.pairs_loop import ABSettings  # noqa: E402
 
 POOL_PAIRS = 2
 # ab.yml's cases in their run order: (name, sigma of a pair's log ratio, tau of a pool pair's offset).

@@ -87,7 +87,7 @@ def held_back_by(ab) -> set[str]:
     one at its last look (significant at that look's level — older runs, which kept no per-look
     level, at the case's alpha —, the interval clear of 1, the estimate beyond the threshold):
     "pool pair" when some pool pair's own ratio fell short of what each must show, "block minima"
-    when the ratio of the block minima did (stats.decide)."""
+    when the ratio of the block minima did (stats.decide_paired)."""
     up = 1 + ab["threshold"]
     low, high = ab["ratio_ci"]
     slower, faster = ab["ratio"] > up and low > 1, ab["ratio"] < 1 / up and high < 1

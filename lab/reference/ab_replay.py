@@ -45,8 +45,8 @@ import statistics
 from typing import NamedTuple
 
 from ddpbench.gates import stats
-from ddpbench.gates.ab import strata
-from ddpbench.gates.ab.engine import BLOCK_SUMMARY, EXTRA_LOOK_LEVEL, ABSettings, SideRounds
+from ddpbench.gates.ab import placement_strata
+from ddpbench.gates.ab.pairs_loop import BLOCK_SUMMARY, EXTRA_LOOK_LEVEL, ABSettings, SideRounds
 
 BLOCK_SUMMARIES = {
     "mean": lambda rounds: rounds.block_means,  # the engine's
@@ -114,7 +114,9 @@ def recorded_cases(folder: str, block_summary: str = BLOCK_SUMMARY):
 
         def placements(side):
             text = (ab.get(side) or {}).get("shared_cpu_rounds")
-            return None if not text or len(text) != pairs * per_block else strata.placements_from_text(text, per_block)
+            if not text or len(text) != pairs * per_block:
+                return None
+            return placement_strata.placements_from_text(text, per_block)
 
         yield RecordedCase(case["name"], summarise(base), summarise(cand),
                            ab.get("pool_pair_of_pair") or [0] * pairs, ab["threshold"], _cap_ended(ab, pairs),
@@ -152,7 +154,7 @@ def replay_result(baseline, candidate, pools, threshold, levels, stage_size,
         if blocks is None:
             base, cand = baseline[:seen], [c * scale for c in candidate[:seen]]
         else:
-            base, cand = strata.stratified_summaries(blocks[0][:seen], [[t * scale for t in block]
+            base, cand = placement_strata.stratified_summaries(blocks[0][:seen], [[t * scale for t in block]
                                                                         for block in blocks[1][:seen]],
                                                      blocks[2][:seen], blocks[3][:seen])
         both = {} if minima is None else {"baseline_minima": minima[0][:seen], "candidate_minima": minima[1][:seen]}

@@ -39,7 +39,7 @@ import statistics
 import numpy as np
 
 from ddpbench.gates import stats
-from ddpbench.gates.ab.engine import EXTRA_LOOK_LEVEL, ABSettings
+from ddpbench.gates.ab.pairs_loop import EXTRA_LOOK_LEVEL, ABSettings
 
 POOL_PAIRS = 2
 RULES = ("interval", "equal", "spending")

@@ -52,7 +52,7 @@ USES: tuple[Use, ...] = (
     Use("BenchmarkSession", "autosave", "set", "plugin.pytest_sessionfinish"),
     Use("BenchmarkSession", "json", "set", "plugin.pytest_sessionfinish"),
     Use("BenchmarkSession", "benchmarks", "read", "plugin.SessionCompare"),
-    Use("BenchmarkSession", "compared_mapping", "read", "gates.session_compare.compared_files"),
+    Use("BenchmarkSession", "compared_mapping", "read", "gates.benchmark_compare.compared_files"),
     Use("BenchmarkSession", "storage", "read", "storage.install"),
     Use("BenchmarkSession", "logger", "read", "storage.install"),
     Use("BenchmarkSession", "save_json", "replaced", "storage.install", ("output_json",)),

@@ -1,6 +1,6 @@
 """What a ddpbench process runs with: its torch, its engine (a hash of ddpbench's source) and the
 rank protocol it speaks. Two processes that drive one another must agree on these, or a case
-measures code other than what it names: A/B sides compare theirs (:mod:`ddpbench.gates.ab.sides`),
+measures code other than what it names: A/B sides compare theirs (:mod:`ddpbench.gates.ab.side_environments`),
 and a multi-node controller refuses workers whose identity differs from its own
 (:mod:`ddpbench.pool.external`).
 """

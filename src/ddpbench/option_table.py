@@ -1,7 +1,7 @@
 """Every pytest option the plugin adds, and each option a ``ddpbench`` command shares with the
 plugin or another command, defined once: its flags, parser, default and help. The plugin and the
 commands register them from here (:func:`add_pytest_options`, :func:`add_command_options`), and
-docs/reference.md is written from here (:mod:`ddpbench.reference`)."""
+docs/reference.md is written from here (:mod:`ddpbench.reference_page`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import options as opts
-from .gates.ab.forensics import DEFAULT_PROFILE, PROFILE_MODES
+from .gates.ab.profiling import DEFAULT_PROFILE, PROFILE_MODES
 from .gates.ab.heap import DEFAULT_HEAP, HEAP_MODES
 from .workloads.collectives import DTYPES, PLACEMENTS, REDUCE_OPS
 

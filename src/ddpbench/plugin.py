@@ -613,7 +613,7 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
 
 class SessionCompare:
     """Registered in sessions given --benchmark-compare: under pytest-benchmark's comparison table,
-    ddpbench's noise-aware verdicts for the same pair (:mod:`ddpbench.gates.session_compare`),
+    ddpbench's noise-aware verdicts for the same pair (:mod:`ddpbench.gates.benchmark_compare`),
     when the session has ddpbench cases. Informational: the exit status stays pytest-benchmark's."""
 
     @pytest.hookimpl(wrapper=True)
@@ -628,7 +628,7 @@ class SessionCompare:
 
 
 def _print_session_verdicts(terminalreporter, config, bench_session) -> None:
-    from .gates.session_compare import print_verdicts
+    from .gates.benchmark_compare import print_verdicts
 
     machine_info = dict(session_state(config).compared_machine_info or {})
     machine_info.update(machine_facts(config, machine_info))

@@ -12,7 +12,7 @@ import pytest
 
 import ddpbench
 from ddpbench.engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
-from ddpbench.gates.ab.engine import ABSettings, run_case
+from ddpbench.gates.ab.pairs_loop import ABSettings, run_case
 from ddpbench.gates.structure import compare_census
 from ddpbench.pool import PoolRegistry, PoolSpec
 from ddpbench.workloads.collectives import Collective

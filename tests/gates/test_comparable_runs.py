@@ -72,7 +72,7 @@ def test_every_saved_run_records_its_fingerprint_and_completeness(pytester):
 
     import ddpbench
     from ddpbench.devices import cpu_count
-    from ddpbench.gates.ab.sides import source_digest
+    from ddpbench.gates.ab.side_environments import source_digest
 
     pytester.makepyfile(test_ddpbench=WITH_DDPBENCH)
     result = pytester.runpytest_subprocess("--benchmark-autosave", "--benchmark-json=run.json",

@@ -16,7 +16,7 @@ from helpers.benchjson import bench, run_cli, run_doc, write
 from helpers.verdict_text import case_blocks
 from ddpbench import cli
 from ddpbench.gates import calibration
-from ddpbench.gates import compare as cmp
+from ddpbench.gates import stored_run_gate as cmp
 from ddpbench.gates import stats
 from ddpbench.storage import records
 from ddpbench.storage.runs import Case, Run, load_run

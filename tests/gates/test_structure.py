@@ -15,7 +15,7 @@ from helpers.benchjson import bench, run_cli, run_doc, write
 from helpers.census_records import census
 from ddpbench import cli
 from ddpbench.gates import verdicts
-from ddpbench.gates.compare import compare_runs
+from ddpbench.gates.stored_run_gate import compare_runs
 from ddpbench.gates.structure import StructureVerdict, compare_census
 from ddpbench.storage.records import RecordError
 from ddpbench.storage.runs import load_run
@@ -539,7 +539,7 @@ def test_the_pytest_option_reaches_the_ab_session(pytester, monkeypatch, accept)
     import dataclasses
 
     from ddpbench.gates.ab import session
-    from ddpbench.gates.ab.sides import local_facts
+    from ddpbench.gates.ab.side_environments import local_facts
 
     monkeypatch.setattr(session, "probe", lambda side, protocol: dataclasses.replace(side, facts=local_facts()))
     args = ["--dist-candidate-env", "UNUSED=1"] + (["--dist-ab-accept-structure-change"] if accept else [])

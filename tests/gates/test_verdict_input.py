@@ -11,7 +11,7 @@ import pytest
 from helpers.benchjson import bench, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import stats, verdicts
-from ddpbench.gates.compare import compare_runs
+from ddpbench.gates.stored_run_gate import compare_runs
 from ddpbench.storage.runs import load_run
 
 

@@ -15,7 +15,7 @@ from helpers.benchjson import bench, run_doc, write
 from ddpbench import bisect
 from ddpbench.gates import stats, verdicts
 from ddpbench.gates.verdict_words import Verdict
-from ddpbench.gates.compare import compare_runs
+from ddpbench.gates.stored_run_gate import compare_runs
 from ddpbench.storage.runs import load_run
 
 SRC = pathlib.Path(ddpbench.__file__).parent

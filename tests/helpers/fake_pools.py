@@ -1,5 +1,5 @@
-"""Fake pools for the A/B engine (``gates.ab.engine.run_case``): each answers the engine's tasks as
-a 2-rank pool would, its blocks drawn from seeded lognormal noise, so that what the engine's loop
+"""Fake pools for the A/B pairs loop (``gates.ab.pairs_loop.run_case``): each answers the loop's tasks as
+a 2-rank pool would, its blocks drawn from seeded lognormal noise, so that what the loop
 decides is exact and fast (tests/gates/ab/test_ab_extra_looks.py, tests/gates/ab/test_ab_structure_stop.py)."""
 
 import math

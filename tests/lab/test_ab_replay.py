@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from ddpbench.gates.ab.engine import ABSettings
+from ddpbench.gates.ab.pairs_loop import ABSettings
 from helpers.lab_scripts import load_lab_script
 
 

@@ -122,7 +122,8 @@ def test_saved_runs_the_gates_and_their_readers_import_one_way():
     ours = {m: {n for n in edges if n.startswith(roles)} for m, edges in graph.items() if m.startswith(roles)}
     assert "ddpbench.storage.records" in ours["ddpbench.storage.runs"]  # read at all
     assert _cycle_message("ddpbench.storage, .gates and .report", find_cycle(ours)) == ""
-    assert not any(m.startswith("ddpbench.storage") and "ddpbench.gates.compare" in edges for m, edges in ours.items())
+    assert not any(m.startswith("ddpbench.storage") and "ddpbench.gates.stored_run_gate" in edges
+                   for m, edges in ours.items())
 
 
 def _package(tmp_path, files: dict[str, str]) -> pathlib.Path:

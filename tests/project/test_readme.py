@@ -141,7 +141,7 @@ def _registered_options() -> frozenset[str]:
 
 @pytest.mark.pool
 def test_every_option_the_readme_names_exists_and_it_links_the_reference():
-    # Every option is documented in docs/reference.md (tests/test_reference.py); the README names
+    # Every option is documented in docs/reference.md (tests/test_reference_page.py); the README names
     # the ones a user needs first, and only real ones.
     named = set(re.findall(r"`(--dist-[a-z-]+)", README))
     assert named and sorted(named - _registered_options()) == []

@@ -31,7 +31,7 @@ def run_facts(machine_info: dict) -> dict[str, Any]:
     import ddpbench
 
     from ..devices import cpu_count, gpu_description
-    from .ab.sides import source_digest
+    from .ab.side_environments import source_digest
 
     nccl = None
     if torch.version.cuda:  # the NCCL torch was built with, GPU or not

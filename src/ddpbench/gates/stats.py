@@ -272,9 +272,9 @@ def bootstrap_interval(groups, confidence: float = DEFAULT_CONFIDENCE) -> tuple[
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def decide(ratio: float, ci_low: float, ci_high: float, p_value: float, threshold: float,
-           alpha: float = DEFAULT_ALPHA, pool_pair_ratios=(), pool_pair_share: float = POOL_PAIR_SHARE,
-           ratio_of_block_minima: float | None = None, stop_bound: float | None = None) -> Verdict:
+def decide_paired(ratio: float, ci_low: float, ci_high: float, p_value: float, threshold: float,
+                  alpha: float = DEFAULT_ALPHA, pool_pair_ratios=(), pool_pair_share: float = POOL_PAIR_SHARE,
+                  ratio_of_block_minima: float | None = None, stop_bound: float | None = None) -> Verdict:
     """The verdict (module docstring). With two or more pool pairs, each pool pair's estimate must
     clear ``pool_pair_share`` of the threshold; with one, nothing can tell its pools' own offset
     from a change, so the whole interval must clear the threshold instead. Given the ratio of the
@@ -318,7 +318,7 @@ def analyse_pairs(baseline_blocks: list[float], candidate_blocks: list[float], t
                               stop_level)
     low, high = bootstrap_interval(figures.groups, confidence)
     ci_low, ci_high = math.exp(low), math.exp(high)
-    verdict = figures.decide(ci_low, ci_high, threshold, alpha, pool_pair_share)
+    verdict = figures.decide_paired(ci_low, ci_high, threshold, alpha, pool_pair_share)
     return PairedResult(figures.pairs, figures.ratio, ci_low, ci_high, figures.p_value, verdict,
                         figures.pool_pair_ratios, figures.minima_ratio, stop_level, figures.stop_bound)
 
@@ -334,9 +334,9 @@ def may_decide(baseline_blocks: list[float], candidate_blocks: list[float], thre
     costs seconds a look): a look it answers False for needs no interval when more pairs follow."""
     figures = _PairFigures.of(baseline_blocks, candidate_blocks, pool_pair_of, baseline_minima, candidate_minima,
                               stop_level)
-    # decide() needs ci_low above a bound for a regression, ci_high below one for an improvement
+    # decide_paired() needs ci_low above a bound for a regression, ci_high below one for an improvement
     # and for same / not-slower: the interval most favourable to each is tried.
-    return any(figures.decide(low, high, threshold, alpha, pool_pair_share) != Verdict.INCONCLUSIVE
+    return any(figures.decide_paired(low, high, threshold, alpha, pool_pair_share) != Verdict.INCONCLUSIVE
                for low, high in ((math.inf, math.inf), (0.0, 0.0), (1.0, 1.0)))
 
 
@@ -377,10 +377,10 @@ class _PairFigures:
         return cls(len(logs), groups, math.exp(float(hodges_lehmann(logs))), signed_rank_p(logs),
                    tuple(math.exp(float(hodges_lehmann(g))) for g in groups), minima_ratio, stop_bound)
 
-    def decide(self, ci_low: float, ci_high: float, threshold: float, alpha: float,
-               pool_pair_share: float) -> Verdict:
-        return decide(self.ratio, ci_low, ci_high, self.p_value, threshold, alpha, self.pool_pair_ratios,
-                      pool_pair_share, self.minima_ratio, self.stop_bound)
+    def decide_paired(self, ci_low: float, ci_high: float, threshold: float, alpha: float,
+                      pool_pair_share: float) -> Verdict:
+        return decide_paired(self.ratio, ci_low, ci_high, self.p_value, threshold, alpha, self.pool_pair_ratios,
+                             pool_pair_share, self.minima_ratio, self.stop_bound)
 
 
 def _exp(x: float) -> float:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from ..shown_text import markdown_code, markdown_text, printable
 from ..storage.records import BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY, BASELINE_NUMERICS_KEY, CENSUS_KEY, \
     LOST_CASES_KEY, MEMORY_KEY, NUMERICS_KEY, ABRecord, RecordError, read_ab
+from .exit_decision import decide_exit, exit_lines
 from .memory import compare_memory
 from .numerics import compare_numerics
 from .structure import STRUCTURE_VERDICTS, StructureVerdict, accept, compare_census
@@ -54,7 +55,7 @@ class CaseVerdict:
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
     timing_verdict: Verdict | None = None  # the timing's own verdict, once the components decided ``verdict``
     memory: StructureVerdict | None = None  # the memory censuses compared (ddpbench.gates.memory)
-    failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide)
+    failed_by: list[str] = field(default_factory=list)  # the components that made it a regression (decide_case)
     numerics: StructureVerdict | None = None  # the numerics replays compared (ddpbench.gates.numerics)
 
     @property
@@ -81,21 +82,21 @@ class CaseVerdict:
             self.fullname = self.name
 
     def judge_structure(self, structure: StructureVerdict, accepted: bool = False) -> None:
-        """Add the structural verdict and decide the case (:func:`decide`): an unaccepted
+        """Add the structural verdict and decide the case (:func:`decide_case`): an unaccepted
         structural regression makes it a regression whatever the timing says (``accepted``: the
         gate's option to accept it)."""
         self.structure = accept(structure) if accepted else structure
         self.decide_from_components()
 
     def judge_memory(self, memory: StructureVerdict, accepted: bool = False) -> None:
-        """Add the memory verdict and decide the case (:func:`decide`): an unaccepted memory
+        """Add the memory verdict and decide the case (:func:`decide_case`): an unaccepted memory
         regression makes it a regression whatever the timing says (``accepted``: the gate's option
         to accept it)."""
         self.memory = accept(memory) if accepted else memory
         self.decide_from_components()
 
     def judge_numerics(self, numerics: StructureVerdict, accepted: bool = False) -> None:
-        """Add the numerics verdict and decide the case (:func:`decide`): an unaccepted change of
+        """Add the numerics verdict and decide the case (:func:`decide_case`): an unaccepted change of
         what the steps compute makes it a regression whatever the timing says (``accepted``: the
         gate's option to accept it)."""
         self.numerics = accept(numerics) if accepted else numerics
@@ -103,12 +104,12 @@ class CaseVerdict:
 
     def decide_from_components(self) -> None:
         """Set ``verdict`` to what the gate decides from the timing's own verdict (kept in
-        ``timing_verdict``) and the components judged so far (:func:`decide`); a component's
+        ``timing_verdict``) and the components judged so far (:func:`decide_case`); a component's
         ``judge_...`` method calls it after adding its verdict."""
         if self.timing_verdict is None:
             self.timing_verdict = self.verdict
         self.failed_by = component_failures(self)
-        self.verdict = decide(self.timing_verdict, self.failed_by)
+        self.verdict = decide_case(self.timing_verdict, self.failed_by)
 
     @property
     def timing_unmeasured(self) -> bool:
@@ -144,7 +145,7 @@ def component_failures(case: CaseVerdict) -> list[str]:
     return failures
 
 
-def decide(timing_verdict: Verdict, failed_by: list[str]) -> Verdict:
+def decide_case(timing_verdict: Verdict, failed_by: list[str]) -> Verdict:
     """The verdict a gate decides and exits on: ``regression`` when any component failed the case
     (``failed_by``), else the timing's own verdict."""
     return Verdict.REGRESSION if failed_by else timing_verdict
@@ -297,87 +298,11 @@ class GateReport:
 
     def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
                     option_prefix: str = "--", allow_baseline_failure: bool = False) -> tuple[int, list[str]]:
-        """(exit status, lines saying why): 1 for a regression, a missing case (unless
-        ``allow_missing``) or a case the baseline failed (unless ``allow_baseline_failure``), and
-        for an inconclusive case with ``fail_on_inconclusive``. ``option_prefix``: how the options
-        are spelled ("--" for ddpbench compare, "--dist-ab-" in pytest)."""
-        allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
-        allow_failed = f"{option_prefix}allow-baseline-failure"
-        accept_change = f"{option_prefix}accept-structure-change"
-        accept_memory = f"{option_prefix}accept-memory-change"
-        accept_numerics = f"{option_prefix}accept-numerics-change"
-        status, lines = 0, []
-        if self.count(Verdict.REGRESSION):
-            status = 1
-            lines.append(f"{self.count(Verdict.REGRESSION)} regression(s): exit status 1")
-        for accepted, names in ((False, self.structural(False)), (True, self.structural(True))):
-            if not names:
-                continue
-            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
-            if accepted:
-                lines.append(f"{len(names)} structural change(s) accepted by {accept_change} ({shown}): "
-                             f"shown, not failing")
-            else:
-                lines.append(f"{len(names)} structural regression(s) ({shown}): what one step launches grew "
-                             f"or changed, a regression whatever the timing says ({accept_change} accepts a "
-                             f"change made on purpose)")
-        for accepted, names in ((False, self.memory_regressions(False)), (True, self.memory_regressions(True))):
-            if not names:
-                continue
-            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
-            if accepted:
-                lines.append(f"{len(names)} memory change(s) accepted by {accept_memory} ({shown}): shown, not failing")
-            else:
-                lines.append(f"{len(names)} memory regression(s) ({shown}): the peak of live tensor bytes in one "
-                             f"step (or what held it, or what stays after the step) grew, a regression whatever "
-                             f"the timing says ({accept_memory} accepts a change made on purpose)")
-        for accepted, names in ((False, self.numerics_regressions(False)), (True, self.numerics_regressions(True))):
-            if not names:
-                continue
-            shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
-            if accepted:
-                lines.append(f"{len(names)} numerics change(s) accepted by {accept_numerics} ({shown}): shown, "
-                             f"not failing")
-            else:
-                lines.append(f"{len(names)} numerics change(s) ({shown}): a seeded replay of the first steps "
-                             f"computes other values than the baseline's, past its own replay-to-replay band, a "
-                             f"regression whatever the timing says ({accept_numerics} accepts a change made on "
-                             f"purpose)")
-        for stopper, what, option in (("stopped_by_structure", "a structural change", "structure"),
-                                      ("stopped_by_memory", "a memory change", "memory"),
-                                      ("stopped_by_numerics", "a numerics change", "numerics")):
-            # Each line names the option that lets its own stopper through (a case stopped by both: both).
-            unmeasured = self.unmeasured(stopper)
-            if not unmeasured:
-                continue
-            shown = ", ".join(unmeasured[:5]) + (" ..." if len(unmeasured) > 5 else "")
-            lines.append(f"{len(unmeasured)} case(s) stopped at their first look by {what} that was "
-                         f"accepted after the run ({shown}): their timing was not measured, so they cannot pass. "
-                         f"Run the A/B gate again with --dist-ab-accept-{option}-change to time them in full")
-        for verdict, allowed, option, cause in (
-                (Verdict.MISSING, allow_missing, allow,
-                 f"the baseline has were lost by the {self.current_label} run ({{names}}): crashed, hung or removed"),
-                (Verdict.BASELINE_FAILED, allow_baseline_failure, allow_failed,
-                 f"failed on the baseline side ({{names}}): nothing to compare the {self.current_label} with, "
-                 f"and a broken baseline is not a new case")):
-            cases = [c.fullname or c.name for c in self.cases if c.verdict is verdict]
-            if not cases:
-                continue
-            names = ", ".join(cases[:5]) + (" ..." if len(cases) > 5 else "")
-            what = f"{len(cases)} case(s) " + cause.format(names=names)
-            if allowed:
-                lines.append(f"{what}; allowed by {option}")
-            else:
-                status = 1
-                lines.append(f"{what}. Exit status 1 ({option} accepts them)")
-        inconclusive = self.count(Verdict.INCONCLUSIVE)
-        if inconclusive:
-            if fail_on_inconclusive:
-                status = 1
-                lines.append(f"{inconclusive} inconclusive case(s): exit status 1 ({fail})")
-            else:
-                lines.append(f"{inconclusive} inconclusive case(s): not a failure ({fail} makes them one)")
-        return status, lines
+        """(exit status, lines saying why): :func:`~.exit_decision.decide_exit` decides it,
+        :func:`~.exit_decision.exit_lines` says it. ``option_prefix``: how the options are spelled
+        ("--" for ddpbench compare, "--dist-ab-" in pytest)."""
+        decision = decide_exit(self, allow_missing, fail_on_inconclusive, allow_baseline_failure)
+        return decision.status, exit_lines(decision, option_prefix, self.current_label)
 
     def to_dict(self) -> dict[str, Any]:
         return {"title": self.title, "threshold": self.threshold, "confidence": self.confidence,

@@ -12,7 +12,7 @@ from .cells import backend_label, gpus_label, provenance, spread, with_provenanc
 from .charts import MatplotlibMissing, configuration, line_labels, pyplot, save
 from .checks import ReportError, check_run
 from .collectives import collectives_figure, collectives_series, collectives_tables, size_ticks
-from .comparison import compare_chart
+from .comparison_chart import compare_chart
 from .families import FAMILY_TABLES, by_family, family
 from .memory import INTRODUCTION, memory_table
 from .numerics import INTRODUCTION as NUMERICS_INTRODUCTION

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..storage.runs import Case, Run
-from . import collectives, datasets, other, syncbn, training, transformer
+from . import collectives, datasets, other_cases, syncbn, training, transformer
 from .family_table import FamilyTable
 
 # The report's sections, in order; "other" shows every case no family table claims.
 FAMILY_TABLES: tuple[FamilyTable, ...] = (collectives.TABLE, syncbn.TABLE, training.TABLE, transformer.TABLE,
-                                          datasets.TABLE, other.TABLE)
+                                          datasets.TABLE, other_cases.TABLE)
 TABLE_OF = {table.name: table for table in FAMILY_TABLES}
 
 

@@ -92,7 +92,7 @@ def test_a_baseline_venv_of_the_same_python_imports_its_own_packages(tmp_path):
 import json, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_ab_environments import _guard_task, _report
-from ddpbench.gates.ab.sides import ImportIsolationError, check_import_isolation, make_side, with_import_guard
+from ddpbench.gates.ab.side_environments import ImportIsolationError, check_import_isolation, make_side, with_import_guard
 from ddpbench.pool import PoolSpec, RankPool
 side = with_import_guard(make_side("baseline", {str(base)!r}, None, {{}}), {str(tmp_path)!r})
 pool = RankPool(PoolSpec("gloo", 2, "cpu"), launch=side.launch)
@@ -371,7 +371,7 @@ def test_a_flat_project_installed_editable_in_two_venvs_is_refused_not_compared_
 def _sides(tmp_path, base_facts=None, base_env=(), base_paths=(), **modules):
     """A baseline naming another interpreter and the candidate, each with the facts and modules
     given (name -> (baseline file, candidate file))."""
-    from ddpbench.gates.ab.sides import Side
+    from ddpbench.gates.ab.side_environments import Side
 
     facts = {"python_version": "3.11.7", "torch_version": "2.13.0+cpu", "ddpbench_source_sha256": "e" * 64,
              "distributions": {"torch": "2.13.0", "numpy": "2.1.0"}}
@@ -382,7 +382,7 @@ def _sides(tmp_path, base_facts=None, base_env=(), base_paths=(), **modules):
 
 
 def test_one_file_on_both_sides_is_refused_unless_something_else_differs_in_content(tmp_path):
-    from ddpbench.gates.ab.sides import SameCodeError, check_modules_differ
+    from ddpbench.gates.ab.side_environments import SameCodeError, check_modules_differ
 
     for name in ("base", "head", "other"):
         (tmp_path / name / "mypkg").mkdir(parents=True)

@@ -8,7 +8,7 @@ import random
 
 from ddpbench.engine.timing import RoundPlan
 from ddpbench.gates import stats
-from ddpbench.gates.ab.engine import EXTRA_LOOK_LEVEL, ABSettings, run_case
+from ddpbench.gates.ab.pairs_loop import EXTRA_LOOK_LEVEL, ABSettings, run_case
 
 from helpers.fake_pools import ROUND_S, fake_pools as _pools
 

@@ -9,7 +9,7 @@ import pytest
 
 from ddpbench.engine.timing import RoundPlan
 from ddpbench.gates import stats
-from ddpbench.gates.ab.engine import ABSettings, run_case
+from ddpbench.gates.ab.pairs_loop import ABSettings, run_case
 
 from helpers.fake_pools import ROUND_S, fake_pools
 

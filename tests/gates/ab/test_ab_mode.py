@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ddpbench.gates.ab.heap import STEADY_HEAP_ENV, heap_env
-from ddpbench.gates.ab.sides import SideError, make_side, parse_env_assignments, probe
+from ddpbench.gates.ab.side_environments import SideError, make_side, parse_env_assignments, probe
 from ddpbench.pool import PoolSpec, RankLaunch, RankPool
 from ddpbench.rank_process import RANK_PROTOCOL
 
@@ -133,7 +133,7 @@ def _engine_copy(tmp_path, note="# another engine: same protocol, other source\n
 
 
 def test_another_engine_of_the_same_protocol_is_named_not_refused(tmp_path):
-    from ddpbench.gates.ab.sides import engine_lines, engines_differ, local_facts
+    from ddpbench.gates.ab.side_environments import engine_lines, engines_differ, local_facts
 
     ours = local_facts()
     baseline = probe(make_side("baseline", None, [str(_engine_copy(tmp_path))], {}), ours["rank_protocol"])
@@ -496,7 +496,7 @@ def test_the_controller_reports_torch_as_its_ranks_do_local_tag_included(tmp_pat
     the candidate (the controller's interpreter) and the probed baseline read as two torches."""
     import sys
 
-    from ddpbench.gates.ab import sides
+    from ddpbench.gates.ab import side_environments
 
     fake = tmp_path / "site" / "torch"
     fake.mkdir(parents=True)
@@ -504,5 +504,5 @@ def test_the_controller_reports_torch_as_its_ranks_do_local_tag_included(tmp_pat
     (fake / "version.py").write_text("__version__ = '9.9.0+cu999'\ndebug = False\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    assert sides._torch_version_without_import() == "9.9.0+cu999"
-    assert sides.local_facts()["torch_version"] == "9.9.0+cu999"
+    assert side_environments._torch_version_without_import() == "9.9.0+cu999"
+    assert side_environments.local_facts()["torch_version"] == "9.9.0+cu999"

@@ -10,7 +10,7 @@ import pytest
 
 from ddpbench.gates import stats
 from ddpbench.gates.ab import schedule
-from ddpbench.gates.ab.engine import ABSettings, SideRounds
+from ddpbench.gates.ab.pairs_loop import ABSettings, SideRounds
 
 
 def _pairs(rng, n, shift=0.0, noise=0.05):
@@ -57,28 +57,28 @@ def test_noisy_pairs_are_inconclusive_rather_than_same():
 
 
 def test_decide_with_one_pool_per_side_needs_the_whole_interval_beyond_the_threshold():
-    assert stats.decide(1.2, 1.1, 1.3, 0.001, 0.05) == "regression"
-    assert stats.decide(1.2, 1.1, 1.3, 0.2, 0.05) == "inconclusive"  # not significant
-    assert stats.decide(1.04, 1.01, 1.2, 0.001, 0.05) == "inconclusive"  # estimate under the threshold
+    assert stats.decide_paired(1.2, 1.1, 1.3, 0.001, 0.05) == "regression"
+    assert stats.decide_paired(1.2, 1.1, 1.3, 0.2, 0.05) == "inconclusive"  # not significant
+    assert stats.decide_paired(1.04, 1.01, 1.2, 0.001, 0.05) == "inconclusive"  # estimate under the threshold
     # Estimate over the threshold and significant, but the interval reaches below it: the A/A
     # offsets between two pools of processes look like this on the dev machine.
-    assert stats.decide(1.085, 1.033, 1.132, 0.006, 0.05) == "inconclusive"
-    assert stats.decide(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
-    assert stats.decide(0.93, 0.894, 0.972, 0.001, 0.05) == "not-slower"
-    assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05) == "same"
+    assert stats.decide_paired(1.085, 1.033, 1.132, 0.006, 0.05) == "inconclusive"
+    assert stats.decide_paired(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
+    assert stats.decide_paired(0.93, 0.894, 0.972, 0.001, 0.05) == "not-slower"
+    assert stats.decide_paired(1.0, 0.97, 1.03, 0.5, 0.05) == "same"
 
 
 def test_decide_with_several_pool_pairs_needs_every_pool_pair_over_the_threshold():
     # Every pool pair slower by more than 5%, significant, the interval above 1: a regression even
     # though the interval reaches below 1.05 (the single-pool rule would wait for more pairs).
-    assert stats.decide(1.085, 1.033, 1.132, 0.001, 0.05, pool_pair_ratios=(1.08, 1.09)) == "regression"
+    assert stats.decide_paired(1.085, 1.033, 1.132, 0.001, 0.05, pool_pair_ratios=(1.08, 1.09)) == "regression"
     # One pool pair's own offset: the pooled figures look like a regression, the other pair does not.
-    assert stats.decide(1.085, 1.033, 1.132, 0.001, 0.05, pool_pair_ratios=(1.15, 1.01)) == "inconclusive"
-    assert stats.decide(1.085, 0.99, 1.132, 0.001, 0.05, pool_pair_ratios=(1.08, 1.09)) == "inconclusive"  # interval reaches 1
-    assert stats.decide(1.085, 1.033, 1.132, 0.02, 0.05, pool_pair_ratios=(1.08, 1.09)) == "inconclusive"  # not significant
-    assert stats.decide(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.90)) == "improvement"
-    assert stats.decide(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.85, 0.99)) == "not-slower"
-    assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05, pool_pair_ratios=(1.02, 0.98)) == "same"
+    assert stats.decide_paired(1.085, 1.033, 1.132, 0.001, 0.05, pool_pair_ratios=(1.15, 1.01)) == "inconclusive"
+    assert stats.decide_paired(1.085, 0.99, 1.132, 0.001, 0.05, pool_pair_ratios=(1.08, 1.09)) == "inconclusive"  # interval reaches 1
+    assert stats.decide_paired(1.085, 1.033, 1.132, 0.02, 0.05, pool_pair_ratios=(1.08, 1.09)) == "inconclusive"  # not significant
+    assert stats.decide_paired(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.90)) == "improvement"
+    assert stats.decide_paired(0.91, 0.88, 0.97, 0.001, 0.05, pool_pair_ratios=(0.85, 0.99)) == "not-slower"
+    assert stats.decide_paired(1.0, 0.97, 1.03, 0.5, 0.05, pool_pair_ratios=(1.02, 0.98)) == "same"
 
 
 def test_every_pool_pair_must_show_the_whole_threshold_by_default_or_the_share_asked_for():
@@ -86,12 +86,12 @@ def test_every_pool_pair_must_show_the_whole_threshold_by_default_or_the_share_a
     # 1.05 but over 1.025. By default it waits for more pairs; asking each pool pair for half the
     # threshold lets it through.
     assert stats.POOL_PAIR_SHARE == 1.0
-    assert stats.decide(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.035)) == "inconclusive"
+    assert stats.decide_paired(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.035)) == "inconclusive"
     half = {"pool_pair_share": 0.5}
-    assert stats.decide(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.035), **half) == "regression"
-    assert stats.decide(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.02), **half) == "inconclusive"
-    assert stats.decide(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.97), **half) == "improvement"
-    assert stats.decide(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.98), **half) == "not-slower"
+    assert stats.decide_paired(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.035), **half) == "regression"
+    assert stats.decide_paired(1.062, 1.03, 1.09, 0.001, 0.05, pool_pair_ratios=(1.09, 1.02), **half) == "inconclusive"
+    assert stats.decide_paired(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.97), **half) == "improvement"
+    assert stats.decide_paired(0.94, 0.91, 0.97, 0.001, 0.05, pool_pair_ratios=(0.92, 0.98), **half) == "not-slower"
 
 
 def _pairs_over_pools(rng, per_pool, offsets, shift=0.0, noise=0.03):
@@ -237,7 +237,7 @@ def test_a_slowdown_of_exactly_the_threshold_rarely_reads_same_or_not_slower_at_
         result = stats.analyse_pairs([1.0] * 12, candidate, 0.05, level, pool_pair_of=[0, 1] * 6,
                                      stop_level=stop_level)
         after += result.verdict in STOPS
-        before += stats.decide(result.ratio, result.ci_low, result.ci_high, result.p_value, 0.05, level,
+        before += stats.decide_paired(result.ratio, result.ci_low, result.ci_high, result.p_value, 0.05, level,
                                result.pool_pair_ratios) in STOPS
     assert before == 7 and after <= 0.025 * 100
 
@@ -359,15 +359,15 @@ def test_blocks_are_compared_by_their_mean_round_so_a_mode_share_near_half_canno
 
 def test_decide_needs_the_block_minima_to_move_past_the_threshold_too():
     significant = dict(pool_pair_ratios=(1.18, 1.18))
-    assert stats.decide(1.18, 1.12, 1.25, 1e-6, 0.05, **significant) == "regression"
+    assert stats.decide_paired(1.18, 1.12, 1.25, 1e-6, 0.05, **significant) == "regression"
     # The same means with the fastest rounds unmoved: only how often rounds are slow changed.
-    assert stats.decide(1.18, 1.12, 1.25, 1e-6, 0.05, ratio_of_block_minima=1.003, **significant) == "inconclusive"
-    assert stats.decide(1.18, 1.12, 1.25, 1e-6, 0.05, ratio_of_block_minima=1.06, **significant) == "regression"
+    assert stats.decide_paired(1.18, 1.12, 1.25, 1e-6, 0.05, ratio_of_block_minima=1.003, **significant) == "inconclusive"
+    assert stats.decide_paired(1.18, 1.12, 1.25, 1e-6, 0.05, ratio_of_block_minima=1.06, **significant) == "regression"
     faster = dict(pool_pair_ratios=(0.88, 0.9))
-    assert stats.decide(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.99, **faster) == "not-slower"
-    assert stats.decide(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.93, **faster) == "improvement"
+    assert stats.decide_paired(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.99, **faster) == "not-slower"
+    assert stats.decide_paired(0.89, 0.85, 0.93, 1e-6, 0.05, ratio_of_block_minima=0.93, **faster) == "improvement"
     # "same" rests on the means alone.
-    assert stats.decide(1.0, 0.97, 1.03, 0.5, 0.05, ratio_of_block_minima=1.2, pool_pair_ratios=(1.0, 1.0)) == "same"
+    assert stats.decide_paired(1.0, 0.97, 1.03, 0.5, 0.05, ratio_of_block_minima=1.2, pool_pair_ratios=(1.0, 1.0)) == "same"
 
 
 def _bimodal_blocks(rng, pairs, slow_share_per_pool, shift=0.0, per_block=3, fast=0.022, slow=0.045):
@@ -430,15 +430,15 @@ def test_the_interval_alone_decides_same_not_slower_or_inconclusive(low, high, v
     ratio = (low * high) ** 0.5
     assert stats.interval_verdict(low, high, 0.05) == verdict
     # Both gates end their rule with it (p = 0.5: no change shown).
-    assert stats.decide(ratio, low, high, 0.5, 0.05, pool_pair_ratios=(ratio, ratio)) == verdict
+    assert stats.decide_paired(ratio, low, high, 0.5, 0.05, pool_pair_ratios=(ratio, ratio)) == verdict
     assert stats.decide_unpaired(ratio, low, high, 0.5, 0.05) == verdict
 
 
 def test_not_slower_never_stands_where_a_change_was_shown_or_nothing_is_known():
     # A significant improvement stays one; an unbounded interval (too few pairs) rules nothing out.
-    assert stats.decide(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
+    assert stats.decide_paired(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
     assert stats.decide_unpaired(0.85, 0.8, 0.9, 0.001, 0.05) == "improvement"
-    assert stats.decide(0.9, 0.0, math.inf, 0.5, 0.05) == "inconclusive"
+    assert stats.decide_paired(0.9, 0.0, math.inf, 0.5, 0.05) == "inconclusive"
     # The threshold decides the bound: at 10% an interval ending at 1.08 is same or not-slower.
     assert stats.interval_verdict(0.95, 1.08, 0.10) == "same"
     assert stats.interval_verdict(0.85, 1.08, 0.10) == "not-slower"

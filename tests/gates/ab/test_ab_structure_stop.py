@@ -8,7 +8,7 @@ import dataclasses
 
 from ddpbench.engine.timing import RoundPlan
 from ddpbench.gates import verdicts
-from ddpbench.gates.ab.engine import ABSettings, run_case
+from ddpbench.gates.ab.pairs_loop import ABSettings, run_case
 
 from helpers.census_records import census
 from helpers.fake_pools import ROUND_S, fake_pools

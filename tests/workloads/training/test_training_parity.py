@@ -120,7 +120,7 @@ def test_the_reference_pools_the_elements_the_float32_step_picked(pool):
 def test_max_pool_routing_records_and_replays_the_picked_elements():
     import torch
 
-    from ddpbench.workloads.training.reference import _RoutedMaxPool, max_pool_routing
+    from ddpbench.workloads.training.step_check import _RoutedMaxPool, max_pool_routing
 
     model = torch.nn.Sequential(torch.nn.MaxPool2d(2), torch.nn.Flatten())
     x = torch.randn(3, 2, 4, 4)

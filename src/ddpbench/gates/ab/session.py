@@ -17,17 +17,18 @@ import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
 from ...options import AB_OPTIONS  # any of these turns A/B mode on
+from ..exit_decision import decide_exit
 from ..verdict_words import Verdict
 from ..verdicts import LOST_CASES_KEY, VerdictError, ab_report, ab_verdicts, format_text, record_decision
 from .budget import RunBudget
-from .engine import ABSettings, SideFailed, run_case
-from .forensics import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
-                        should_profile)
 from .heap import DEFAULT_HEAP, heap_env
+from .pairs_loop import ABSettings, SideFailed, run_case
+from .profiling import (DEFAULT_PROFILE, MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan,
+                        should_profile)
 from .schedule import new_seed
-from .sides import (ImportIsolationError, SameCodeError, Side, SideError, check_import_isolation, check_modules_differ,
-                    engine_lines, local_facts, make_side, module_lines, modules_under_test, parse_env_assignments,
-                    probe, resolve_modules, with_import_guard)
+from .side_environments import (ImportIsolationError, SameCodeError, Side, SideError, check_import_isolation,
+                                check_modules_differ, engine_lines, local_facts, make_side, module_lines,
+                                modules_under_test, parse_env_assignments, probe, resolve_modules, with_import_guard)
 
 OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
 DEFAULT_MAX_TIME_S = 60.0  # a case's cap for adding pairs without --dist-ab-max-time or a run budget
@@ -53,7 +54,7 @@ class ABSession:
     memory_tolerance: float | None = None  # --dist-ab-memory-tolerance (None: measured figures not judged)
     accept_numerics_change: bool = False  # --dist-ab-accept-numerics-change
     numerics_tolerance: float | None = None  # --dist-ab-numerics-tolerance (None: the default, none)
-    profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.forensics)
+    profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.profiling)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
     budget: RunBudget | None = None  # --dist-ab-run-budget: each case's cap is its share of what is left
     results: list = field(default_factory=list)
@@ -282,8 +283,8 @@ class ABSession:
             pass
 
     def exit_status(self) -> int:
-        return self.report().gate_status(self.allow_missing, self.fail_on_inconclusive, OPTION_PREFIX,
-                                         self.allow_baseline_failure)[0]
+        return decide_exit(self.report(), self.allow_missing, self.fail_on_inconclusive,
+                           self.allow_baseline_failure).status
 
     def summary_lines(self) -> list[tuple[str, bool]]:
         """(line, whether it reports a failure) of the verdict table and the gate's outcome; the

@@ -4,7 +4,7 @@ family (DDP and FSDP2) (docs/design/families.md#training-loops, docs/design/fami
 from .lightning import lightning_unavailable_reason
 from .loops import LOOPS, make_buckets, reduce_gradients
 from .models import IMAGE_SHAPE, IMPLS, MODELS, NUM_CLASSES, SEQ_LEN, VOCAB, build_model, flat_parameters, make_data
-from .reference import check_rtol, reference_step
+from .step_check import check_rtol, reference_step
 from .transformer import TransformerTraining
 from .workload import Training
 

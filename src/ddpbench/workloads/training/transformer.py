@@ -13,7 +13,7 @@ from .gpt import build_gpt, make_tokens
 from .metrics import (datasheet_peak_flops, gpt_flops_per_sequence, measure_peak_flops, mfu_info,
                       parameter_bytes, peak_memory, tokens_per_second)
 from .models import CHECK_DATA_SEED_OFFSET
-from .reference import _full_float32, _gather_cat
+from .step_check import _full_float32, _gather_cat
 from .transformer_settings import CompileSettings, DDPSettings, FSDPSettings, StepSettings
 # Names importers of this module read (scale/, the planted bugs of tests/broken_workloads.py).
 from .transformer_settings import COMM_HOOKS as COMM_HOOKS

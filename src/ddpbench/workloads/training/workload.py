@@ -10,7 +10,7 @@ from .base import TrainingLoop, TrainingWorkload, check_finite_losses
 from .lightning import _LightningLoop, lightning_unavailable_reason
 from .loops import LOOPS
 from .models import CHECK_DATA_SEED_OFFSET, IMPLS, MODELS, SEQ_LEN, flat_parameters, make_data
-from .reference import StepComparison, _full_float32, _gather_cat, check_rtol, max_pool_routing, reference_step
+from .step_check import StepComparison, _full_float32, _gather_cat, check_rtol, max_pool_routing, reference_step
 
 
 # The implementations with a compute-only variant (Training.variants).

@@ -1,9 +1,9 @@
 """The reference page (docs/reference.md), written from the option definitions themselves: every
 pytest option the plugin adds (:mod:`ddpbench.option_table`), the markers, and every ``ddpbench``
 command with its arguments (:mod:`ddpbench.commands`). The README is the manual and links here;
-tests/test_reference.py fails when the page is not current.
+tests/test_reference_page.py fails when the page is not current.
 
-    python -m ddpbench.reference > docs/reference.md
+    python -m ddpbench.reference_page > docs/reference.md
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .option_table import PLUGIN_GROUPS
 HEADER = """# ddpbench reference
 
 Every pytest option ddpbench adds and every `ddpbench` command, written from their definitions by
-`python -m ddpbench.reference > docs/reference.md` (tests/test_reference.py keeps this page current:
+`python -m ddpbench.reference_page > docs/reference.md` (tests/test_reference_page.py keeps this page current:
 do not edit it by hand). The README is the manual; docs/design/ says why each rule is what it is.
 """
 

@@ -1,4 +1,4 @@
-"""gates/ab/strata.py (--dist-ab-stratify-placement): pairs compared placement by placement, on
+"""gates/ab/placement_strata.py (--dist-ab-stratify-placement): pairs compared placement by placement, on
 synthetic rounds whose time is set by where the ranks ran (1 ms on one CPU, 3 ms apart), the share
 moving from block to block as 1 MB rounds do on a 2-vCPU VM."""
 
@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from ddpbench.gates import stats
-from ddpbench.gates.ab import strata
+from ddpbench.gates.ab import placement_strata
 
 SHARED, APART = 1e-3, 3e-3
 
@@ -33,7 +33,7 @@ def _analyse(base, cand, base_placements=None, cand_placements=None):
     if base_placements is None:
         summaries = [statistics.fmean(b) for b in base], [statistics.fmean(c) for c in cand]
     else:
-        summaries = strata.stratified_summaries(base, cand, base_placements, cand_placements)
+        summaries = placement_strata.stratified_summaries(base, cand, base_placements, cand_placements)
     return stats.analyse_pairs(*summaries, 0.05, pool_pair_of=[i % 2 for i in range(len(base))],
                                baseline_minima=[min(b) for b in base], candidate_minima=[min(c) for c in cand])
 
@@ -78,28 +78,30 @@ def test_a_pair_is_summarised_at_its_own_mix_of_placements():
     # read (1 + 3) / 2 ms, where their plain means read 1.5 and 2.5 ms.
     base, base_at = [SHARED, SHARED, SHARED, APART], [True, True, True, False]
     cand, cand_at = [SHARED, APART, APART, APART], [True, False, False, False]
-    assert strata.pair_summaries(base, cand, base_at, cand_at) == pytest.approx((2e-3, 2e-3))
-    assert strata.pair_summaries(base, [t * 1.1 for t in cand], base_at, cand_at) == pytest.approx((2e-3, 2.2e-3))
+    assert placement_strata.pair_summaries(base, cand, base_at, cand_at) == pytest.approx((2e-3, 2e-3))
+    assert (placement_strata.pair_summaries(base, [t * 1.1 for t in cand], base_at, cand_at)
+            == pytest.approx((2e-3, 2.2e-3)))
     # Only the placements both blocks have count; none in common: the plain means.
-    assert strata.pair_summaries([SHARED, SHARED, APART], [SHARED, SHARED], [True, True, False], [True, True]) \
-        == pytest.approx((SHARED, SHARED))
-    assert strata.pair_summaries([SHARED], [APART], [True], [False]) == pytest.approx((SHARED, APART))
+    assert placement_strata.pair_summaries([SHARED, SHARED, APART], [SHARED, SHARED], [True, True, False],
+                                           [True, True]) == pytest.approx((SHARED, SHARED))
+    assert placement_strata.pair_summaries([SHARED], [APART], [True], [False]) == pytest.approx((SHARED, APART))
     with pytest.raises(ValueError, match="rounds in both blocks"):
-        strata.pair_summaries([], [SHARED], [], [True])
+        placement_strata.pair_summaries([], [SHARED], [], [True])
     with pytest.raises(ValueError, match="one entry per round"):
-        strata.pair_summaries([SHARED], [SHARED], [True, True], [True])
+        placement_strata.pair_summaries([SHARED], [SHARED], [True, True], [True])
 
 
 def test_placement_comes_from_the_ranks_cpus_and_unknown_placement_is_not_stratified():
-    assert strata.block_placement([[0, 1, 1], [0, 0, 1]]) == [True, False, True]
-    assert strata.block_placement([[0, 1], None]) is None and strata.block_placement([[0, 1]]) is None
-    assert strata.stratified_summaries([[SHARED]], [[SHARED]], [[True]], [None]) is None
+    assert placement_strata.block_placement([[0, 1, 1], [0, 0, 1]]) == [True, False, True]
+    assert placement_strata.block_placement([[0, 1], None]) is None
+    assert placement_strata.block_placement([[0, 1]]) is None
+    assert placement_strata.stratified_summaries([[SHARED]], [[SHARED]], [[True]], [None]) is None
     with pytest.raises(ValueError, match="one block and one placement per side and pair"):
-        strata.stratified_summaries([[SHARED]], [], [[True]], [])
+        placement_strata.stratified_summaries([[SHARED]], [], [[True]], [])
     # Recorded round by round as text, read back block by block.
-    text = strata.placement_text([[True, False], [False, False]])
-    assert text == "1000" and strata.placements_from_text(text, 2) == [[True, False], [False, False]]
-    assert strata.placement_text([[True], None]) is None
+    text = placement_strata.placement_text([[True, False], [False, False]])
+    assert text == "1000" and placement_strata.placements_from_text(text, 2) == [[True, False], [False, False]]
+    assert placement_strata.placement_text([[True], None]) is None
     for bad, per_block in (("10x0", 2), ("100", 2)):
         with pytest.raises(ValueError, match="string of 0 and 1"):
-            strata.placements_from_text(bad, per_block)
+            placement_strata.placements_from_text(bad, per_block)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..gates.compare import Comparison
+from ..gates.stored_run_gate import Comparison
 from .charts import pyplot
 
 

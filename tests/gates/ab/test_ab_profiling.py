@@ -1,4 +1,4 @@
-"""A/B forensics (--dist-ab-profile): after a regression's verdict, both sides profiled; the grown
+"""A/B profiling (--dist-ab-profile): after a regression's verdict, both sides profiled; the grown
 ops name the injected work, the Chrome traces hold it, and the verdict and recorded rounds are the
 gate's alone."""
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from ddpbench.gates.ab.forensics import (CaseProfile, GrownOp, case_folder, grown_ops, per_round_ms,
-                                         should_profile)
+from ddpbench.gates.ab.profiling import (CaseProfile, GrownOp, case_folder, grown_ops, per_round_ms,
+                                        should_profile)
 from ddpbench.testing import INJECTED_OP
 
 
@@ -19,6 +19,19 @@ def test_which_verdicts_each_mode_profiles():
     assert should_profile("all", "inconclusive") and not should_profile("off", "regression")
     with pytest.raises(ValueError, match="profile mode 'sometimes'"):
         should_profile("sometimes", "regression")
+
+
+def test_the_rank_side_tasks_keep_the_paths_other_ddpbench_versions_import():
+    # A/B sends these tasks by reference and each side's ranks import them from their own ddpbench,
+    # older or newer: moving one would leave a side of another version unable to run it.
+    import pickle
+
+    from ddpbench.gates.ab import profiling, tasks
+
+    assert b"ddpbench.gates.ab.forensics" in pickle.dumps(profiling.profile_rounds)
+    assert profiling.profile_rounds.__qualname__ == "profile_rounds"
+    for task in (tasks.start, tasks.block, tasks.finish, tasks.stop):
+        assert task.__module__ == "ddpbench.gates.ab.tasks", task
 
 
 def test_grown_ops_are_the_slowest_ranks_self_time_per_round_largest_growth_first():
@@ -109,7 +122,7 @@ def test_a_saved_profile_reads_back_and_renders_as_markdown():
 
 
 def test_each_sides_exposed_communication_is_shown_where_it_was_measured():
-    from ddpbench.gates.ab.forensics import side_exposed_communication
+    from ddpbench.gates.ab.profiling import side_exposed_communication
 
     step, compute, alone = [0.0125, 0.0130, 0.0120], [0.010, 0.0105, 0.0095], [0.004, 0.004, 0.004]
     rank = lambda skew: {"variant_times": {"step": [t + skew for t in step], "compute_only": compute,

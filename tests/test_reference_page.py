@@ -1,4 +1,4 @@
-"""docs/reference.md is written from the option definitions (ddpbench.reference): it must be the
+"""docs/reference.md is written from the option definitions (ddpbench.reference_page): it must be the
 current text, and it must name every option the plugin registers and every command's arguments."""
 
 import re
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ddpbench.reference import reference_markdown
+from ddpbench.reference_page import reference_markdown
 from helpers.paths import REPO_ROOT as ROOT
 
 PAGE = ROOT / "docs" / "reference.md"
@@ -15,7 +15,7 @@ PAGE = ROOT / "docs" / "reference.md"
 
 def test_the_reference_page_is_current():
     assert PAGE.read_text(encoding="utf-8") == reference_markdown(), (
-        "docs/reference.md is out of date: run `.venv/bin/python -m ddpbench.reference > docs/reference.md`")
+        "docs/reference.md is out of date: run `.venv/bin/python -m ddpbench.reference_page > docs/reference.md`")
 
 
 @pytest.mark.pool

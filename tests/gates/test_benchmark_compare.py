@@ -1,4 +1,4 @@
-"""ddpbench's verdicts under ``pytest --benchmark-compare`` (gates/session_compare.py), on recorded
+"""ddpbench's verdicts under ``pytest --benchmark-compare`` (gates/benchmark_compare.py), on recorded
 runs: the pair pytest-benchmark compares, printed after its table with the line saying which
 command is the gate; runs that cannot be compared say why instead of a traceback."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from helpers.benchjson import bench, run_doc, write
-from ddpbench.gates import session_compare
+from ddpbench.gates import benchmark_compare
 
 
 class Terminal:
@@ -37,11 +37,11 @@ def test_the_verdicts_for_the_pair_and_the_gate_line(tmp_path):
     slower = run_doc([bench("test_a", [r * 1.5 for r in rounds])])
     terminal = Terminal()
     probes = []
-    session_compare.print_verdicts(terminal, session, slower, probe=lambda: probes.append(1) or {"min_s": 0.001})
+    benchmark_compare.print_verdicts(terminal, session, slower, probe=lambda: probes.append(1) or {"min_s": 0.001})
     text = "\n".join(terminal.lines)
-    assert terminal.lines[0] == f"--- {session_compare.TITLE} ---"
+    assert terminal.lines[0] == f"--- {benchmark_compare.TITLE} ---"
     assert "current:  this session" in text and "test_a" in text and "regression" in text
-    assert terminal.lines[-1] == session_compare.GATE_LINE and probes == [1]  # the stored run has a probe
+    assert terminal.lines[-1] == benchmark_compare.GATE_LINE and probes == [1]  # the stored run has a probe
 
 
 def test_runs_that_cannot_be_compared_say_why(tmp_path):
@@ -49,10 +49,10 @@ def test_runs_that_cannot_be_compared_say_why(tmp_path):
     session = _session(tmp_path, run_doc([bench("test_a", rounds)], fingerprint={"torch": "2.13.0+cpu"}))
     other_torch = run_doc([bench("test_a", rounds)], fingerprint={"torch": "2.15.0+cpu"})
     terminal = Terminal()
-    session_compare.print_verdicts(terminal, session, other_torch)
+    benchmark_compare.print_verdicts(terminal, session, other_torch)
     (reason,) = [line for line in terminal.lines if line.startswith("ddpbench compare: no verdicts:")]
     assert "not comparable" in reason and "torch" in reason
     # nothing measured in this session: nothing to print
     quiet = Terminal()
-    session_compare.print_verdicts(quiet, session, {"benchmarks": []})
+    benchmark_compare.print_verdicts(quiet, session, {"benchmarks": []})
     assert quiet.lines == []

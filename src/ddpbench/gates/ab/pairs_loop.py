@@ -3,7 +3,7 @@ each, then blocks of rounds in a balanced random order (ddpbench.gates.ab.schedu
 (ddpbench.gates.stats) after every stage, and more pairs while the answer is unclear, up to a time cap
 (the case's share of a run budget, ddpbench.gates.ab.budget, when the run has one).
 
-The engine knows sides only as lists of pools; it never knows what the workload does.
+This loop knows sides only as lists of pools; it never knows what the workload does.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..memory import compare_memory
 from ..numerics import compare_numerics
 from ..structure import compare_census
 from ..verdict_words import Verdict
-from . import strata
+from . import placement_strata
 from . import tasks
 
 
@@ -64,10 +64,10 @@ class ABSettings:
     alpha: float = stats.DEFAULT_ALPHA
     confidence: float = stats.DEFAULT_CONFIDENCE
     # With two or more pool pairs, every pool pair's own ratio must be over 1 + this share of the
-    # threshold for a regression (stats.decide).
+    # threshold for a regression (stats.decide_paired).
     pool_pair_share: float = stats.POOL_PAIR_SHARE
     # Summarise both blocks of a pair at the pair's own mix of placements (rounds where the ranks
-    # shared a CPU, rounds where they did not: gates/ab/strata.py) instead of by their plain means.
+    # shared a CPU, rounds where they did not: gates/ab/placement_strata.py) instead of by their plain means.
     # Off: it hides a change in how often the ranks share a CPU, and no recorded run has shown yet
     # that it narrows the intervals (docs/design/ab.md#placement-strata).
     stratify_placement: bool = False
@@ -123,7 +123,7 @@ EXTRA_LOOK_LEVEL = 0.0
 
 
 # How a block of rounds becomes the one number a pair compares (SideRounds.block_means), and what
-# extra_info["ab"]["block_summary"] says when --dist-ab-stratify-placement applied (gates/ab/strata.py).
+# extra_info["ab"]["block_summary"] says when --dist-ab-stratify-placement applied (gates/ab/placement_strata.py).
 BLOCK_SUMMARY = "mean"
 STRATIFIED_BLOCK_SUMMARY = "mean per placement, at the pair's mix of placements"
 
@@ -157,7 +157,7 @@ class SideRounds:
     @property
     def block_placements(self) -> list[list[bool] | None]:
         """Per block, per round: whether every rank ran on one CPU after it (None: not known)."""
-        return [strata.block_placement(block) for block in self.cpus]
+        return [placement_strata.block_placement(block) for block in self.cpus]
 
     @property
     def rank_round_times(self) -> list[list[float]]:
@@ -263,7 +263,7 @@ def _side_summary(rounds: SideRounds, raw: bool) -> dict[str, Any]:
     share = placement_info(times, rounds.rank_cpus).get("ranks_shared_cpu_share")
     if share is not None:
         out["ranks_shared_cpu_share"] = share
-    placement = strata.placement_text(rounds.block_placements)
+    placement = placement_strata.placement_text(rounds.block_placements)
     if placement is not None:  # round by round, for replays stratified by placement
         out["shared_cpu_rounds"] = placement
     if raw:
@@ -369,8 +369,8 @@ class _Case:
         base_summaries, cand_summaries = baseline.block_means, candidate.block_means
         stratified = None
         if self.settings.stratify_placement:
-            stratified = strata.stratified_summaries(baseline.blocks, candidate.blocks, baseline.block_placements,
-                                                     candidate.block_placements)
+            stratified = placement_strata.stratified_summaries(baseline.blocks, candidate.blocks,
+                                                               baseline.block_placements, candidate.block_placements)
         self.stratified = stratified is not None
         if stratified is not None:
             base_summaries, cand_summaries = stratified

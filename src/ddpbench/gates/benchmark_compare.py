@@ -1,5 +1,5 @@
 """``pytest --benchmark-compare`` in a session that uses ddpbench: ddpbench's noise-aware verdicts
-(:func:`ddpbench.gates.compare.compare_runs`, the ``ddpbench compare`` defaults) for the pair that
+(:func:`ddpbench.gates.stored_run_gate.compare_runs`, the ``ddpbench compare`` defaults) for the pair that
 pytest-benchmark compares, the stored run it loaded and this session's results, printed under
 pytest-benchmark's table. pytest-benchmark's fixed-percentage ``--benchmark-compare-fail`` on noisy
 medians flags unchanged code; these verdicts weigh the rounds' noise and the machine's drift.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..storage.records import CALIBRATION_KEY
 from ..storage.runs import RunError, load_run, run_of_doc
-from . import compare as cmp
+from . import stored_run_gate as cmp
 
 TITLE = "ddpbench: noise-aware verdicts for the same comparison"
 GATE_LINE = ("ddpbench: informational here (pytest-benchmark's options, such as --benchmark-compare-fail, set "

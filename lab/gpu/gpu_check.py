@@ -484,8 +484,10 @@ def wheel_requirements(wheel: Path) -> list[dict]:
     return out
 
 
-def carried_wheel(name: str, folder: Path = WHEELS) -> Path | None:
-    """The carried wheel of ``name`` in ``folder`` (file names hold the name with ``_``)."""
+def carried_wheel(name: str, folder: Path | None = None) -> Path | None:
+    """The carried wheel of ``name`` in ``folder`` (default: :data:`WHEELS`, read at the call; file
+    names hold the name with ``_``)."""
+    folder = WHEELS if folder is None else folder
     wanted = _norm(name)
     found = [w for w in sorted(folder.glob("*.whl")) if _norm(w.name.split("-")[0]) == wanted] if folder.is_dir() else []
     return found[-1] if found else None

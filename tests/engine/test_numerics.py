@@ -17,6 +17,7 @@ from ddpbench.engine.numerics import combine_numerics, take_numerics
 from ddpbench.engine.timing import RoundPlan, combine_rank_metrics, measure_workload
 from ddpbench.gates.numerics import compare_numerics
 from ddpbench.pool import PoolRegistry, PoolSpec
+from ddpbench.testing import SelfmadeTraining
 from ddpbench.workloads import Workload
 
 
@@ -135,16 +136,18 @@ def test_planted_bugs_only_the_numerics_catch_are_regressions_and_an_a_a_is_same
     assert lines["frozen-param"].line.startswith("changed from step 1 of 3 (there most in param 0.weight")
 
 
+class NotReplayed(SelfmadeTraining):
+    """A trainable workload that opts out of the replay (module level: the ranks import it)."""
+
+    numerics_replay = False
+
+
 def test_a_workload_that_opts_out_is_not_replayed_and_has_no_record(pool):
     # The dataset family sets numerics_replay = False: no trainable state, its check verifies every
     # sample; a replay would only cost two more handovers and six epochs.
-    from ddpbench.testing import SelfmadeTraining
     from ddpbench.workloads.datasets.epoch import DatasetEpoch
 
     assert DatasetEpoch.numerics_replay is False
-
-    class NotReplayed(SelfmadeTraining):
-        numerics_replay = False
 
     plan = RoundPlan(warmup=1, rounds=2, census=False, memory_census=False)
     ranks = pool.run(measure_workload, NotReplayed(), plan, timeout_s=120)

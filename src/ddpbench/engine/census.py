@@ -65,17 +65,6 @@ def _process_group(pg):
     return ProcessGroup.unbox(pg)
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    """Ranks as runs: [0, 1, 2, 3] -> "0-3", [0, 2] -> "0,2"."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
-
-
 def group_identity(pg) -> str:
     """Which group a collective ran on, as the record names it: ``world`` for the default group, the
     description torch gives a group (a DeviceMesh dimension's group is ``mesh_<its name>``, so two
@@ -88,8 +77,10 @@ def group_identity(pg) -> str:
         return "world"
     if desc and desc != "undefined":
         return desc
+    from ..storage.per_rank import ranks_text  # one spelling of rank runs: "0-3", "0,2"
+
     try:
-        return "ranks " + _ranks_text(dist.get_process_group_ranks(pg))
+        return "ranks " + ranks_text(dist.get_process_group_ranks(pg))
     except Exception:  # a group torch.distributed does not list (made by hand): its name
         return f"group {pg.group_name}"
 

@@ -66,7 +66,7 @@ USES: tuple[Use, ...] = (
     Use("pytest_benchmark.utils", "get_machine_id", "called", "plugin", ()),
     # Options ddpbench reads by their pytest-benchmark dest names, and a hook it calls itself.
     Use("option", "benchmark_compare", "read", "plugin"),
-    Use("option", "benchmark_storage", "read", "plugin, gates.ab.session"),
+    Use("option", "benchmark_storage", "read", "plugin, gates.ab.run_plan"),
     Use("hook", "pytest_benchmark_generate_json", "called", "plugin.SessionCompare",
         ("config", "benchmarks", "include_data", "machine_info", "commit_info")),
 )

@@ -538,14 +538,14 @@ def test_the_ab_run_exits_1_on_a_structural_regression_and_compare_accepts_it_wh
 def test_the_pytest_option_reaches_the_ab_session(pytester, monkeypatch, accept):
     import dataclasses
 
-    from ddpbench.gates.ab import session
+    from ddpbench.gates.ab import run_sides, session
     from ddpbench.gates.ab.side_environments import local_facts
 
-    monkeypatch.setattr(session, "probe", lambda side, protocol: dataclasses.replace(side, facts=local_facts()))
+    monkeypatch.setattr(run_sides, "probe", lambda side, protocol: dataclasses.replace(side, facts=local_facts()))
     args = ["--dist-candidate-env", "UNUSED=1"] + (["--dist-ab-accept-structure-change"] if accept else [])
     ab = session.ABSession.from_options(pytester.parseconfig(*args))
     ab.results.append((NAME, dict(AB, census_baseline=BASE), 0.001, {"census": GREW}))
-    assert ab.accept_structure_change is accept and ab.exit_status() == (0 if accept else 1)
+    assert ab.plan.accept_structure_change is accept and ab.exit_status() == (0 if accept else 1)
     # What the run file will say (extra_info["ab"], written before pytest-benchmark saves): the
     # verdict it exits on, with the timing's and the structure's beside it.
     ab.record_verdicts()

@@ -6,7 +6,7 @@ an inconclusive case says why it rules out more than its interval); the markdown
 from __future__ import annotations
 
 from ddpbench.gates import verdicts
-from ddpbench.gates.ab.session import exit_line
+from ddpbench.gates.ab.run_report import exit_line
 from ddpbench.gates.structure import StructureVerdict
 from helpers.verdict_text import case_blocks
 

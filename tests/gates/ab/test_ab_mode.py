@@ -466,7 +466,7 @@ def test_a_case_the_candidate_lost_fails_the_run_and_so_does_one_the_baseline_fa
 
 
 def test_only_a_baseline_that_cannot_import_the_case_makes_it_new():
-    from ddpbench.gates.ab.session import baseline_lacks_case
+    from ddpbench.gates.ab.case_runner import baseline_lacks_case
     from ddpbench.pool import PoolStartError, TaskFailed
     from ddpbench.pool.picklecheck import LOAD_FAILURE_PREFIX
 

@@ -18,6 +18,7 @@ import torch
 
 from ddpbench.engine.memory import combine_memory, discover_targets, take_memory_census
 from ddpbench.gates import verdicts
+from ddpbench.gates.exit_decision import decide_exit, exit_lines
 from ddpbench.gates.memory import compare_memory
 from ddpbench.storage.records import RecordError
 
@@ -97,13 +98,15 @@ def test_an_extra_activation_per_block_moves_the_peak_by_exactly_its_bytes_and_r
     report = verdicts.GateReport("gate", [case], 0.05, columns=[verdicts.MEMORY_COLUMN])
     text = verdicts.format_text(report)
     assert "regression (memory; timing same)" in text and "peak +2.0 MiB: activations +2.0 MiB" in text
-    status, lines = report.gate_status()
-    assert status == 1 and any("1 memory regression(s) (test_step)" in line for line in lines)
+    decision = decide_exit(report)
+    assert decision.status == 1 and decision.memory == ("test_step",)
+    assert any("1 memory regression(s) (test_step)" in line for line in exit_lines(decision))
     # Accepted as made on purpose: shown, the timing verdict stands.
     accepted = verdicts.CaseVerdict("test_step", "same")
     accepted.judge_memory(verdict, accepted=True)
     assert accepted.verdict == "same" and accepted.memory.cell().startswith("regression, accepted: peak +2.0 MiB")
-    assert verdicts.GateReport("gate", [accepted]).gate_status()[0] == 0
+    decision = decide_exit(verdicts.GateReport("gate", [accepted]))
+    assert decision.status == 0 and decision.memory_accepted == ("test_step",)
 
 
 def test_activation_checkpointing_is_an_improvement(baseline):

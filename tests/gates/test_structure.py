@@ -15,6 +15,7 @@ from helpers.benchjson import bench, run_cli, run_doc, write
 from helpers.census_records import census
 from ddpbench import cli
 from ddpbench.gates import verdicts
+from ddpbench.gates.exit_decision import decide_exit, exit_lines
 from ddpbench.gates.stored_run_gate import compare_runs
 from ddpbench.gates.structure import StructureVerdict, compare_census
 from ddpbench.storage.records import RecordError
@@ -470,15 +471,18 @@ def test_the_ab_sessions_results_read_the_candidates_census_when_the_report_is_m
     results = [(NAME, info["ab"], 0.001, info), ("test_lost", {"verdict": "missing"}, None, None)]
     info["census"] = GREW
     report = verdicts.ab_report(verdicts.ab_verdicts(results))
-    status, lines = report.gate_status(option_prefix="--dist-ab-", allow_missing=True)
-    assert status == 1 and ("1 structural regression(s) (test_step[gloo-2p]): what one step launches grew or "
+    decision = decide_exit(report, allow_missing=True)
+    assert decision.structural == (NAME,) and decision.status == 1
+    lines = exit_lines(decision, "--dist-ab-", report.current_label)
+    assert ("1 structural regression(s) (test_step[gloo-2p]): what one step launches grew or "
                             "changed, a regression whatever the timing says (--dist-ab-accept-structure-change "
                             "accepts a change made on purpose)") in lines
     lost = next(c for c in report.cases if c.name == "test_lost")
     assert lost.structure is None  # nothing to compare: no structural verdict
     accepted = verdicts.ab_report(verdicts.ab_verdicts(results, accept_structure_change=True))
-    status, lines = accepted.gate_status(option_prefix="--dist-ab-", allow_missing=True)
-    assert status == 0 and any("accepted by --dist-ab-accept-structure-change" in line for line in lines)
+    decision = decide_exit(accepted, allow_missing=True)
+    lines = exit_lines(decision, "--dist-ab-", accepted.current_label)
+    assert decision.status == 0 and decision.structural_accepted == (NAME,) and any("accepted by --dist-ab-accept-structure-change" in line for line in lines)
     assert f"regression, accepted: {GREW_LINE}" in verdicts.format_text(accepted)
 
 

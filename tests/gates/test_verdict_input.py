@@ -11,6 +11,8 @@ import pytest
 from helpers.benchjson import bench, run_doc, write
 from ddpbench import cli
 from ddpbench.gates import stats, verdicts
+from ddpbench.gates.exit_decision import decide_exit, exit_lines
+from ddpbench.gates.verdict_words import Verdict
 from ddpbench.gates.stored_run_gate import compare_runs
 from ddpbench.storage.runs import load_run
 
@@ -43,12 +45,14 @@ def test_a_case_the_baseline_failed_fails_the_gate_unless_allowed():
     cases = [verdicts.CaseVerdict("test_a", "baseline-failed", reason="baseline pool 0 failed"),
              verdicts.CaseVerdict("test_b", "same", ratio=1.0, ci_low=0.99, ci_high=1.01)]
     report = verdicts.ab_report(cases)
-    status, lines = report.gate_status(option_prefix="--dist-ab-")
-    assert status == 1 and ("1 case(s) failed on the baseline side (test_a): nothing to compare the candidate "
+    decision = decide_exit(report)
+    lines = exit_lines(decision, "--dist-ab-", report.current_label)
+    assert decision.failing == [Verdict.BASELINE_FAILED] and ("1 case(s) failed on the baseline side (test_a): nothing to compare the candidate "
                             "with, and a broken baseline is not a new case. Exit status 1 "
                             "(--dist-ab-allow-baseline-failure accepts them)") in lines
-    status, lines = report.gate_status(option_prefix="--dist-ab-", allow_baseline_failure=True)
-    assert status == 0 and "allowed by --dist-ab-allow-baseline-failure" in lines[0]
+    decision = decide_exit(report, allow_baseline_failure=True)
+    lines = exit_lines(decision, "--dist-ab-", report.current_label)
+    assert decision.status == 0 and "allowed by --dist-ab-allow-baseline-failure" in lines[0]
     assert "baseline-failed (baseline pool 0 failed)  <<" in verdicts.format_text(report)
     assert "❌ **baseline-failed** (baseline pool 0 failed)" in verdicts.format_markdown(report)
     assert report.sorted_cases()[0].name == "test_a"  # before improvements and the rest

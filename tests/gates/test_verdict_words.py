@@ -14,6 +14,7 @@ import ddpbench
 from helpers.benchjson import bench, run_doc, write
 from ddpbench import bisect
 from ddpbench.gates import stats, verdicts
+from ddpbench.gates.exit_decision import decide_exit, exit_lines
 from ddpbench.gates.verdict_words import Verdict
 from ddpbench.gates.stored_run_gate import compare_runs
 from ddpbench.storage.runs import load_run
@@ -63,11 +64,13 @@ def test_the_resolution_is_rounded_so_it_never_claims_more_than_the_interval():
 
 def test_not_slower_passes_the_gate_as_same_does_and_reads_as_decided():
     report = _report()
-    assert report.gate_status()[0] == 0
-    assert report.gate_status(fail_on_inconclusive=True)[0] == 1  # the three inconclusive cases, not test_safe
-    assert "3 inconclusive case(s)" in report.gate_status(fail_on_inconclusive=True)[1][0]
+    assert decide_exit(report).status == 0
+    strict = decide_exit(report, fail_on_inconclusive=True)
+    assert strict.status == 1 and strict.inconclusive == 3  # the three inconclusive cases, not test_safe
+    assert "3 inconclusive case(s)" in exit_lines(strict)[0]
     safe = verdicts.GateReport("gate", [_case("test_safe", "not-slower", 0.90, 1.03)], threshold=0.05)
-    assert safe.gate_status(fail_on_inconclusive=True) == (0, [])
+    safe_decision = decide_exit(safe, fail_on_inconclusive=True)
+    assert safe_decision.failing == [] and safe_decision.inconclusive == 0 and exit_lines(safe_decision) == []
     assert "1 not-slower" in safe.summary()
     assert _row(verdicts.format_markdown(safe), "test_safe").endswith("| ✅ not-slower |")
     # Rows: after the inconclusive ones, before same.

@@ -14,6 +14,7 @@ from .. import report
 from ..gates import stored_run_gate as cmp
 from ..gates import verdicts
 from ..gates.ab.profiling import CaseProfile
+from ..gates.exit_decision import decide_exit, exit_lines
 from ..gates.fingerprint import parse_allowed
 from ..storage import runs as stored
 from .errors import error, output_problem
@@ -113,19 +114,19 @@ def run(args) -> int:
 
 def _print_report(args, result) -> int:
     """The verdicts in the format asked for, then the gate's outcome; returns the exit status."""
-    status, lines = result.gate_status(args.allow_missing, args.fail_on_inconclusive,
-                                       allow_baseline_failure=args.allow_baseline_failure)
+    decision = decide_exit(result, args.allow_missing, args.fail_on_inconclusive, args.allow_baseline_failure)
     if args.json:
         print(verdicts.format_json(result))
     elif args.markdown:
         print(verdicts.format_markdown(result))
     else:
         print(verdicts.format_text(result))
+    lines = exit_lines(decision, "--", result.current_label)
     if lines and args.markdown:
         print()
     for line in lines:  # after JSON they go to stderr, so stdout stays one JSON document
         print(("- " if args.markdown else "") + line, file=sys.stderr if args.json else sys.stdout)
-    return status
+    return decision.status
 
 
 def _print_ab_verdicts(args, run: stored.Run, doc: dict) -> int:

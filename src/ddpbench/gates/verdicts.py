@@ -14,7 +14,6 @@ from typing import Any, Callable
 from ..shown_text import markdown_code, markdown_text, printable
 from ..storage.records import BASELINE_CENSUS_KEY, BASELINE_MEMORY_KEY, BASELINE_NUMERICS_KEY, CENSUS_KEY, \
     LOST_CASES_KEY, MEMORY_KEY, NUMERICS_KEY, ABRecord, RecordError, read_ab
-from .exit_decision import decide_exit, exit_lines
 from .memory import compare_memory
 from .numerics import compare_numerics
 from .structure import STRUCTURE_VERDICTS, StructureVerdict, accept, compare_census
@@ -295,14 +294,6 @@ class GateReport:
         if methods and "paired-blocks" not in methods:
             return f"ratio = {current} median"
         return f"ratio = {current}"
-
-    def gate_status(self, allow_missing: bool = False, fail_on_inconclusive: bool = False,
-                    option_prefix: str = "--", allow_baseline_failure: bool = False) -> tuple[int, list[str]]:
-        """(exit status, lines saying why): :func:`~.exit_decision.decide_exit` decides it,
-        :func:`~.exit_decision.exit_lines` says it. ``option_prefix``: how the options are spelled
-        ("--" for ddpbench compare, "--dist-ab-" in pytest)."""
-        decision = decide_exit(self, allow_missing, fail_on_inconclusive, allow_baseline_failure)
-        return decision.status, exit_lines(decision, option_prefix, self.current_label)
 
     def to_dict(self) -> dict[str, Any]:
         return {"title": self.title, "threshold": self.threshold, "confidence": self.confidence,

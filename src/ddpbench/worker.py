@@ -186,6 +186,79 @@ def _say(rank: int, text: str) -> None:
     print(f"ddpbench.worker: rank {rank}: {text}", file=sys.stderr, flush=True)
 
 
+def rank_facts(environ=os.environ) -> dict:
+    """What torchrun told this rank (its rank, world, node, local rank): the first thing it tells
+    the controller."""
+    world_size = int(environ["WORLD_SIZE"])
+    return {"rank": int(environ["RANK"]), "world_size": world_size, "host": socket.gethostname(),
+            "node_rank": int(environ.get("GROUP_RANK", "0")), "local_rank": int(environ["LOCAL_RANK"]),
+            "local_world_size": int(environ.get("LOCAL_WORLD_SIZE", world_size)), "pid": os.getpid(),
+            "phase": "connected"}
+
+
+def connect_failure(exc: BaseException, controller: str, rank: int, connect_timeout: float) -> str | None:
+    """The message for a connection to the controller that failed with ``exc`` (exit status 3), or
+    None for an error that is no failure to connect."""
+    if isinstance(exc, AuthenticationError):
+        return "ddpbench.worker: the controller rejected the shared secret (or answered with a different one)"
+    if isinstance(exc, HandshakeTimeout):
+        return (f"ddpbench.worker: rank {rank}: {exc} (--connect-timeout {connect_timeout:g}; the "
+                f"handshake gets at most {HANDSHAKE_TIMEOUT_S:g} s). Something accepts connections on "
+                f"{controller} without answering: check that --controller names the address and "
+                f"port pytest --dist-controller listens on, and that no other program holds that "
+                f"port")
+    if isinstance(exc, IncompatiblePeer):
+        return (f"ddpbench.worker: the controller at {controller}: {exc}; install the "
+                f"controller's ddpbench on every node")
+    if isinstance(exc, OSError):
+        return f"ddpbench.worker: cannot reach the controller at {controller}: {exc}"
+    return None
+
+
+def joining_facts(backend: str, device: str, own_address: str, environ=os.environ) -> dict:
+    """How this rank joins the process group: MASTER_ADDR and what it resolves to, and the
+    interface the backend's transport uses (picked here, unless the user's variable names one)."""
+    master_addr, master_port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
+    master_ips = resolve(master_addr)
+    return {"backend": backend, "device": device, "master_addr": master_addr,
+            "master_port": master_port, "master_ips": master_ips,
+            "master_is_loopback": bool(master_ips) and all(map(is_loopback, master_ips)),
+            **choose_socket_interface(backend, own_address, environ)}
+
+
+def joining_lines(joining: dict, info: dict) -> list[str]:
+    """What a rank says before joining: where, through which interface, and a warning where a
+    loopback MASTER_ADDR cannot reach the other nodes."""
+    transport = (f"{joining['backend']} on {joining['socket_ifname'] or '?'} "
+                 f"{','.join(joining['socket_addresses']) or '(no address)'} ({joining['socket_ifname_source']})")
+    lines = [f"joining the process group at MASTER_ADDR {joining['master_addr']}:{joining['master_port']} "
+             f"({','.join(joining['master_ips']) or 'does not resolve'}), {transport}"]
+    # Several nodes, and the controller is not on this machine's loopback (where a test runs
+    # several "nodes" on one machine): a loopback MASTER_ADDR cannot be reached from the others.
+    if (joining["master_is_loopback"] and info["world_size"] > info["local_world_size"]
+            and not is_loopback(info["address"])):
+        lines.append(f"warning: MASTER_ADDR {joining['master_addr']} is a loopback address here but the group "
+                     f"spans several nodes; if joining hangs, give each node's torchrun --local-addr "
+                     f"(its address on the nodes' network)")
+    return lines
+
+
+def _join(backend: str, task_conn, finished: threading.Event) -> None:
+    """Join the process group; a failure is told to the controller before it is raised."""
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(minutes=30))
+    except Exception as exc:
+        finished.set()
+        try:
+            task_conn.send(("phase", "failed", {"error": f"{type(exc).__name__}: {exc}".strip()}))
+        except OSError:
+            pass
+        raise
+    task_conn.send(("phase", "ready", {}))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
@@ -199,13 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, SecretError) as exc:
         print(f"ddpbench.worker: {exc}", file=sys.stderr)
         return 2
-
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    info = {"rank": rank, "world_size": world_size, "host": socket.gethostname(),
-            "node_rank": int(os.environ.get("GROUP_RANK", "0")), "local_rank": local_rank,
-            "local_world_size": local_world_size, "pid": os.getpid(), "phase": "connected"}
+    info = rank_facts()
+    rank = info["rank"]
 
     import torch
     import torch.distributed as dist
@@ -215,23 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         task_conn = _connect(address, secret, args.connect_timeout)
         control_conn = _connect(address, secret, args.connect_timeout)
-    except AuthenticationError:
-        print("ddpbench.worker: the controller rejected the shared secret (or answered with a "
-              "different one)", file=sys.stderr)
-        return 3
-    except HandshakeTimeout as exc:
-        print(f"ddpbench.worker: rank {rank}: {exc} (--connect-timeout {args.connect_timeout:g}; the "
-              f"handshake gets at most {HANDSHAKE_TIMEOUT_S:g} s). Something accepts connections on "
-              f"{args.controller} without answering: check that --controller names the address and "
-              f"port pytest --dist-controller listens on, and that no other program holds that "
-              f"port", file=sys.stderr)
-        return 3
-    except IncompatiblePeer as exc:
-        print(f"ddpbench.worker: the controller at {args.controller}: {exc}; install the "
-              f"controller's ddpbench on every node", file=sys.stderr)
-        return 3
-    except OSError as exc:
-        print(f"ddpbench.worker: cannot reach the controller at {args.controller}: {exc}", file=sys.stderr)
+    except (AuthenticationError, HandshakeTimeout, IncompatiblePeer, OSError) as exc:
+        print(connect_failure(exc, args.controller, rank, args.connect_timeout), file=sys.stderr)
         return 3
     info["address"] = local_address(task_conn)
     info.update(identity())  # torch, engine hash, rank protocol: the controller refuses others
@@ -245,36 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if backend == "nccl" else "cpu"
     torch.set_num_threads(args.threads)
     if device == "cuda":
-        torch.cuda.set_device(local_rank)
-    master_addr, master_port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
-    master_ips = resolve(master_addr)
-    joining = {"backend": backend, "device": device, "master_addr": master_addr,
-               "master_port": master_port, "master_ips": master_ips,
-               "master_is_loopback": bool(master_ips) and all(map(is_loopback, master_ips)),
-               **choose_socket_interface(backend, info["address"])}
-    transport = (f"{backend} on {joining['socket_ifname'] or '?'} "
-                 f"{','.join(joining['socket_addresses']) or '(no address)'} ({joining['socket_ifname_source']})")
-    _say(rank, f"joining the process group at MASTER_ADDR {master_addr}:{master_port} "
-               f"({','.join(master_ips) or 'does not resolve'}), {transport}")
-    # Several nodes, and the controller is not on this machine's loopback (where a test runs
-    # several "nodes" on one machine): a loopback MASTER_ADDR cannot be reached from the others.
-    if joining["master_is_loopback"] and world_size > local_world_size and not is_loopback(info["address"]):
-        _say(rank, f"warning: MASTER_ADDR {master_addr} is a loopback address here but the group "
-                   f"spans several nodes; if joining hangs, give each node's torchrun --local-addr "
-                   f"(its address on the nodes' network)")
+        torch.cuda.set_device(info["local_rank"])
+    joining = joining_facts(backend, device, info["address"])
+    for line in joining_lines(joining, info):
+        _say(rank, line)
     task_conn.send(("phase", "joining", joining))
-    try:
-        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(minutes=30))
-    except Exception as exc:
-        finished.set()
-        try:
-            task_conn.send(("phase", "failed", {"error": f"{type(exc).__name__}: {exc}".strip()}))
-        except OSError:
-            pass
-        raise
-    task_conn.send(("phase", "ready", {}))
+    _join(backend, task_conn, finished)
 
-    ctx = RankContext(rank, world_size, backend, device, local_rank=local_rank)
+    # 3. Serve the controller's tasks until it closes the connection.
+    ctx = RankContext(rank, info["world_size"], backend, device, local_rank=info["local_rank"])
     try:
         serve_tasks(task_conn, ctx)
     finally:

@@ -13,6 +13,7 @@ from .handover import _BuiltInRank, _Handover
 from .layouts import BuiltDataset, DatasetSpec, build_dataset
 from .loader import _Indexed, _MemorySampler, as_map_dataset, flat_collate, indexed_collate
 from .resources import check_strategy
+from .sample_check import count_problems, sample_problems
 
 WORKER_START_METHODS = ("fork", "spawn")
 SAMPLERS = ("shuffle", "distributed")
@@ -201,8 +202,8 @@ class DatasetEpoch(Workload):
         if state["samples"] != per_epoch:
             raise AssertionError(f"rank {rank}: a timed epoch yielded {state['samples']} samples, expected {per_epoch}")
         (counts, shapes, sums, weighted), memory = self._check_epoch(state)
-        problems = self._count_problems(counts, expected_counts) + self._sample_problems(counts, shapes, sums,
-                                                                                        weighted)
+        problems = count_problems(counts, expected_counts) + sample_problems(self.expected, counts, shapes, sums,
+                                                                             weighted)
         if problems:
             raise AssertionError(f"rank {rank}: the {self.spec.layout} dataset's check epoch (every sample "
                                  f"by index: shape, sum and position-weighted sum) found "
@@ -228,67 +229,6 @@ class DatasetEpoch(Workload):
         del loader
         return (counts, shapes, sums, weighted), {"peak_memory_bytes": sampler.peak_pss,
                                                   "peak_uss_bytes": sampler.peak_uss}
-
-    @staticmethod
-    def _count_problems(counts, expected_counts) -> list[str]:
-        problems = []
-        missing = ((counts == 0) & (expected_counts > 0)).nonzero().flatten()
-        repeated = (counts > expected_counts).nonzero().flatten()
-        if missing.numel():
-            problems.append(f"{missing.numel()} samples never came (first: index {int(missing[0])})")
-        if repeated.numel():
-            first = int(repeated[0])
-            problems.append(f"{repeated.numel()} samples came more often than the sampler yields them "
-                            f"(first: index {first}, {int(counts[first])} times, expected "
-                            f"{int(expected_counts[first])})")
-        return problems
-
-    def _sample_problems(self, counts, shapes, sums, weighted) -> list[str]:
-        import torch
-
-        expected = self.expected
-        exp_shapes = torch.from_numpy(expected.shapes)
-        exp_sums, exp_weighted = torch.from_numpy(expected.sums), torch.from_numpy(expected.weighted)
-        seen = counts > 0
-        bad = seen & ((shapes != exp_shapes).any(1) | (sums != exp_sums) | (weighted != exp_weighted))
-        wrong = bad.nonzero().flatten()
-        if not wrong.numel():
-            return []
-        shown = [self._describe(int(i), shapes, sums, weighted, exp_shapes, exp_sums, exp_weighted)
-                 for i in wrong[:3]]
-        more = f"; and {wrong.numel() - 3} more" if wrong.numel() > 3 else ""
-        return [f"{wrong.numel()} of {int(seen.sum())} samples differ from the dataset as built: "
-                + "; ".join(shown) + more]
-
-    @staticmethod
-    def _describe(i, shapes, sums, weighted, exp_shapes, exp_sums, exp_weighted) -> str:
-        """What is wrong with sample ``i`` (runs for a few wrong samples only)."""
-        import torch
-
-        def dims(row):
-            return tuple(int(d) for d in row if d >= 0)
-
-        got, want = dims(shapes[i]), dims(exp_shapes[i])
-        if got != want:
-            numel = lambda shape: int(torch.tensor(shape).prod()) if shape else 1  # noqa: E731
-            if sorted(got) == sorted(want):
-                return f"sample {i} has shape {got}, expected {want}: its shape is transposed"
-            if numel(got) != numel(want):
-                return (f"sample {i} has shape {got} ({numel(got)} elements), expected {want} "
-                        f"({numel(want)}): the boundaries between samples moved")
-            return f"sample {i} has shape {got}, expected {want}"
-        same = ((exp_sums == sums[i]) & (exp_weighted == weighted[i])
-                & (exp_shapes == shapes[i]).all(1)).nonzero().flatten()
-        others = [int(j) for j in same if int(j) != i]
-        if others:
-            return (f"sample {i} holds sample {others[0]}'s data: samples swapped or reordered")
-        if sums[i] == exp_sums[i]:
-            return (f"sample {i} has the right shape and sum but its elements are in another order "
-                    f"(weighted sum {float(weighted[i]):.17g}, expected {float(exp_weighted[i]):.17g}): "
-                    f"transposed or permuted data")
-        return (f"sample {i} has the right shape but other values (sum {float(sums[i]):.17g}, expected "
-                f"{float(exp_sums[i]):.17g}): shifted boundaries or corrupted data")
-
 
     def teardown(self, state) -> None:
         import torch.multiprocessing as tmp

@@ -63,7 +63,14 @@ def run(args) -> int:
         print(f"  {step.describe()}", file=out)
     if len(history.steps) > shown:
         print(f"  ... and {len(history.steps) - shown} more on the page", file=out)
+    changes = history.numerics_changes
+    print(f"{len(changes)} numerics change(s) from one run to the next", file=out)
+    for change in changes[:shown]:
+        print(f"  {change.describe()}", file=out)
+    if len(changes) > shown:
+        print(f"  ... and {len(changes) - shown} more on the page", file=out)
     if args.json:
         print(json.dumps({"page": str(path), "runs": len(history.runs), "series": len(history.series),
-                          "min_step": args.min_step, "steps": [s.to_dict() for s in history.steps]}, indent=2))
+                          "min_step": args.min_step, "steps": [s.to_dict() for s in history.steps],
+                          "numerics_changes": [c.to_dict() for c in changes]}, indent=2))
     return 0

@@ -112,7 +112,7 @@ def main() -> int:
 
     from ddpbench.gates.numerics import compare_numerics
     from ddpbench.pool import PoolSpec, RankPool
-    from numerics import _magnitude, _numerics  # this folder's numerics investigation: one way to measure
+    from numerics import _magnitude, _numerics, _tensor_count  # this folder's numerics investigation
 
     import nanogpt_numerics as me  # the ranks import the workload class by this module's name
 
@@ -125,7 +125,7 @@ def main() -> int:
         pool = RankPool(PoolSpec("gloo", args.world_size, "cpu"))
         try:
             base = _numerics(pool, me.NanoGPTStep(path))
-            tensors = len(base["tensors"][0][-1])
+            tensors = _tensor_count(base)
             same = [compare_numerics(base, _numerics(pool, me.NanoGPTStep(path))).line for _ in range(args.repeats)]
             print(f"| nanoGPT A/A ({args.world_size} ranks, DDP, flash off) | runs | same (bitwise) | tensors per "
                   f"rank and step | replay spread |")

@@ -65,12 +65,12 @@ def test_within_the_baseline_s_own_band_or_the_tolerance_is_within_noise():
 
 
 def test_another_set_of_tensors_is_a_change_naming_them():
-    cur = _case()
-    for rank in (0,):
-        for step in cur["tensors"][rank][1:]:
-            del step["grad w"]  # a parameter left out of the backward
-    cur["digests"] = [d + "x" for d in cur["digests"]]
-    cur["digests"][0] = _case()["digests"][0]
+    rank = _rank()
+    for step in rank["tensors"][1:]:
+        del step["grad w"]  # a parameter left out of the backward
+    rank["digests"] = [d + "x" for d in rank["digests"]]
+    rank["digests"][0] = _rank()["digests"][0]
+    cur = combine_numerics([rank, copy.deepcopy(rank)])
     verdict = compare_numerics(_case(), cur)
     assert verdict.verdict == "regression" and "only the baseline holds grad w" in verdict.line
 
@@ -81,7 +81,8 @@ def test_what_cannot_be_compared_is_not_counted():
     lost = dict(_case(), not_reproducible="rank 0: the freshly set-up state differs between two replays")
     verdict = compare_numerics(_case(), lost)
     assert verdict.verdict == "not counted" and "not reproducible under fixed seeds" in verdict.line
-    assert compare_numerics(_case(), dict(_case(), version=2)).verdict == "not counted"
+    unknown = compare_numerics(_case(), dict(_case(), version=3))
+    assert unknown.verdict == "not counted" and "numerics version 3 (this ddpbench reads versions 1, 2)" in unknown.line
     one_rank = combine_numerics([_rank()])
     assert compare_numerics(_case(), one_rank).verdict == "not counted"
     assert compare_numerics(_case(), combine_numerics([_rank(), None])).verdict == "not counted"
@@ -89,7 +90,13 @@ def test_what_cannot_be_compared_is_not_counted():
 
 @pytest.mark.parametrize("damage, message", [
     (lambda r: r.update(digests="abc"), r"numerics.digests is 'abc', expected a list of digests"),
-    (lambda r: r["tensors"][0][1].update({"grad w": [1, 2]}), r"numerics.tensors\[0\]\[1\].grad w is \[1, 2\]"),
+    (lambda r: r["tensors"][0][1].__setitem__(r["names"].index("grad w"), [1, 2]),
+     r"numerics.tensors\[0\]\[1\]\[1\] \(grad w\) is \[1, 2\], expected \[digest, l2, l1, sum\] or null"),
+    (lambda r: r["tensors"][0][1].__setitem__(0, 0), r"numerics.tensors\[0\]\[1\]\[0\] \(param w\) is 0"),
+    (lambda r: r["tensors"][1][0].__setitem__(1, 0), r"numerics.tensors\[1\]\[0\] says grad w is as rank 0's"),
+    (lambda r: r["tensors"][1][2].pop(), r"numerics.tensors\[1\]\[2\] is .*, expected a list of 3 cells"),
+    (lambda r: r.pop("names"), r"numerics.names is missing"),
+    (lambda r: r.update(names=[1, 2, 3]), r"numerics.names is \[1, 2, 3\], expected a list of tensor names"),
     (lambda r: r.update(steps=5), r"numerics.digests holds 3 digests, expected 6"),
     (lambda r: r.update(replay_spread=-1), r"numerics.replay_spread is -1, expected a number >= 0"),
 ])
@@ -98,6 +105,41 @@ def test_a_damaged_record_is_named(damage, message):
     damage(record)
     with pytest.raises(RecordError, match=message):
         compare_numerics(_case(), record)
+
+
+def _version_1(case: dict) -> dict:
+    """A case's record as ddpbench saved it before version 2: each rank's step as {name: figures},
+    a later rank's only where it differs from rank 0's."""
+    names = case["names"]
+    steps = [[{n: c for n, c in zip(names, cells) if c is not None and c != 0} for cells in rank]
+             for rank in case["tensors"]]
+    return {**{k: v for k, v in case.items() if k != "names"}, "version": 1, "tensors": steps}
+
+
+def test_version_2_names_each_tensor_once_and_a_version_1_record_still_compares():
+    from ddpbench.engine.numerics import NUMERICS_VERSION
+    from ddpbench.storage.records import NUMERICS_VERSION as SAVED, READABLE_NUMERICS_VERSIONS
+
+    case = _case()
+    assert case["version"] == NUMERICS_VERSION == SAVED and READABLE_NUMERICS_VERSIONS == (1, 2)
+    assert case["names"] == ["param w", "grad w", "loss"]
+    assert case["tensors"][0][0] == [["p0", 4.0, 8.0, 1.0], None, None]  # no gradient at the set-up
+    assert case["tensors"][1][1] == [0, 0, 0]  # rank 1 holds rank 0's values: kept once
+    old = _version_1(case)
+    assert "names" not in old and old["tensors"][1][1] == {}
+    names = [f"opt encoder.layers.{i}.self_attn.in_proj_weight.exp_avg_sq" for i in range(50)]
+    many = dict(_rank(), tensors=[{n: [f"{i:08x}{s:08x}", 1.0 / (i + 1), 2.0 / (i + 3), 0.1 * i] for i, n in enumerate(names)}
+                                  for s in range(3)])
+    big = combine_numerics([many, copy.deepcopy(many)])
+    assert len(json.dumps(big)) < 0.75 * len(json.dumps(_version_1(big)))  # names no longer at every step
+    assert compare_numerics(old, case).line == "same (bitwise): 2 steps on 2 ranks"
+    assert compare_numerics(old, _case(scale=2.0)).line == compare_numerics(case, _case(scale=2.0)).line
+    assert compare_numerics(_version_1(_case(scale=2.0)), case).verdict == "regression"
+    other = _rank()
+    other["tensors"][2]["loss"] = ["l-other", 9.0, 9.0, 9.0]  # rank 1's own loss differs
+    mixed = combine_numerics([_rank(), other])
+    assert mixed["tensors"][1][2] == [0, 0, ["l-other", 9.0, 9.0, 9.0]]
+    assert compare_numerics(_version_1(mixed), mixed).verdict == "same"
 
 
 def test_the_decided_verdict_fails_on_it_and_an_accepted_change_passes():

@@ -30,7 +30,8 @@ FINGERPRINT_KEY = "ddpbench_fingerprint"  # what decides the cases' measurements
 
 READABLE_CENSUS_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
 MEMORY_VERSION = 1
-NUMERICS_VERSION = 1
+NUMERICS_VERSION = 2
+READABLE_NUMERICS_VERSIONS = (1, 2)  # version 1: each rank's steps as {name: figures}, names at every step
 FINGERPRINT_VERSION = 1
 
 
@@ -442,7 +443,9 @@ NUMERICS = Shape(_object("the case's numerics (an object)"), (
     Field("not_reproducible", expect("text (why the replays differ from the set-up on)", _text)),
     Field("steps", expect("a whole number of steps >= 0", lambda value: _whole(value) and value >= 0), required=True),
     Field("digests", expect("a list of digests (text), one per step and the set-up", _digest_list), required=True),
-    Field("tensors", expect("per rank, per step, an object of tensors", lambda value: isinstance(value, list)
+    Field("names", expect("a list of tensor names (text)", lambda value: isinstance(value, list)
+                          and all(_text(v) for v in value))),
+    Field("tensors", expect("per rank, per step, the tensors' figures", lambda value: isinstance(value, list)
                             and bool(value) and all(isinstance(r, list) for r in value)), required=True),
     Field("replay_spread", expect("a number >= 0 or null", _count)),
     Field("first_nondeterministic_step", expect("a step (a whole number >= 0) or null",
@@ -463,6 +466,38 @@ class Numerics:
     first_nondeterministic_step: int | None
 
 
+def _step_v1(tensors: Any, names: None, base: dict[str, list] | None, where: str) -> dict[str, list]:
+    """A version 1 step: ``{name: figures}``; a later rank's holds only what differs from rank 0's."""
+    if not isinstance(tensors, dict):
+        raise RecordError(f"{where} is {shown(tensors)}, expected an object of tensors")
+    for name, figures in tensors.items():
+        if not _figures(figures):
+            raise RecordError(f"{where}.{name} is {shown(figures)}, expected [digest, l2, l1, sum]")
+    return tensors if base is None else {**base, **tensors}
+
+
+def _step_v2(cells: Any, names: list[str], base: dict[str, list] | None, where: str) -> dict[str, list]:
+    """A version 2 step: a list along ``names`` of figures, null (absent) or, on a later rank, 0
+    (as rank 0's)."""
+    if not isinstance(cells, list) or len(cells) != len(names):
+        raise RecordError(f"{where} is {shown(cells)}, expected a list of {len(names)} cells, one per name")
+    step: dict[str, list] = {}
+    for name, cell in zip(names, cells):
+        if cell is None:
+            continue
+        if base is not None and cell == 0 and not isinstance(cell, bool):
+            if name not in base:
+                raise RecordError(f"{where} says {name} is as rank 0's, which lacks it")
+            step[name] = base[name]
+        elif _figures(cell):
+            step[name] = cell
+        else:
+            raise RecordError(f"{where}[{names.index(name)}] ({name}) is {shown(cell)}, expected "
+                              f"[digest, l2, l1, sum]" + (", 0 (as rank 0's)" if base is not None else "")
+                              + " or null")
+    return step
+
+
 def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCounted:
     """The numerics record checked, or why it is not counted (another version, marked incomplete,
     a set-up not reproducible under fixed seeds); ``where`` names it in messages. A record read
@@ -471,8 +506,9 @@ def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCount
         return record
     NUMERICS.kind.check(record, where)
     version = NUMERICS["version"].read(record, where)
-    if version != NUMERICS_VERSION:
-        return NotCounted(f"numerics version {version!r} (this ddpbench reads version {NUMERICS_VERSION})")
+    if version not in READABLE_NUMERICS_VERSIONS:
+        return NotCounted(f"numerics version {version!r} (this ddpbench reads versions "
+                          f"{', '.join(map(str, READABLE_NUMERICS_VERSIONS))})")
     incomplete = NUMERICS["incomplete"].read(record, where)
     if incomplete is not None:
         return NotCounted(f"its numerics replay is incomplete ({incomplete})")
@@ -484,20 +520,16 @@ def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCount
     if len(digests) != record["steps"] + 1:
         raise RecordError(f"{where}.digests holds {len(digests)} digests, expected {record['steps'] + 1} "
                           f"(the set-up and each of its {record['steps']} steps)")
+    read_step = _step_v1 if version == 1 else _step_v2
+    names = None if version == 1 else NUMERICS["names"].read(record, where)
+    if version != 1 and names is None:
+        raise RecordError(f"{where}.names is missing, expected a list of tensor names (text)")
     ranks: list[list[dict[str, list]]] = []
     for r, steps in enumerate(record["tensors"]):
         if len(steps) != len(digests):
             raise RecordError(f"{where}.tensors[{r}] holds {len(steps)} steps, expected {len(digests)}")
-        read_steps = []
-        for s, tensors in enumerate(steps):
-            if not isinstance(tensors, dict):
-                raise RecordError(f"{where}.tensors[{r}][{s}] is {shown(tensors)}, expected an object of tensors")
-            for name, figures in tensors.items():
-                if not _figures(figures):
-                    raise RecordError(f"{where}.tensors[{r}][{s}].{name} is {shown(figures)}, expected "
-                                      f"[digest, l2, l1, sum]")
-            read_steps.append(tensors if r == 0 else {**ranks[0][s], **tensors})
-        ranks.append(read_steps)
+        ranks.append([read_step(tensors, names, ranks[0][s] if r else None, f"{where}.tensors[{r}][{s}]")
+                      for s, tensors in enumerate(steps)])
     spread = NUMERICS["replay_spread"].read(record, where)
     if spread is None and record.get("first_nondeterministic_step") is not None:
         return NotCounted("its replays differ by an amount that cannot be stated")

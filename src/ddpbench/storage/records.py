@@ -442,7 +442,12 @@ NUMERICS = Shape(_object("the case's numerics (an object)"), (
     Field("incomplete", expect("text (why part of the replay is missing)", _text)),
     Field("not_reproducible", expect("text (why the replays differ from the set-up on)", _text)),
     Field("steps", expect("a whole number of steps >= 0", lambda value: _whole(value) and value >= 0), required=True),
+    Field("seed", expect("a whole number (the seed of every replay)", _whole)),
+    Field("replays", expect("a whole number of replays >= 1", lambda value: _whole(value) and value >= 1)),
+    Field("ranks", expect("a whole number of ranks >= 1", lambda value: _whole(value) and value >= 1)),
     Field("digests", expect("a list of digests (text), one per step and the set-up", _digest_list), required=True),
+    Field("rank_digests", expect("per rank, a list of digests (text)", lambda value: isinstance(value, list)
+                                 and all(_digest_list(v) for v in value))),
     Field("names", expect("a list of tensor names (text)", lambda value: isinstance(value, list)
                           and all(_text(v) for v in value))),
     Field("tensors", expect("per rank, per step, the tensors' figures", lambda value: isinstance(value, list)
@@ -520,6 +525,9 @@ def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCount
     if len(digests) != record["steps"] + 1:
         raise RecordError(f"{where}.digests holds {len(digests)} digests, expected {record['steps'] + 1} "
                           f"(the set-up and each of its {record['steps']} steps)")
+    for key in ("tensors", "rank_digests") if "ranks" in record else ():
+        if key in record and len(record[key]) != record["ranks"]:
+            raise RecordError(f"{where}.{key} holds {len(record[key])} ranks, expected {record['ranks']} (its ranks)")
     read_step = _step_v1 if version == 1 else _step_v2
     names = None if version == 1 else NUMERICS["names"].read(record, where)
     if version != 1 and names is None:

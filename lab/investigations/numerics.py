@@ -89,11 +89,13 @@ def main() -> None:
 
         sizes = _size_cases() if "sizes" in parts else {}
         if sizes:
-            print("| case (2 ranks, 3 steps) | bytes of json.dumps(numerics) | tensors per rank and step |")
-            print("|---|---|---|")
+            print("| case (2 ranks, 3 steps) | bytes, json.dumps(numerics) | bytes as a saved run holds it "
+                  "(indent 4) | tensors per rank and step |")
+            print("|---|---|---|---|")
         for label, workload in sizes.items():
             record = _numerics(two, workload)
-            print(f"| {label} | {len(json.dumps(record))} | {_tensor_count(record)} |", flush=True)
+            print(f"| {label} | {len(json.dumps(record))} | {len(json.dumps(record, indent=4))} | "
+                  f"{_tensor_count(record)} |", flush=True)
         if not parts & {"planted", "reorder"}:
             return
         print("\n| change | ranks | verdict | relative difference | line |")

@@ -14,7 +14,7 @@ from ddpbench import cli
 from ddpbench.engine.numerics import combine_numerics
 from ddpbench.gates import verdicts
 from ddpbench.gates.numerics import compare_numerics
-from ddpbench.storage.records import RecordError
+from ddpbench.storage.records import RecordError, read_numerics
 
 
 def _rank(scale: float = 1.0, loss: float = 2.0, spread: float = 0.0, first=None) -> dict:
@@ -90,8 +90,9 @@ def test_what_cannot_be_compared_is_not_counted():
 
 @pytest.mark.parametrize("damage, message", [
     (lambda r: r.update(digests="abc"), r"numerics.digests is 'abc', expected a list of digests"),
-    (lambda r: r["tensors"][0][1].__setitem__(r["names"].index("grad w"), [1, 2]),
-     r"numerics.tensors\[0\]\[1\]\[1\] \(grad w\) is \[1, 2\], expected \[digest, l2, l1, sum\] or null"),
+    (lambda r: r["tensors"][0][1].__setitem__(r["names"].index("grad w"), "g1 2.0 x 1.0"),
+     r"numerics.tensors\[0\]\[1\]\[1\] \(grad w\) is 'g1 2.0 x 1.0', expected '<digest> <l2> <l1> <sum>' or null"),
+    (lambda r: r["tensors"][0][1].__setitem__(0, ["p1", 1.0, 1.0, 1.0]), r"numerics.tensors\[0\]\[1\]\[0\] \(param w\) is"),
     (lambda r: r["tensors"][0][1].__setitem__(0, 0), r"numerics.tensors\[0\]\[1\]\[0\] \(param w\) is 0"),
     (lambda r: r["tensors"][1][0].__setitem__(1, 0), r"numerics.tensors\[1\]\[0\] says grad w is as rank 0's"),
     (lambda r: r["tensors"][1][2].pop(), r"numerics.tensors\[1\]\[2\] is .*, expected a list of 3 cells"),
@@ -116,8 +117,8 @@ def _version_1(case: dict) -> dict:
     """A case's record as ddpbench saved it before version 2: each rank's step as {name: figures},
     a later rank's only where it differs from rank 0's."""
     names = case["names"]
-    steps = [[{n: c for n, c in zip(names, cells) if c is not None and c != 0} for cells in rank]
-             for rank in case["tensors"]]
+    steps = [[{n: [c.split()[0], *map(float, c.split()[1:])] for n, c in zip(names, cells) if c not in (None, 0)}
+              for cells in rank] for rank in case["tensors"]]
     return {**{k: v for k, v in case.items() if k != "names"}, "version": 1, "tensors": steps}
 
 
@@ -128,7 +129,7 @@ def test_version_2_names_each_tensor_once_and_a_version_1_record_still_compares(
     case = _case()
     assert case["version"] == NUMERICS_VERSION == SAVED and READABLE_NUMERICS_VERSIONS == (1, 2)
     assert case["names"] == ["param w", "grad w", "loss"]
-    assert case["tensors"][0][0] == [["p0", 4.0, 8.0, 1.0], None, None]  # no gradient at the set-up
+    assert case["tensors"][0][0] == ["p0 4.0 8.0 1.0", None, None]  # no gradient at the set-up
     assert case["tensors"][1][1] == [0, 0, 0]  # rank 1 holds rank 0's values: kept once
     old = _version_1(case)
     assert "names" not in old and old["tensors"][1][1] == {}
@@ -136,14 +137,18 @@ def test_version_2_names_each_tensor_once_and_a_version_1_record_still_compares(
     many = dict(_rank(), tensors=[{n: [f"{i:08x}{s:08x}", 1.0 / (i + 1), 2.0 / (i + 3), 0.1 * i] for i, n in enumerate(names)}
                                   for s in range(3)])
     big = combine_numerics([many, copy.deepcopy(many)])
-    assert len(json.dumps(big)) < 0.75 * len(json.dumps(_version_1(big)))  # names no longer at every step
+    for indent in (None, 4):  # a saved run's JSON is indented: a tensor's figures are one line there
+        assert len(json.dumps(big, indent=indent)) < 0.75 * len(json.dumps(_version_1(big), indent=indent))
+    odd = dict(_rank(), tensors=[{"w": ["d", float("nan"), float("inf"), -1e-300]}] * 3)
+    assert read_numerics(combine_numerics([odd]), "numerics").ranks[0][2]["w"][1:] == [pytest.approx(float("nan"),
+                                                                                          nan_ok=True), float("inf"), -1e-300]
     assert compare_numerics(old, case).line == "same (bitwise): 2 steps on 2 ranks"
     assert compare_numerics(old, _case(scale=2.0)).line == compare_numerics(case, _case(scale=2.0)).line
     assert compare_numerics(_version_1(_case(scale=2.0)), case).verdict == "regression"
     other = _rank()
     other["tensors"][2]["loss"] = ["l-other", 9.0, 9.0, 9.0]  # rank 1's own loss differs
     mixed = combine_numerics([_rank(), other])
-    assert mixed["tensors"][1][2] == [0, 0, ["l-other", 9.0, 9.0, 9.0]]
+    assert mixed["tensors"][1][2] == [0, 0, "l-other 9.0 9.0 9.0"]
     assert compare_numerics(_version_1(mixed), mixed).verdict == "same"
 
 

@@ -12,7 +12,8 @@ import random
 from typing import Any, Callable
 
 #: The case's record (combined over ranks, as saved): version 2 names each tensor once (``names``)
-#: and gives each rank's step as a list along them; version 1 repeated the names at every step.
+#: and gives each rank's step as a list of texts along them; version 1 repeated the names at every
+#: step and gave each tensor's figures as a list (six lines each in a saved run's indented JSON).
 NUMERICS_VERSION = 2
 #: One rank's record (what a rank hands the controller): its steps as ``{name: figures}``. Version 1
 #: is what every ddpbench with a numerics replay sends, so an A/B or bisect baseline running an
@@ -267,14 +268,21 @@ def take_numerics(workload, ctx, steps: int, replays: int = REPLAYS,
 # ----------------------------------------------------------------------------------------------
 
 
+def figures_text(figures: list) -> str:
+    """A tensor's ``[digest, l2, l1, sum]`` as one text, ``"<digest> <l2> <l1> <sum>"`` (each float
+    by ``repr``, which reads back exactly): one JSON value, so a saved run's indented JSON gives a
+    tensor one line, not six."""
+    return " ".join([str(figures[0]), *(repr(float(v)) for v in figures[1:])])
+
+
 def _row(names: list[str], step: dict[str, list], base: dict[str, list] | None) -> list:
-    """One rank's step along ``names``: each tensor's figures, null where the rank lacks it, and on
-    a later rank (``base``: rank 0's step) 0 where its digest equals rank 0's."""
+    """One rank's step along ``names``: each tensor's figures as text, null where the rank lacks it,
+    and on a later rank (``base``: rank 0's step) 0 where its digest equals rank 0's."""
     row: list = []
     for name in names:
         figures = step.get(name)
         same = figures is not None and base is not None and name in base and base[name][0] == figures[0]
-        row.append(None if figures is None else 0 if same else figures)
+        row.append(None if figures is None else 0 if same else figures_text(figures))
     return row
 
 
@@ -282,8 +290,8 @@ def combine_numerics(records: list[dict[str, Any] | None]) -> dict[str, Any] | N
     """The case's record from every rank's: per step, one digest over every rank's
     (``digests``) and each rank's own (``rank_digests``); every tensor's name once (``names``, in
     the order the ranks first hold them) and per rank per step a list along them (``tensors``:
-    figures, null where absent, 0 on a later rank where it equals rank 0's, so that a replicated
-    parameter's figures are kept once); the widest ``replay_spread``, the first nondeterministic
+    figures as text (:func:`figures_text`), null where absent, 0 on a later rank where it equals
+    rank 0's, so that a replicated parameter's figures are kept once); the widest ``replay_spread``, the first nondeterministic
     step, and ``not_reproducible`` / ``incomplete`` where any rank says so."""
     present = [r for r in records if r is not None]
     if not present:

@@ -31,7 +31,7 @@ FINGERPRINT_KEY = "ddpbench_fingerprint"  # what decides the cases' measurements
 READABLE_CENSUS_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
 MEMORY_VERSION = 1
 NUMERICS_VERSION = 2
-READABLE_NUMERICS_VERSIONS = (1, 2)  # version 1: each rank's steps as {name: figures}, names at every step
+READABLE_NUMERICS_VERSIONS = (1, 2)  # version 1: each rank's steps as {name: [figures]}, names at every step
 FINGERPRINT_VERSION = 1
 
 
@@ -481,9 +481,20 @@ def _step_v1(tensors: Any, names: None, base: dict[str, list] | None, where: str
     return tensors if base is None else {**base, **tensors}
 
 
+def _figures_of_text(cell: Any) -> list | None:
+    """``"<digest> <l2> <l1> <sum>"`` read as ``[digest, l2, l1, sum]``, or None if it is not one."""
+    parts = cell.split(" ") if isinstance(cell, str) else []
+    if len(parts) != 4 or not parts[0]:
+        return None
+    try:
+        return [parts[0], *(float(p) for p in parts[1:])]
+    except ValueError:
+        return None
+
+
 def _step_v2(cells: Any, names: list[str], base: dict[str, list] | None, where: str) -> dict[str, list]:
-    """A version 2 step: a list along ``names`` of figures, null (absent) or, on a later rank, 0
-    (as rank 0's)."""
+    """A version 2 step: a list along ``names`` of figures as text, null (absent) or, on a later
+    rank, 0 (as rank 0's)."""
     if not isinstance(cells, list) or len(cells) != len(names):
         raise RecordError(f"{where} is {shown(cells)}, expected a list of {len(names)} cells, one per name")
     step: dict[str, list] = {}
@@ -494,11 +505,11 @@ def _step_v2(cells: Any, names: list[str], base: dict[str, list] | None, where: 
             if name not in base:
                 raise RecordError(f"{where} says {name} is as rank 0's, which lacks it")
             step[name] = base[name]
-        elif _figures(cell):
-            step[name] = cell
+        elif (figures := _figures_of_text(cell)) is not None:
+            step[name] = figures
         else:
             raise RecordError(f"{where}[{names.index(name)}] ({name}) is {shown(cell)}, expected "
-                              f"[digest, l2, l1, sum]" + (", 0 (as rank 0's)" if base is not None else "")
+                              f"'<digest> <l2> <l1> <sum>'" + (", 0 (as rank 0's)" if base is not None else "")
                               + " or null")
     return step
 

@@ -94,8 +94,10 @@ def test_what_cannot_be_compared_is_not_counted():
      r"numerics.tensors\[0\]\[1\]\[1\] \(grad w\) is 'g1 2.0 x 1.0', expected '<digest> <l2> <l1> <sum>' or null"),
     (lambda r: r["tensors"][0][1].__setitem__(0, ["p1", 1.0, 1.0, 1.0]), r"numerics.tensors\[0\]\[1\]\[0\] \(param w\) is"),
     (lambda r: r["tensors"][0][1].__setitem__(0, 0), r"numerics.tensors\[0\]\[1\]\[0\] \(param w\) is 0"),
-    (lambda r: r["tensors"][1][0].__setitem__(1, 0), r"numerics.tensors\[1\]\[0\] says grad w is as rank 0's"),
-    (lambda r: r["tensors"][1][2].pop(), r"numerics.tensors\[1\]\[2\] is .*, expected a list of 3 cells"),
+    (lambda r: r["tensors"][0][2].pop(), r"numerics.tensors\[0\]\[2\] is .*, expected a list of 3 cells"),
+    (lambda r: r["tensors"][1].__setitem__(1, []), r"numerics.tensors\[1\]\[1\] is \[\], expected an object"),
+    (lambda r: r["tensors"][1][1].update(v="d 1.0 1.0 1.0"), r"numerics.tensors\[1\]\[1\].v is not one of its names"),
+    (lambda r: r["tensors"][1][1].update({"grad w": 5}), r"numerics.tensors\[1\]\[1\].grad w is 5, expected"),
     (lambda r: r.pop("names"), r"numerics.names is missing"),
     (lambda r: r.update(ranks=3), r"numerics.tensors holds 2 ranks, expected 3 \(its ranks\)"),
     (lambda r: r["rank_digests"].pop(), r"numerics.rank_digests holds 1 ranks, expected 2"),
@@ -117,8 +119,12 @@ def _version_1(case: dict) -> dict:
     """A case's record as ddpbench saved it before version 2: each rank's step as {name: figures},
     a later rank's only where it differs from rank 0's."""
     names = case["names"]
-    steps = [[{n: [c.split()[0], *map(float, c.split()[1:])] for n, c in zip(names, cells) if c not in (None, 0)}
-              for cells in rank] for rank in case["tensors"]]
+    def figures(text):
+        return [text.split()[0], *map(float, text.split()[1:])]
+
+    steps = [[{n: figures(c) for n, c in zip(names, cells) if c is not None} for cells in case["tensors"][0]]]
+    steps += [[{n: figures(c) for n, c in cells.items() if c is not None} for cells in rank]
+              for rank in case["tensors"][1:]]
     return {**{k: v for k, v in case.items() if k != "names"}, "version": 1, "tensors": steps}
 
 
@@ -130,7 +136,7 @@ def test_version_2_names_each_tensor_once_and_a_version_1_record_still_compares(
     assert case["version"] == NUMERICS_VERSION == SAVED and READABLE_NUMERICS_VERSIONS == (1, 2)
     assert case["names"] == ["param w", "grad w", "loss"]
     assert case["tensors"][0][0] == ["p0 4.0 8.0 1.0", None, None]  # no gradient at the set-up
-    assert case["tensors"][1][1] == [0, 0, 0]  # rank 1 holds rank 0's values: kept once
+    assert case["tensors"][1][1] == {}  # rank 1 holds rank 0's values: kept once
     old = _version_1(case)
     assert "names" not in old and old["tensors"][1][1] == {}
     names = [f"opt encoder.layers.{i}.self_attn.in_proj_weight.exp_avg_sq" for i in range(50)]
@@ -148,8 +154,13 @@ def test_version_2_names_each_tensor_once_and_a_version_1_record_still_compares(
     other = _rank()
     other["tensors"][2]["loss"] = ["l-other", 9.0, 9.0, 9.0]  # rank 1's own loss differs
     mixed = combine_numerics([_rank(), other])
-    assert mixed["tensors"][1][2] == [0, 0, "l-other 9.0 9.0 9.0"]
+    assert mixed["tensors"][1][2] == {"loss": "l-other 9.0 9.0 9.0"}
     assert compare_numerics(_version_1(mixed), mixed).verdict == "same"
+    fewer = copy.deepcopy(other)
+    del fewer["tensors"][2]["grad w"]  # rank 1 lacks a tensor rank 0 holds
+    lacking = combine_numerics([_rank(), fewer])
+    assert lacking["tensors"][1][2] == {"grad w": None, "loss": "l-other 9.0 9.0 9.0"}
+    assert "grad w" not in read_numerics(lacking, "numerics").ranks[1][2]
 
 
 def test_the_decided_verdict_fails_on_it_and_an_accepted_change_passes():

@@ -275,23 +275,27 @@ def figures_text(figures: list) -> str:
     return " ".join([str(figures[0]), *(repr(float(v)) for v in figures[1:])])
 
 
-def _row(names: list[str], step: dict[str, list], base: dict[str, list] | None) -> list:
-    """One rank's step along ``names``: each tensor's figures as text, null where the rank lacks it,
-    and on a later rank (``base``: rank 0's step) 0 where its digest equals rank 0's."""
-    row: list = []
-    for name in names:
-        figures = step.get(name)
-        same = figures is not None and base is not None and name in base and base[name][0] == figures[0]
-        row.append(None if figures is None else 0 if same else figures_text(figures))
-    return row
+def _row(names: list[str], step: dict[str, list]) -> list:
+    """Rank 0's step along ``names``: each tensor's figures as text, null where it lacks it."""
+    return [None if step.get(name) is None else figures_text(step[name]) for name in names]
+
+
+def _differences(step: dict[str, list], base: dict[str, list]) -> dict[str, str | None]:
+    """A later rank's step against rank 0's (``base``): the tensors whose digest differs, as text,
+    and null for those rank 0 holds and it lacks (a tensor not named is as rank 0's)."""
+    out: dict[str, str | None] = {name: None for name in base if name not in step}
+    out.update({name: figures_text(figures) for name, figures in step.items()
+                if name not in base or base[name][0] != figures[0]})
+    return out
 
 
 def combine_numerics(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """The case's record from every rank's: per step, one digest over every rank's
     (``digests``) and each rank's own (``rank_digests``); every tensor's name once (``names``, in
-    the order the ranks first hold them) and per rank per step a list along them (``tensors``:
-    figures as text (:func:`figures_text`), null where absent, 0 on a later rank where it equals
-    rank 0's, so that a replicated parameter's figures are kept once); the widest ``replay_spread``, the first nondeterministic
+    the order the ranks first hold them) and per step rank 0's figures as a list of texts along
+    them (:func:`figures_text`, null where absent), a later rank's as ``{name: text}`` of the
+    tensors whose digest differs from rank 0's (null: rank 0 holds it, this rank does not), so that
+    a replicated parameter's figures are kept once (``tensors``); the widest ``replay_spread``, the first nondeterministic
     step, and ``not_reproducible`` / ``incomplete`` where any rank says so."""
     present = [r for r in records if r is not None]
     if not present:
@@ -313,8 +317,8 @@ def combine_numerics(records: list[dict[str, Any] | None]) -> dict[str, Any] | N
     names = list(dict.fromkeys(name for r in present for step in r["tensors"][:steps] for name in step))
     base = first["tensors"][:steps]
     out["names"] = names
-    out["tensors"] = [[_row(names, step, None) for step in base]] + [
-        [_row(names, r["tensors"][s], base[s]) for s in range(steps)] for r in present[1:]]
+    out["tensors"] = [[_row(names, step) for step in base]] + [
+        [_differences(r["tensors"][s], base[s]) for s in range(steps)] for r in present[1:]]
     spreads = [r.get("replay_spread") for r in present]
     out["replay_spread"] = None if None in spreads else max(spreads)
     firsts = [r["first_nondeterministic_step"] for r in present if r.get("first_nondeterministic_step") is not None]

@@ -493,24 +493,24 @@ def _figures_of_text(cell: Any) -> list | None:
 
 
 def _step_v2(cells: Any, names: list[str], base: dict[str, list] | None, where: str) -> dict[str, list]:
-    """A version 2 step: a list along ``names`` of figures as text, null (absent) or, on a later
-    rank, 0 (as rank 0's)."""
-    if not isinstance(cells, list) or len(cells) != len(names):
+    """A version 2 step: rank 0's a list along ``names`` of figures as text or null (absent); a
+    later rank's (``base``: rank 0's step) ``{name: text or null}`` of what differs from rank 0's."""
+    if base is None and (not isinstance(cells, list) or len(cells) != len(names)):
         raise RecordError(f"{where} is {shown(cells)}, expected a list of {len(names)} cells, one per name")
-    step: dict[str, list] = {}
-    for name, cell in zip(names, cells):
+    if base is not None and not isinstance(cells, dict):
+        raise RecordError(f"{where} is {shown(cells)}, expected an object of the tensors that differ from rank 0's")
+    pairs = zip(names, cells) if base is None else cells.items()
+    step: dict[str, list] = {} if base is None else dict(base)
+    for name, cell in pairs:
+        label = f"{where}[{names.index(name)}] ({name})" if base is None else f"{where}.{name}"
+        if base is not None and name not in names:
+            raise RecordError(f"{label} is not one of its names")
         if cell is None:
-            continue
-        if base is not None and cell == 0 and not isinstance(cell, bool):
-            if name not in base:
-                raise RecordError(f"{where} says {name} is as rank 0's, which lacks it")
-            step[name] = base[name]
+            step.pop(name, None)
         elif (figures := _figures_of_text(cell)) is not None:
             step[name] = figures
         else:
-            raise RecordError(f"{where}[{names.index(name)}] ({name}) is {shown(cell)}, expected "
-                              f"'<digest> <l2> <l1> <sum>'" + (", 0 (as rank 0's)" if base is not None else "")
-                              + " or null")
+            raise RecordError(f"{label} is {shown(cell)}, expected '<digest> <l2> <l1> <sum>' or null")
     return step
 
 

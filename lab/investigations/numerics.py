@@ -85,7 +85,7 @@ def main() -> None:
             first = _numerics(two, workload)
             same = sum(compare_numerics(first, _numerics(two, workload)).line.startswith("same (bitwise)")
                        for _ in range(args.repeats))
-            print(f"| {label} | {args.repeats} | {same} | {len(first['tensors'][0][-1])} | {first['replay_spread']} |")
+            print(f"| {label} | {args.repeats} | {same} | {_tensor_count(first)} | {first['replay_spread']} |")
 
         sizes = _size_cases() if "sizes" in parts else {}
         if sizes:

@@ -20,7 +20,8 @@ def add_parser(subparsers) -> None:
         NAME, help="a static HTML page of every saved run, with detected steps",
         description="One self-contained HTML page over every saved run of the storage (all machine folders) "
                     "and the JSON files named: a chart of the run medians (IQR band) per machine, backend and "
-                    "case in commit order, with the steps found in them (ruptures). Exit 0, or 2 on bad input.")
+                    "case in commit order, with the steps found in them (ruptures), and where a case's numerics "
+                    "replay computed other values than the run before. Exit 0, or 2 on bad input.")
     parser.add_argument("files", nargs="*", metavar="JSON", help="also these pytest-benchmark JSON files "
                         "(--benchmark-json outputs)")
     option_table.add_command_options(parser, [option_table.STORAGE])

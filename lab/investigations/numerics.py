@@ -7,11 +7,13 @@ each with the verdict line and the relative difference it shows. Every case runs
     .venv/bin/python lab/investigations/numerics.py                 # the markdown tables
     .venv/bin/python lab/investigations/numerics.py --repeats 3     # fewer A/A runs per case
     .venv/bin/python lab/investigations/numerics.py --parts planted # one table (aa, planted, reorder)
+    .venv/bin/python lab/investigations/numerics.py --parts sizes   # each family's record, in bytes
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 
 
@@ -28,10 +30,33 @@ def _magnitude(line: str) -> str:
     return found.group(1) if found else "0"
 
 
+def _tensor_count(record: dict) -> int:
+    """Tensors rank 0 fingerprinted at the last step (a record of either version)."""
+    last = record["tensors"][0][-1]
+    return len(last) if isinstance(last, dict) else sum(figures is not None for figures in last)
+
+
+def _size_cases() -> dict:
+    from ddpbench.testing import SelfmadeTraining
+    from ddpbench.workloads.collectives import Collective
+    from ddpbench.workloads.syncbn import SyncBNCase
+    from ddpbench.workloads.training import Training
+    from ddpbench.workloads.training.transformer import TransformerTraining
+
+    return {"all_reduce 1 MiB float32": Collective("all_reduce", 1 << 20),
+            "syncbn fused bs32 h256": SyncBNCase("fused", 32, 256),
+            "training mlp, hand-written all_reduce": Training("mlp", "manual"),
+            "training mlp, DDP": Training("mlp", "ddp"),
+            "selfmade loop (SelfmadeTraining)": SelfmadeTraining(),
+            "transformer cpu-small, DDP": TransformerTraining(size="cpu-small", impl="ddp", measure_peak=False),
+            "transformer cpu-small, FSDP2": TransformerTraining(size="cpu-small", impl="fsdp2", measure_peak=False)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10, help="A/A runs per case (default 10)")
-    parser.add_argument("--parts", default="aa,planted,reorder", help="which tables (default: all three)")
+    parser.add_argument("--parts", default="aa,planted,reorder",
+                        help="which tables (default: the first three; also sizes: each record's bytes)")
     args = parser.parse_args()
 
     from ddpbench.gates.numerics import compare_numerics
@@ -43,9 +68,10 @@ def main() -> None:
     from ddpbench.workloads.training.transformer import TransformerTraining
 
     registry = PoolRegistry()
-    two, four = registry.get(PoolSpec("gloo", 2, "cpu")), registry.get(PoolSpec("gloo", 4, "cpu"))
+    parts = set(args.parts.split(","))
+    two = registry.get(PoolSpec("gloo", 2, "cpu"))
+    four = registry.get(PoolSpec("gloo", 4, "cpu")) if "reorder" in parts else None
     try:
-        parts = set(args.parts.split(","))
         cases = {} if "aa" not in parts else {"selfmade loop (SelfmadeTraining)": SelfmadeTraining(),
                  "all_reduce 1 MiB float32": Collective("all_reduce", 1 << 20),
                  "syncbn fused bs32 h256": SyncBNCase("fused", 32, 256),
@@ -59,8 +85,19 @@ def main() -> None:
             first = _numerics(two, workload)
             same = sum(compare_numerics(first, _numerics(two, workload)).line.startswith("same (bitwise)")
                        for _ in range(args.repeats))
-            print(f"| {label} | {args.repeats} | {same} | {len(first['tensors'][0][-1])} | {first['replay_spread']} |")
+            print(f"| {label} | {args.repeats} | {same} | {_tensor_count(first)} | {first['replay_spread']} |")
 
+        sizes = _size_cases() if "sizes" in parts else {}
+        if sizes:
+            print("| case (2 ranks, 3 steps) | bytes, json.dumps(numerics) | bytes as a saved run holds it "
+                  "(indent 4) | tensors per rank and step |")
+            print("|---|---|---|---|")
+        for label, workload in sizes.items():
+            record = _numerics(two, workload)
+            print(f"| {label} | {len(json.dumps(record))} | {len(json.dumps(record, indent=4))} | "
+                  f"{_tensor_count(record)} |", flush=True)
+        if not parts & {"planted", "reorder"}:
+            return
         print("\n| change | ranks | verdict | relative difference | line |")
         print("|---|---|---|---|---|")
         base = _numerics(two, SelfmadeTraining()) if "planted" in parts else None

@@ -16,6 +16,7 @@ import torch
 from ddpbench.engine.numerics import combine_numerics, take_numerics
 from ddpbench.engine.timing import RoundPlan, combine_rank_metrics, measure_workload
 from ddpbench.gates.numerics import compare_numerics
+from ddpbench.storage.records import read_numerics
 from ddpbench.pool import PoolRegistry, PoolSpec
 from ddpbench.testing import SelfmadeTraining
 from ddpbench.workloads import Workload
@@ -61,7 +62,7 @@ def test_the_replay_fingerprints_the_trainable_state_after_set_up_and_each_step(
     record = _record(Tiny())
     assert record["steps"] == 3 and len(record["digests"]) == 4 and record["replays"] == 2
     assert record["replay_spread"] == 0.0 and record["first_nondeterministic_step"] is None
-    first, last = record["tensors"][0][0], record["tensors"][0][3]
+    first, last = read_numerics(record).ranks[0][0], read_numerics(record).ranks[0][3]
     assert set(first) == {"param 0.weight", "param 0.bias", "param 2.weight", "param 2.bias", "tensor 0"}
     assert {"grad 0.weight", "opt 0.weight.momentum_buffer", "loss"} <= set(last)
     digest, l2, l1, total = last["param 0.weight"]

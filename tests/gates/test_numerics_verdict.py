@@ -14,7 +14,7 @@ from ddpbench import cli
 from ddpbench.engine.numerics import combine_numerics
 from ddpbench.gates import verdicts
 from ddpbench.gates.numerics import compare_numerics
-from ddpbench.storage.records import RecordError
+from ddpbench.storage.records import RecordError, read_numerics
 
 
 def _rank(scale: float = 1.0, loss: float = 2.0, spread: float = 0.0, first=None) -> dict:
@@ -65,12 +65,12 @@ def test_within_the_baseline_s_own_band_or_the_tolerance_is_within_noise():
 
 
 def test_another_set_of_tensors_is_a_change_naming_them():
-    cur = _case()
-    for rank in (0,):
-        for step in cur["tensors"][rank][1:]:
-            del step["grad w"]  # a parameter left out of the backward
-    cur["digests"] = [d + "x" for d in cur["digests"]]
-    cur["digests"][0] = _case()["digests"][0]
+    rank = _rank()
+    for step in rank["tensors"][1:]:
+        del step["grad w"]  # a parameter left out of the backward
+    rank["digests"] = [d + "x" for d in rank["digests"]]
+    rank["digests"][0] = _rank()["digests"][0]
+    cur = combine_numerics([rank, copy.deepcopy(rank)])
     verdict = compare_numerics(_case(), cur)
     assert verdict.verdict == "regression" and "only the baseline holds grad w" in verdict.line
 
@@ -81,7 +81,8 @@ def test_what_cannot_be_compared_is_not_counted():
     lost = dict(_case(), not_reproducible="rank 0: the freshly set-up state differs between two replays")
     verdict = compare_numerics(_case(), lost)
     assert verdict.verdict == "not counted" and "not reproducible under fixed seeds" in verdict.line
-    assert compare_numerics(_case(), dict(_case(), version=2)).verdict == "not counted"
+    unknown = compare_numerics(_case(), dict(_case(), version=3))
+    assert unknown.verdict == "not counted" and "numerics version 3 (this ddpbench reads versions 1, 2)" in unknown.line
     one_rank = combine_numerics([_rank()])
     assert compare_numerics(_case(), one_rank).verdict == "not counted"
     assert compare_numerics(_case(), combine_numerics([_rank(), None])).verdict == "not counted"
@@ -89,7 +90,21 @@ def test_what_cannot_be_compared_is_not_counted():
 
 @pytest.mark.parametrize("damage, message", [
     (lambda r: r.update(digests="abc"), r"numerics.digests is 'abc', expected a list of digests"),
-    (lambda r: r["tensors"][0][1].update({"grad w": [1, 2]}), r"numerics.tensors\[0\]\[1\].grad w is \[1, 2\]"),
+    (lambda r: r["tensors"][0][1].__setitem__(r["names"].index("grad w"), "g1 2.0 x 1.0"),
+     r"numerics.tensors\[0\]\[1\]\[1\] \(grad w\) is 'g1 2.0 x 1.0', expected '<digest> <l2> <l1> <sum>' or null"),
+    (lambda r: r["tensors"][0][1].__setitem__(0, ["p1", 1.0, 1.0, 1.0]), r"numerics.tensors\[0\]\[1\]\[0\] \(param w\) is"),
+    (lambda r: r["tensors"][0][1].__setitem__(0, 0), r"numerics.tensors\[0\]\[1\]\[0\] \(param w\) is 0"),
+    (lambda r: r["tensors"][0][2].pop(), r"numerics.tensors\[0\]\[2\] is .*, expected a list of 3 cells"),
+    (lambda r: r["tensors"][1].__setitem__(1, []), r"numerics.tensors\[1\]\[1\] is \[\], expected an object"),
+    (lambda r: r["tensors"][1][1].update(v="d 1.0 1.0 1.0"), r"numerics.tensors\[1\]\[1\].v is not one of its names"),
+    (lambda r: r["tensors"][1][1].update({"grad w": 5}), r"numerics.tensors\[1\]\[1\].grad w is 5, expected"),
+    (lambda r: r.pop("names"), r"numerics.names is missing"),
+    (lambda r: r.update(ranks=3), r"numerics.tensors holds 2 ranks, expected 3 \(its ranks\)"),
+    (lambda r: r["rank_digests"].pop(), r"numerics.rank_digests holds 1 ranks, expected 2"),
+    (lambda r: r.update(rank_digests=["x"]), r"numerics.rank_digests is \['x'\], expected per rank, a list"),
+    (lambda r: r.update(replays=0), r"numerics.replays is 0, expected a whole number of replays >= 1"),
+    (lambda r: r.update(seed="0"), r"numerics.seed is '0', expected a whole number"),
+    (lambda r: r.update(names=[1, 2, 3]), r"numerics.names is \[1, 2, 3\], expected a list of tensor names"),
     (lambda r: r.update(steps=5), r"numerics.digests holds 3 digests, expected 6"),
     (lambda r: r.update(replay_spread=-1), r"numerics.replay_spread is -1, expected a number >= 0"),
 ])
@@ -98,6 +113,54 @@ def test_a_damaged_record_is_named(damage, message):
     damage(record)
     with pytest.raises(RecordError, match=message):
         compare_numerics(_case(), record)
+
+
+def _version_1(case: dict) -> dict:
+    """A case's record as ddpbench saved it before version 2: each rank's step as {name: figures},
+    a later rank's only where it differs from rank 0's."""
+    names = case["names"]
+    def figures(text):
+        return [text.split()[0], *map(float, text.split()[1:])]
+
+    steps = [[{n: figures(c) for n, c in zip(names, cells) if c is not None} for cells in case["tensors"][0]]]
+    steps += [[{n: figures(c) for n, c in cells.items() if c is not None} for cells in rank]
+              for rank in case["tensors"][1:]]
+    return {**{k: v for k, v in case.items() if k != "names"}, "version": 1, "tensors": steps}
+
+
+def test_version_2_names_each_tensor_once_and_a_version_1_record_still_compares():
+    from ddpbench.engine.numerics import NUMERICS_VERSION
+    from ddpbench.storage.records import NUMERICS_VERSION as SAVED, READABLE_NUMERICS_VERSIONS
+
+    case = _case()
+    assert case["version"] == NUMERICS_VERSION == SAVED and READABLE_NUMERICS_VERSIONS == (1, 2)
+    assert case["names"] == ["param w", "grad w", "loss"]
+    assert case["tensors"][0][0] == ["p0 4.0 8.0 1.0", None, None]  # no gradient at the set-up
+    assert case["tensors"][1][1] == {}  # rank 1 holds rank 0's values: kept once
+    old = _version_1(case)
+    assert "names" not in old and old["tensors"][1][1] == {}
+    names = [f"opt encoder.layers.{i}.self_attn.in_proj_weight.exp_avg_sq" for i in range(50)]
+    many = dict(_rank(), tensors=[{n: [f"{i:08x}{s:08x}", 1.0 / (i + 1), 2.0 / (i + 3), 0.1 * i] for i, n in enumerate(names)}
+                                  for s in range(3)])
+    big = combine_numerics([many, copy.deepcopy(many)])
+    for indent in (None, 4):  # a saved run's JSON is indented: a tensor's figures are one line there
+        assert len(json.dumps(big, indent=indent)) < 0.75 * len(json.dumps(_version_1(big), indent=indent))
+    odd = dict(_rank(), tensors=[{"w": ["d", float("nan"), float("inf"), -1e-300]}] * 3)
+    assert read_numerics(combine_numerics([odd]), "numerics").ranks[0][2]["w"][1:] == [pytest.approx(float("nan"),
+                                                                                          nan_ok=True), float("inf"), -1e-300]
+    assert compare_numerics(old, case).line == "same (bitwise): 2 steps on 2 ranks"
+    assert compare_numerics(old, _case(scale=2.0)).line == compare_numerics(case, _case(scale=2.0)).line
+    assert compare_numerics(_version_1(_case(scale=2.0)), case).verdict == "regression"
+    other = _rank()
+    other["tensors"][2]["loss"] = ["l-other", 9.0, 9.0, 9.0]  # rank 1's own loss differs
+    mixed = combine_numerics([_rank(), other])
+    assert mixed["tensors"][1][2] == {"loss": "l-other 9.0 9.0 9.0"}
+    assert compare_numerics(_version_1(mixed), mixed).verdict == "same"
+    fewer = copy.deepcopy(other)
+    del fewer["tensors"][2]["grad w"]  # rank 1 lacks a tensor rank 0 holds
+    lacking = combine_numerics([_rank(), fewer])
+    assert lacking["tensors"][1][2] == {"grad w": None, "loss": "l-other 9.0 9.0 9.0"}
+    assert "grad w" not in read_numerics(lacking, "numerics").ranks[1][2]
 
 
 def test_the_decided_verdict_fails_on_it_and_an_accepted_change_passes():

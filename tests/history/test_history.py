@@ -4,6 +4,7 @@ bad-input path of the CLI (exit 2 with a message naming the problem and the fix)
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shlex
@@ -148,6 +149,62 @@ def test_the_memory_census_peak_reaches_the_points(tmp_path):
     history = build_history(storage)
     assert [p.memory_peak_bytes for p in history.series[0].points] == [1500, None]  # the largest rank's
     assert [row[4:] for row in page_data(history)["series"][0]["points"]] == [[None, None, 1500], []]
+
+
+def numerics_record(scale: float = 1.0) -> dict:
+    """A 2-rank numerics record of 2 steps; ``scale`` multiplies the gradient from step 1 on."""
+    from ddpbench.engine.numerics import combine_numerics
+
+    steps = [{"param w": ["p0", 4.0, 8.0, 1.0]}]
+    for s in (1, 2):
+        steps.append({"param w": [f"p{s}-{scale}", 4.0 - s * scale * 0.1, 8.0, 1.0],
+                      "grad w": [f"g{s}-{scale}", 2.0 * scale, 4.0 * scale, -scale], "loss": ["l", 2.0, 2.0, 2.0]})
+    rank = {"version": 1, "seed": 0, "steps": 2, "replays": 2, "digests": [str(sorted(step.items())) for step in steps],
+            "tensors": steps, "replay_spread": 0.0, "first_nondeterministic_step": None}
+    return combine_numerics([rank, copy.deepcopy(rank)])
+
+
+def test_numerics_changes_from_run_to_run_reach_the_points_the_page_and_the_command(tmp_path, capsys):
+    storage = tmp_path / ".benchmarks"
+    for i, numerics in enumerate([numerics_record(), numerics_record(), None, numerics_record(2.0)]):
+        save(storage, i, [bench("test_step", [0.01] * 3, {"numerics": numerics} if numerics else {})])
+    history = build_history(storage)
+    points = history.series[0].points
+    digest = points[0].numerics.digests[-1][:12]
+    assert [p.numerics_state for p in points] == [f"2 steps, digest {digest}"] * 2 + [
+        None, f"2 steps, digest {points[3].numerics.digests[-1][:12]}"]
+    assert points[0].numerics_line is None and points[1].numerics_line == "same (bitwise): 2 steps on 2 ranks"
+    assert points[3].numerics_line.startswith("changed from step 1 of 2: largest relative difference 1 (100%) "
+                                              "in grad w")  # against the run before that has a replay
+    (change,) = history.numerics_changes
+    assert (change.before, change.after) == (points[1], points[3])
+    rows = page_data(history)["series"][0]["points"]
+    assert rows[1][4:] == [None, None, None, points[1].numerics_state, points[1].numerics_line]
+    assert rows[2][4:] == []
+    page = render_page(history)
+    assert "<h2>Numerics changes</h2>" in page and html_escape(change.line) in page
+    rc, out, err = _main(capsys, "history", "--storage", storage, "--output", tmp_path / "h.html", "--json")
+    assert rc == 0 and "1 numerics change(s) from one run to the next" in err
+    assert f": numerics {commit_of(1)[:7]} -> {commit_of(3)[:7]}: changed from step 1 of 2" in err
+    (shown,) = json.loads(out)["numerics_changes"]
+    assert shown["line"] == change.line and shown["after"]["commit"] == commit_of(3)[:7]
+
+
+def test_a_history_without_numerics_changes_says_why(tmp_path):
+    storage = tmp_path / ".benchmarks"
+    save(storage, 0, [bench("test_step", [0.01] * 3)])
+    assert "no run recorded a numerics replay" in render_page(build_history(storage))
+    save(storage, 1, [bench("test_step", [0.01] * 3, {"numerics": numerics_record()})])
+    save(storage, 2, [bench("test_step", [0.01] * 3, {"numerics": numerics_record()})])
+    assert "computes what its run before computed (2 replays)" in render_page(build_history(storage))
+
+
+def test_a_damaged_numerics_record_stops_the_history_with_exit_2(tmp_path, capsys):
+    storage = tmp_path / ".benchmarks"
+    damaged = dict(numerics_record(), digests=7)
+    path = save(storage, 0, [bench("test_step", [0.01] * 3, {"numerics": damaged})])
+    rc, out, err = _main(capsys, "history", "--storage", storage, "--output", tmp_path / "h.html")
+    assert rc == 2 and "numerics.digests is 7" in err and path.name in err and "Traceback" not in err
 
 
 # ---------------------------------------------------------------------------------------------

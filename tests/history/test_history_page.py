@@ -1,6 +1,6 @@
 """ddpbench history, its page: self-contained, and in headless Chromium every chart draws with one
-point per run, hovering a point shows its run, the planted step is in the table with its commit
-range, and the page logs no error and fetches nothing.
+point per run, hovering a point shows its run (and its numerics replay), the planted step is in the
+table with its commit range, and the page logs no error and fetches nothing.
 
 The browser tests skip (with what to install) when Playwright or a chromium executable is missing;
 they use Debian's chromium (``apt-get install chromium``), not Playwright's own download."""
@@ -16,10 +16,15 @@ import pytest
 
 from helpers.benchjson import bench
 from ddpbench.history import build_history, write_page
-from test_history import ALL_REDUCE, DAY0, OTHER_MACHINE, commit_of, rounds, save
+from test_history import ALL_REDUCE, DAY0, OTHER_MACHINE, commit_of, numerics_record, rounds, save
 
 STEP_CASE = "test_all_reduce[gloo-2p-1MB]"
-RUNS, STEP_AT, AB_RUN, NO_DATA_RUN = 12, 6, 8, 3
+RUNS, STEP_AT, AB_RUN, NO_DATA_RUN, NUMERICS_RUN = 12, 6, 8, 3, 10
+
+
+def flat_info(i: int) -> dict:
+    """The flat case's numerics replay from the run before NUMERICS_RUN on, its gradient doubled there."""
+    return {"numerics": numerics_record(2.0 if i >= NUMERICS_RUN else 1.0)} if i >= NUMERICS_RUN - 1 else {}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +37,7 @@ def history_page(tmp_path_factory):
         level = 0.010 * (1.5 if i >= STEP_AT else 1.0) * np.exp(rng.normal(0, 0.02))
         info = dict(ALL_REDUCE, ab={"verdict": "regression", "ratio": 1.52}) if i == AB_RUN else ALL_REDUCE
         save(storage, i, [bench(STEP_CASE, rounds(level, rng), info, include_data=i != NO_DATA_RUN),
-                          bench("test_flat", rounds(0.002, rng), include_data=i != NO_DATA_RUN)])
+                          bench("test_flat", rounds(0.002, rng), flat_info(i), include_data=i != NO_DATA_RUN)])
     for i in range(RUNS, RUNS + 4):
         save(storage, i, [bench(STEP_CASE, rounds(0.02, rng), ALL_REDUCE)], machine=OTHER_MACHINE,
              folder="other-machine", when=DAY0 + timedelta(days=i))
@@ -127,6 +132,14 @@ def test_hovering_a_point_shows_its_run(history_page, loaded):
     assert "A/B: regression, ratio 1.520" in tooltip.inner_text()
     steps = page.eval_on_selector_all(f"#{chart} .stepline", "ls => ls.length")
     assert steps == 1 and errors == []
+
+    flat = next(s for s in history.series if s.name == "test_flat").chart_id
+    page.hover(f'#{flat} .pt[data-i="{NUMERICS_RUN}"]')
+    text = tooltip.inner_text()
+    assert "numerics replay: 2 steps, digest " in text
+    assert "numerics vs the run before: changed from step 1 of 2: largest relative difference 1 (100%)" in text
+    page.hover(f'#{flat} .pt[data-i="{NUMERICS_RUN - 2}"]')
+    assert "numerics" not in tooltip.inner_text() and errors == []
 
 
 def test_the_page_fetches_nothing_but_itself(history_page, loaded):

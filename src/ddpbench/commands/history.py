@@ -20,7 +20,8 @@ def add_parser(subparsers) -> None:
         NAME, help="a static HTML page of every saved run, with detected steps",
         description="One self-contained HTML page over every saved run of the storage (all machine folders) "
                     "and the JSON files named: a chart of the run medians (IQR band) per machine, backend and "
-                    "case in commit order, with the steps found in them (ruptures). Exit 0, or 2 on bad input.")
+                    "case in commit order, with the steps found in them (ruptures), and where a case's numerics "
+                    "replay computed other values than the run before. Exit 0, or 2 on bad input.")
     parser.add_argument("files", nargs="*", metavar="JSON", help="also these pytest-benchmark JSON files "
                         "(--benchmark-json outputs)")
     option_table.add_command_options(parser, [option_table.STORAGE])
@@ -63,7 +64,14 @@ def run(args) -> int:
         print(f"  {step.describe()}", file=out)
     if len(history.steps) > shown:
         print(f"  ... and {len(history.steps) - shown} more on the page", file=out)
+    changes = history.numerics_changes
+    print(f"{len(changes)} numerics change(s) from one run to the next", file=out)
+    for change in changes[:shown]:
+        print(f"  {change.describe()}", file=out)
+    if len(changes) > shown:
+        print(f"  ... and {len(changes) - shown} more on the page", file=out)
     if args.json:
         print(json.dumps({"page": str(path), "runs": len(history.runs), "series": len(history.series),
-                          "min_step": args.min_step, "steps": [s.to_dict() for s in history.steps]}, indent=2))
+                          "min_step": args.min_step, "steps": [s.to_dict() for s in history.steps],
+                          "numerics_changes": [c.to_dict() for c in changes]}, indent=2))
     return 0

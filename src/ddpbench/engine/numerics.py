@@ -9,9 +9,16 @@ import contextlib
 import hashlib
 import math
 import random
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
-NUMERICS_VERSION = 1
+#: The case's record (combined over ranks, as saved): version 2 names each tensor once (``names``)
+#: and gives each rank's step as a list of texts along them; version 1 repeated the names at every
+#: step and gave each tensor's figures as a list (six lines each in a saved run's indented JSON).
+NUMERICS_VERSION = 2
+#: One rank's record (what a rank hands the controller): its steps as ``{name: figures}``. Version 1
+#: is what every ddpbench with a numerics replay sends, so an A/B or bisect baseline running an
+#: older ddpbench still combines.
+RANK_RECORD_VERSION = 1
 #: The seed every rank's torch, random and numpy get before each replay's set-up.
 NUMERICS_SEED = 0
 #: Replays per run: two, so that each run measures its own determinism (its replay-to-replay band).
@@ -234,7 +241,7 @@ def take_numerics(workload, ctx, steps: int, replays: int = REPLAYS,
         raise RuntimeError(f"the numerics replay of {type(workload).__name__} failed on rank {ctx.rank}: "
                            f"{type(exc).__name__}: {exc} (--dist-numerics-steps 0 runs the case without it)") from exc
     digests, figures = runs[0]
-    record: dict[str, Any] = {"version": NUMERICS_VERSION, "seed": NUMERICS_SEED, "steps": steps,
+    record: dict[str, Any] = {"version": RANK_RECORD_VERSION, "seed": NUMERICS_SEED, "steps": steps,
                               "replays": len(runs), "digests": digests, "tensors": figures}
     spread, first = 0.0, None
     for other_digests, other_figures in runs[1:]:
@@ -261,17 +268,41 @@ def take_numerics(workload, ctx, steps: int, replays: int = REPLAYS,
 # ----------------------------------------------------------------------------------------------
 
 
+def figures_text(figures: list) -> str:
+    """A tensor's ``[digest, l2, l1, sum]`` as one text, ``"<digest> <l2> <l1> <sum>"`` (each float
+    by ``repr``, which reads back exactly): one JSON value, so a saved run's indented JSON gives a
+    tensor one line, not six."""
+    return " ".join([str(figures[0]), *(repr(float(v)) for v in figures[1:])])
+
+
+def _row(names: list[str], step: dict[str, list]) -> list:
+    """Rank 0's step along ``names``: each tensor's figures as text, null where it lacks it."""
+    return [None if step.get(name) is None else figures_text(step[name]) for name in names]
+
+
+def _differences(step: dict[str, list], base: dict[str, list]) -> dict[str, str | None]:
+    """A later rank's step against rank 0's (``base``): the tensors whose digest differs, as text,
+    and null for those rank 0 holds and it lacks (a tensor not named is as rank 0's)."""
+    out: dict[str, str | None] = {name: None for name in base if name not in step}
+    out.update({name: figures_text(figures) for name, figures in step.items()
+                if name not in base or base[name][0] != figures[0]})
+    return out
+
+
 def combine_numerics(records: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     """The case's record from every rank's: per step, one digest over every rank's
-    (``digests``) and each rank's own (``rank_digests``); per rank its figures (``tensors``), a
-    later rank's holding only the tensors whose digest differs from rank 0's (a replicated
-    parameter is kept once); the widest ``replay_spread``, the first nondeterministic step, and
-    ``not_reproducible`` / ``incomplete`` where any rank says so."""
+    (``digests``) and each rank's own (``rank_digests``); every tensor's name once (``names``, in
+    the order the ranks first hold them) and per step rank 0's figures as a list of texts along
+    them (:func:`figures_text`, null where absent), a later rank's as ``{name: text}`` of the
+    tensors whose digest differs from rank 0's (null: rank 0 holds it, this rank does not), so that
+    a replicated parameter's figures are kept once (``tensors``); the widest ``replay_spread``, the first nondeterministic
+    step, and ``not_reproducible`` / ``incomplete`` where any rank says so."""
     present = [r for r in records if r is not None]
     if not present:
         return None
     first = records[0] if records[0] is not None else present[0]
-    out: dict[str, Any] = {k: first[k] for k in ("version", "seed", "steps", "replays") if k in first}
+    out: dict[str, Any] = {"version": NUMERICS_VERSION}
+    out.update({k: first[k] for k in ("seed", "steps", "replays") if k in first})
     out["ranks"] = len(records)
     if len(present) != len(records):
         out["incomplete"] = f"{len(records) - len(present)} of {len(records)} ranks recorded no numerics"
@@ -283,9 +314,11 @@ def combine_numerics(records: list[dict[str, Any] | None]) -> dict[str, Any] | N
     out["digests"] = [hashlib.sha256("".join(r["digests"][s] for r in present).encode()).hexdigest()
                       for s in range(steps)]
     out["rank_digests"] = [list(r["digests"][:steps]) for r in present]
+    names = list(dict.fromkeys(name for r in present for step in r["tensors"][:steps] for name in step))
     base = first["tensors"][:steps]
-    out["tensors"] = [base] + [[{k: v for k, v in r["tensors"][s].items() if base[s].get(k, [None])[0] != v[0]}
-                                for s in range(steps)] for r in present[1:]]
+    out["names"] = names
+    out["tensors"] = [[_row(names, step) for step in base]] + [
+        [_differences(r["tensors"][s], base[s]) for s in range(steps)] for r in present[1:]]
     spreads = [r.get("replay_spread") for r in present]
     out["replay_spread"] = None if None in spreads else max(spreads)
     firsts = [r["first_nondeterministic_step"] for r in present if r.get("first_nondeterministic_step") is not None]
@@ -295,14 +328,3 @@ def combine_numerics(records: list[dict[str, Any] | None]) -> dict[str, Any] | N
     if why:
         out["not_reproducible"] = why
     return out
-
-
-def rank_figures(record: dict[str, Any]) -> list[list[dict[str, list]]]:
-    """Per rank, per step, ``{name: figures}`` of a combined record, a later rank's tensors that
-    match rank 0's filled in from rank 0."""
-    tensors: Iterable = record.get("tensors") or []
-    ranks = list(tensors)
-    if not ranks:
-        return []
-    base = ranks[0]
-    return [base] + [[{**base[s], **rank[s]} for s in range(len(base))] for rank in ranks[1:]]

@@ -117,6 +117,8 @@
     if (p[6] !== null && p[6] !== undefined) {
       tooltip.appendChild(line("memory census peak " + (p[6] / 1048576).toFixed(1) + " MiB"));
     }
+    if (p[7]) tooltip.appendChild(line("numerics replay: " + p[7]));
+    if (p[8]) tooltip.appendChild(line("numerics vs the run before: " + p[8]));
     var box = pt.getBoundingClientRect();
     tooltip.hidden = false;
     var left = box.right + 10;

@@ -55,17 +55,17 @@ def page_data(history: History) -> dict:
     """The JSON the charts are drawn from: runs once, and per series its points and steps.
 
     runs: [commit, branch, time text, file, dirty]; a point: [run, median, q1, q3] in ms (q1 / q3
-    null without spread), plus [verdict, ratio] in A/B runs (null otherwise) and the memory census's
-    peak in bytes where the run has one; a step: [first point after, ratio]."""
+    null without spread), then [verdict, ratio] in A/B runs, the memory census's peak in bytes, the
+    numerics replay in words and its verdict against the series' previous replay, each null where
+    the run has none and the row cut after the last one it has; a step: [first point after, ratio]."""
     run_index = {id(record): i for i, record in enumerate(history.runs)}
 
     def point(p: Point) -> list:
         row = [run_index[id(p.record)], _ms(p.median_s), _ms(p.q1_s), _ms(p.q3_s)]
-        if p.verdict or p.memory_peak_bytes is not None:
-            row += [p.verdict, p.ab_ratio]
-        if p.memory_peak_bytes is not None:
-            row.append(p.memory_peak_bytes)
-        return row
+        extra = [p.verdict or None, p.ab_ratio, p.memory_peak_bytes, p.numerics_state, p.numerics_line]
+        while extra and extra[-1] is None:
+            extra.pop()
+        return row + extra
 
     steps: dict[int, list] = {}
     for step in history.steps:
@@ -144,6 +144,26 @@ def steps_section(history: History) -> str:
             "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
+def numerics_section(history: History) -> str:
+    """The table of numerics changes: where a case's seeded replay computed other values than the
+    run before it (a run without a replay is passed over), each with the verdict's line."""
+    replays = sum(1 for s in history.series for p in s.points if p.numerics_state is not None)
+    if not history.numerics_changes:
+        what = ("no run recorded a numerics replay (--dist-numerics-steps)" if not replays else
+                f"every case's replay computes what its run before computed ({replays} replays)")
+        return f'<p class="muted">No numerics change: {what}.</p>'
+    rows = []
+    for change in history.numerics_changes:
+        series = change.series
+        rows.append(f'<tr><td><a href="#{series.chart_id}">{escape(series.name)}</a></td>'
+                    f"<td>{escape(series.machine.label)}</td><td>{escape(series.backend)}</td>"
+                    f"<td>{_commit_cell(change.before)} &rarr; {_commit_cell(change.after)}</td>"
+                    f"<td>{escape(change.line)}</td></tr>")
+    return ('<table class="steps numerics"><thead><tr><th>Case</th><th>Machine</th><th>Backend</th>'
+            "<th>Between (run before &rarr; run)</th><th>Numerics</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
 def _figure(series: Series) -> str:
     where = " &middot; ".join([escape(series.machine.label), escape(series.backend), f"{len(series.points)} runs"])
     return (f'<figure class="chart" id="{series.chart_id}" data-series="{series.index}">'
@@ -165,7 +185,7 @@ def families_section(history: History) -> str:
 def render_page(history: History) -> str:
     return Template(_template("page.html")).substitute(
         css=_template("page.css"), js=_template("page.js"), read=read_section(history),
-        steps=steps_section(history), legend=LEGEND, families=families_section(history),
+        steps=steps_section(history), numerics=numerics_section(history), legend=LEGEND, families=families_section(history),
         data=embedded_json(page_data(history)))
 
 

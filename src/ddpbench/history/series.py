@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timezone
 from pathlib import Path
+from typing import Any
 
 from ..storage.runs import Run, RunError, load_run, storage_files
 from ..report import backend_label, family, spread
@@ -124,6 +125,9 @@ class Point:
     verdict: str | None = None  # A/B runs: the case's verdict and candidate / baseline ratio
     ab_ratio: float | None = None
     memory_peak_bytes: int | None = None  # the memory census's peak (largest rank), when the run has one
+    numerics: Any = None  # the case's numerics replay as read (storage.records.Numerics / NotCounted), or None
+    numerics_state: str | None = None  # that replay in a few words (history.numerics.numerics_state)
+    numerics_line: str | None = None  # its verdict against the series' previous replay (history.numerics)
 
 
 @dataclass
@@ -221,7 +225,7 @@ def group_series(records: list[RunRecord], patterns=()) -> list[Series]:
             known = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio)
             verdict = ab.get("verdict") if isinstance(ab.get("verdict"), str) else None
             series.points.append(Point(record, median, q1, q3, verdict, float(ratio) if known else None,
-                                       memory_peak_of(case.extra_info)))
+                                       memory_peak_of(case.extra_info), case.numerics))
     if not groups:
         names = sorted({case.name for r in records for case in r.run.cases.values()})
         shown = ", ".join(names[:5]) + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")

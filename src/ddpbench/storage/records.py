@@ -30,7 +30,8 @@ FINGERPRINT_KEY = "ddpbench_fingerprint"  # what decides the cases' measurements
 
 READABLE_CENSUS_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
 MEMORY_VERSION = 1
-NUMERICS_VERSION = 1
+NUMERICS_VERSION = 2
+READABLE_NUMERICS_VERSIONS = (1, 2)  # version 1: each rank's steps as {name: [figures]}, names at every step
 FINGERPRINT_VERSION = 1
 
 
@@ -441,8 +442,15 @@ NUMERICS = Shape(_object("the case's numerics (an object)"), (
     Field("incomplete", expect("text (why part of the replay is missing)", _text)),
     Field("not_reproducible", expect("text (why the replays differ from the set-up on)", _text)),
     Field("steps", expect("a whole number of steps >= 0", lambda value: _whole(value) and value >= 0), required=True),
+    Field("seed", expect("a whole number (the seed of every replay)", _whole)),
+    Field("replays", expect("a whole number of replays >= 1", lambda value: _whole(value) and value >= 1)),
+    Field("ranks", expect("a whole number of ranks >= 1", lambda value: _whole(value) and value >= 1)),
     Field("digests", expect("a list of digests (text), one per step and the set-up", _digest_list), required=True),
-    Field("tensors", expect("per rank, per step, an object of tensors", lambda value: isinstance(value, list)
+    Field("rank_digests", expect("per rank, a list of digests (text)", lambda value: isinstance(value, list)
+                                 and all(_digest_list(v) for v in value))),
+    Field("names", expect("a list of tensor names (text)", lambda value: isinstance(value, list)
+                          and all(_text(v) for v in value))),
+    Field("tensors", expect("per rank, per step, the tensors' figures", lambda value: isinstance(value, list)
                             and bool(value) and all(isinstance(r, list) for r in value)), required=True),
     Field("replay_spread", expect("a number >= 0 or null", _count)),
     Field("first_nondeterministic_step", expect("a step (a whole number >= 0) or null",
@@ -463,6 +471,49 @@ class Numerics:
     first_nondeterministic_step: int | None
 
 
+def _step_v1(tensors: Any, names: None, base: dict[str, list] | None, where: str) -> dict[str, list]:
+    """A version 1 step: ``{name: figures}``; a later rank's holds only what differs from rank 0's."""
+    if not isinstance(tensors, dict):
+        raise RecordError(f"{where} is {shown(tensors)}, expected an object of tensors")
+    for name, figures in tensors.items():
+        if not _figures(figures):
+            raise RecordError(f"{where}.{name} is {shown(figures)}, expected [digest, l2, l1, sum]")
+    return tensors if base is None else {**base, **tensors}
+
+
+def _figures_of_text(cell: Any) -> list | None:
+    """``"<digest> <l2> <l1> <sum>"`` read as ``[digest, l2, l1, sum]``, or None if it is not one."""
+    parts = cell.split(" ") if isinstance(cell, str) else []
+    if len(parts) != 4 or not parts[0]:
+        return None
+    try:
+        return [parts[0], *(float(p) for p in parts[1:])]
+    except ValueError:
+        return None
+
+
+def _step_v2(cells: Any, names: list[str], base: dict[str, list] | None, where: str) -> dict[str, list]:
+    """A version 2 step: rank 0's a list along ``names`` of figures as text or null (absent); a
+    later rank's (``base``: rank 0's step) ``{name: text or null}`` of what differs from rank 0's."""
+    if base is None and (not isinstance(cells, list) or len(cells) != len(names)):
+        raise RecordError(f"{where} is {shown(cells)}, expected a list of {len(names)} cells, one per name")
+    if base is not None and not isinstance(cells, dict):
+        raise RecordError(f"{where} is {shown(cells)}, expected an object of the tensors that differ from rank 0's")
+    pairs = zip(names, cells) if base is None else cells.items()
+    step: dict[str, list] = {} if base is None else dict(base)
+    for name, cell in pairs:
+        label = f"{where}[{names.index(name)}] ({name})" if base is None else f"{where}.{name}"
+        if base is not None and name not in names:
+            raise RecordError(f"{label} is not one of its names")
+        if cell is None:
+            step.pop(name, None)
+        elif (figures := _figures_of_text(cell)) is not None:
+            step[name] = figures
+        else:
+            raise RecordError(f"{label} is {shown(cell)}, expected '<digest> <l2> <l1> <sum>' or null")
+    return step
+
+
 def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCounted:
     """The numerics record checked, or why it is not counted (another version, marked incomplete,
     a set-up not reproducible under fixed seeds); ``where`` names it in messages. A record read
@@ -471,8 +522,9 @@ def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCount
         return record
     NUMERICS.kind.check(record, where)
     version = NUMERICS["version"].read(record, where)
-    if version != NUMERICS_VERSION:
-        return NotCounted(f"numerics version {version!r} (this ddpbench reads version {NUMERICS_VERSION})")
+    if version not in READABLE_NUMERICS_VERSIONS:
+        return NotCounted(f"numerics version {version!r} (this ddpbench reads versions "
+                          f"{', '.join(map(str, READABLE_NUMERICS_VERSIONS))})")
     incomplete = NUMERICS["incomplete"].read(record, where)
     if incomplete is not None:
         return NotCounted(f"its numerics replay is incomplete ({incomplete})")
@@ -484,20 +536,19 @@ def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCount
     if len(digests) != record["steps"] + 1:
         raise RecordError(f"{where}.digests holds {len(digests)} digests, expected {record['steps'] + 1} "
                           f"(the set-up and each of its {record['steps']} steps)")
+    for key in ("tensors", "rank_digests") if "ranks" in record else ():
+        if key in record and len(record[key]) != record["ranks"]:
+            raise RecordError(f"{where}.{key} holds {len(record[key])} ranks, expected {record['ranks']} (its ranks)")
+    read_step = _step_v1 if version == 1 else _step_v2
+    names = None if version == 1 else NUMERICS["names"].read(record, where)
+    if version != 1 and names is None:
+        raise RecordError(f"{where}.names is missing, expected a list of tensor names (text)")
     ranks: list[list[dict[str, list]]] = []
     for r, steps in enumerate(record["tensors"]):
         if len(steps) != len(digests):
             raise RecordError(f"{where}.tensors[{r}] holds {len(steps)} steps, expected {len(digests)}")
-        read_steps = []
-        for s, tensors in enumerate(steps):
-            if not isinstance(tensors, dict):
-                raise RecordError(f"{where}.tensors[{r}][{s}] is {shown(tensors)}, expected an object of tensors")
-            for name, figures in tensors.items():
-                if not _figures(figures):
-                    raise RecordError(f"{where}.tensors[{r}][{s}].{name} is {shown(figures)}, expected "
-                                      f"[digest, l2, l1, sum]")
-            read_steps.append(tensors if r == 0 else {**ranks[0][s], **tensors})
-        ranks.append(read_steps)
+        ranks.append([read_step(tensors, names, ranks[0][s] if r else None, f"{where}.tensors[{r}][{s}]")
+                      for s, tensors in enumerate(steps)])
     spread = NUMERICS["replay_spread"].read(record, where)
     if spread is None and record.get("first_nondeterministic_step") is not None:
         return NotCounted("its replays differ by an amount that cannot be stated")

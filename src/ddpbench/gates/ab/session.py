@@ -185,10 +185,12 @@ class ABSession:
                                    if "dist_benchmark" in getattr(item, "fixturenames", ())]
 
     def case_settings(self, case_id: str) -> ABSettings:
-        """The settings a case runs with: the run's, its time cap its share of the run budget."""
+        """The settings a case runs with: the run's, its time cap its share of the run budget and
+        what it may borrow past it if nearly decided then (gates/ab/budget.py)."""
         if self.budget is None:
             return self.settings
-        return dataclasses.replace(self.settings, max_time_s=self.budget.cap_for(case_id))
+        cap = self.budget.cap_for(case_id)
+        return dataclasses.replace(self.settings, max_time_s=cap, borrow_time_s=self.budget.borrow_for(case_id))
 
     # -- each case --------------------------------------------------------------------------------
 

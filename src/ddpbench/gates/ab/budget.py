@@ -1,18 +1,7 @@
 """A run budget for the A/B gate (``--dist-ab-run-budget SECONDS``): the time a case may spend
-adding pairs is its share of what the run has left, so time that cases deciding early did not use
-goes to the cases still straddling a bound.
-
-pytest measures the cases one after another, so the share is recomputed as each case starts: what
-is left of the budget (wall clock since the first A/B case started) over the A/B cases not yet
-finished, this one included. ``--dist-ab-max-time``, when given too, still caps every case. A case
-always runs its first stage (and its set-up, check and any profile), so a run can end past the
-budget by those of the cases that start after it is spent.
-
-A case whose share ends while it is nearly decided may borrow (``case_borrow``): up to one more
-share, never past what the budget has left, so the pairs go to the case they are most likely to
-decide instead of being cut one look short of it; the cases after it share what is left then.
-Which case borrows is the pairs loop's (gates/ab/pairs_loop.py); looks on borrowed time can end a
-case only as same or not-slower (docs/design/ab.md#the-run-budget).
+adding pairs is its share of what the run has left (recomputed as each case starts), and a case
+whose share ends while it is nearly decided may borrow up to one more share
+(docs/design/ab.md#the-run-budget, docs/design/ab.md#borrowed-time).
 """
 
 from __future__ import annotations

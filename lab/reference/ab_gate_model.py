@@ -115,6 +115,12 @@ def main(argv=None) -> None:
     parser.add_argument("--budget", type=float, default=420.0, help="ab.yml's AB_RUN_BUDGET")
     parser.add_argument("--powers", type=float, nargs="+", default=[1.0], help="spending powers (stats.stop_levels)")
     parser.add_argument("--extra-pairs", type=int, nargs="+", default=[48], help="pairs per extra look")
+    parser.add_argument("--rules", nargs="+", choices=("equal", "spending", "interval"),
+                        default=["equal", "spending", "interval"], help="the rules to model (default all)")
+    parser.add_argument("--first-pairs", type=int, default=ABSettings.first_pairs, help="ABSettings.first_pairs")
+    parser.add_argument("--more-pairs", type=int, default=ABSettings.more_pairs, help="ABSettings.more_pairs")
+    parser.add_argument("--max-extended-pairs", type=int, default=ABSettings.max_extended_pairs,
+                        help="ABSettings.max_extended_pairs: the most pairs a case may take")
     parser.add_argument("--tau-scale", type=float, default=1.0, help="multiplies every case's tau")
     parser.add_argument("--spread-1mb", type=float, nargs=2, metavar=("SIGMA", "TAU"),
                         help="the 1 MB cases' sigma and tau instead of the recorded ones")
@@ -133,13 +139,16 @@ def main(argv=None) -> None:
           + " | run wall (model) median [IQR] s | decided without a cap |")
     print("|---" * (len(CASES) + 7) + "|")
     for extra in args.extra_pairs:
-        settings = ABSettings(extra_pairs=extra)
+        settings = ABSettings(extra_pairs=extra, first_pairs=args.first_pairs, more_pairs=args.more_pairs,
+                              max_extended_pairs=args.max_extended_pairs)
         every = settings.stage_sizes(POOL_PAIRS) + settings.extra_stage_sizes(POOL_PAIRS)
         look_pairs = tuple(itertools.accumulate(every))
         error = (1.0 - settings.confidence) / 2
-        rules = {"equal": equal_stop_levels(error, look_pairs)}
-        rules.update({f"spending {p:g}": stats.stop_levels(error, look_pairs, p) for p in args.powers})
-        rules["interval only"] = (error,) * len(look_pairs)  # stands in for the rule before 2026-11-26
+        rules = {"equal": equal_stop_levels(error, look_pairs)} if "equal" in args.rules else {}
+        if "spending" in args.rules:
+            rules.update({f"spending {p:g}": stats.stop_levels(error, look_pairs, p) for p in args.powers})
+        if "interval" in args.rules:
+            rules["interval only"] = (error,) * len(look_pairs)  # stands in for the rule before 2026-11-26
         firsts = []
         for c, (_, sigma, tau) in enumerate(cases):
             rng = np.random.default_rng([args.seed, c])
@@ -166,7 +175,8 @@ def main(argv=None) -> None:
                 walls[r] = RUN_S + spent
             uncapped = np.mean([[f[rule].first is not None for f in per_case] for per_case in firsts])
             q = np.percentile(walls, [25, 50, 75])
-            print(f"| 12x8 + {extra}x{len(every) - 8} | {rule} | {'lazy' if lazy else 'full'} | "
+            planned = len(settings.stage_sizes(POOL_PAIRS))
+            print(f"| {look_pairs[0]}x{planned} + {extra}x{len(every) - planned} | {rule} | {'lazy' if lazy else 'full'} | "
                   f"{'borrowing' if borrow else 'equal shares'} | "
                   f"**{100 * decided.mean():.1f}%** | "
                   + " | ".join(f"{100 * decided[:, c].mean():.0f}" for c in range(len(CASES)))

@@ -35,7 +35,6 @@ import itertools
 import math
 import os
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,13 +57,12 @@ CASE_S = 3.0  # a case's set-up, warm-up and finish
 RUN_S = 15.0  # the run's own: pytest, pools, calibration
 
 
-@dataclass
 class DrawnCase:
     """One drawn case under one rule: its first deciding look (0-based, None: none) and, at each
-    look up to it, whether the next look is forecast to decide it (stats.projected_stop_bound)."""
+    look before it, whether the next look is forecast to decide it (stats.projected_stop_bound)."""
 
-    first: int | None
-    nearly: list[bool]
+    def __init__(self, first: int | None, nearly: list[bool]):
+        self.first, self.nearly = first, nearly
 
 
 def drawn_cases(log_ratios: np.ndarray, look_pairs, rules: dict[str, tuple]) -> dict[str, DrawnCase]:

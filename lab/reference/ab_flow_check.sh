@@ -9,7 +9,8 @@
 #   lab/reference/ab_flow_check.sh [COMMIT] [RUNS] [INJECTED]     (defaults HEAD, 2, 1)
 #
 # About 15 minutes at the defaults on the 2-core machine: two venvs (~3 min), then each run 2.5-4
-# min. Prints one line per run (wall, exit status, each case's verdict and pairs) and a summary:
+# min. Prints one line per run (wall, exit status, each case's verdict, pairs and looks on borrowed
+# time) and a summary:
 # decided share of the A/A verdicts, false regressions, injected all_reduce cases flagged, median
 # wall per run. Runs and logs go to $FLOW_DIR (default /tmp/ddpbench-ab-flow); LOAD=1 adds
 # ab_reliability.py's load (one core busy 3 s, idle 3 s) for the "under load" figures.
@@ -88,7 +89,9 @@ for line in open(os.path.join(flow, "walls.txt")):
     cases = json.load(open(path))["benchmarks"] if os.path.exists(path) else []
     print(f"{label}: exit {rc}, {wall:.0f} s; " + "; ".join(
         f"{c['name']} {c['extra_info']['ab']['verdict']} {c['extra_info']['ab']['ratio']:.3f} "
-        f"({c['extra_info']['ab']['pairs']} pairs, {c['extra_info']['ab']['wall_s']:.0f} s)" for c in cases)
+        f"({c['extra_info']['ab']['pairs']} pairs, {c['extra_info']['ab']['wall_s']:.0f} s"
+        + (f", {c['extra_info']['ab']['borrowed_looks']} look(s) borrowed"
+           if c['extra_info']['ab'].get('borrowed_looks') else "") + ")" for c in cases)
         + ("" if cases else f" no results: see {flow}/{label}.log"))
     for c in cases:
         verdict = c["extra_info"]["ab"]["verdict"]

@@ -17,7 +17,9 @@ sides the bound, at a level of 2.5% or less, is wider than the 95% bootstrap int
 always, so it is what decides (ab_stop_error.py checks that with the full analysis). The run is
 then the engine's loop (gates/ab/pairs_loop.py) under ab.yml's --dist-ab-run-budget: each case's cap
 is what is left of the budget over the cases left, a next stage runs only if its pairs fit the
-cap, and each look costs an analysis — the bootstrap at every look (`full`), or only at a look
+cap (`equal shares`) or, with `borrowing` (today's gate), also when the next look is forecast to
+decide the case (stats.projected_stop_bound) and fits the time it may borrow (budget.case_borrow),
+and each look costs an analysis — the bootstrap at every look (`full`), or only at a look
 that may decide or ends the case (`lazy`, stats.may_decide). Seconds per pair, the analysis's
 seconds at n pairs (ANALYSIS_S_AT_288 * (n / 288)^2; stats.analyse_pairs took 4.6 s of process
 CPU at 288 pairs on the loaded machine) and the run's and a case's fixed seconds are model inputs
@@ -41,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab_stop_error import equal_stop_levels  # noqa: E402
 
 from ddpbench.gates import stats  # noqa: E402
+from ddpbench.gates.ab.budget import case_borrow  # noqa: E402
 from ddpbench.gates.ab.pairs_loop import ABSettings  # noqa: E402
 
 POOL_PAIRS = 2
@@ -54,36 +57,50 @@ CASE_S = 3.0  # a case's set-up, warm-up and finish
 RUN_S = 15.0  # the run's own: pytest, pools, calibration
 
 
-def first_deciding_look(log_ratios: np.ndarray, look_pairs, rules: dict[str, tuple]) -> dict[str, int | None]:
-    """Per rule, the first look (0-based) whose stop bound lies within 1.05, or None."""
+class DrawnCase:
+    """One drawn case under one rule: its first deciding look (0-based, None: none) and, at each
+    look before it, whether the next look is forecast to decide it (stats.projected_stop_bound)."""
+
+    def __init__(self, first: int | None, nearly: list[bool]):
+        self.first, self.nearly = first, nearly
+
+
+def drawn_cases(log_ratios: np.ndarray, look_pairs, rules: dict[str, tuple]) -> dict[str, DrawnCase]:
+    """Per rule, the first look whose stop bound lies within 1.05 and each look's forecast."""
     up = math.log1p(ABSettings().threshold)
-    out: dict[str, int | None] = {rule: None for rule in rules}
+    out = {rule: DrawnCase(None, []) for rule in rules}
     for k, n in enumerate(look_pairs):
-        open_rules = [rule for rule in rules if out[rule] is None]
+        open_rules = [rule for rule in rules if out[rule].first is None]
         if not open_rules:
             break
-        i, j = np.triu_indices(n)
-        walsh = np.sort((log_ratios[i] + log_ratios[j]) / 2.0)
-        cdf = stats._signed_rank_cdf(n)
         for rule in open_rules:
-            critical = int(np.searchsorted(cdf, rules[rule][k] * (1 + 1e-12), side="right")) - 1
-            if critical >= 0 and walsh[walsh.size - 1 - critical] <= up:
-                out[rule] = k
+            levels = rules[rule]
+            if stats.signed_rank_upper_bound(log_ratios[:n], levels[k]) <= up:
+                out[rule].first = k
+            elif k + 1 < len(look_pairs):
+                forecast = stats.projected_stop_bound(log_ratios[:n], levels[k], look_pairs[k + 1], levels[k + 1])
+                out[rule].nearly.append(forecast <= 1 + ABSettings().threshold)
     return out
 
 
-def case_run(first: int | None, look_pairs, seconds_per_pair: float, cap_s: float, lazy: bool) -> tuple[bool, float]:
-    """The engine's loop on one case: (decided, seconds)."""
+def case_run(case: DrawnCase, look_pairs, seconds_per_pair: float, cap_s: float, lazy: bool,
+             borrow_s: float = 0.0) -> tuple[bool, float]:
+    """The engine's loop on one case (gates/ab/pairs_loop.py): (decided, seconds). A case whose cap
+    ends while the next look is forecast to decide it goes on within ``borrow_s`` more."""
     spent, before = CASE_S, 0
     for k, n in enumerate(look_pairs):
         spent += (n - before) * seconds_per_pair
         before = n
-        decided = first == k
-        fits = k + 1 < len(look_pairs) and (look_pairs[k + 1] - n) * seconds_per_pair <= cap_s - spent
+        decided = case.first == k
+        more = k + 1 < len(look_pairs)
+        fits = more and (look_pairs[k + 1] - n) * seconds_per_pair <= cap_s - spent
         analysed = decided or not fits or not lazy
         spent += ANALYSIS_S_AT_288 * (n / 288) ** 2 if analysed else 0.0
-        if decided or not fits:
-            return decided, spent
+        if decided:
+            return True, spent
+        if not fits and not (more and (look_pairs[k + 1] - n) * seconds_per_pair <= cap_s + borrow_s - spent
+                             and case.nearly[k]):
+            return False, spent
     return False, spent
 
 
@@ -96,6 +113,12 @@ def main(argv=None) -> None:
     parser.add_argument("--budget", type=float, default=420.0, help="ab.yml's AB_RUN_BUDGET")
     parser.add_argument("--powers", type=float, nargs="+", default=[1.0], help="spending powers (stats.stop_levels)")
     parser.add_argument("--extra-pairs", type=int, nargs="+", default=[48], help="pairs per extra look")
+    parser.add_argument("--rules", nargs="+", choices=("equal", "spending", "interval"),
+                        default=["equal", "spending", "interval"], help="the rules to model (default all)")
+    parser.add_argument("--first-pairs", type=int, default=ABSettings.first_pairs, help="ABSettings.first_pairs")
+    parser.add_argument("--more-pairs", type=int, default=ABSettings.more_pairs, help="ABSettings.more_pairs")
+    parser.add_argument("--max-extended-pairs", type=int, default=ABSettings.max_extended_pairs,
+                        help="ABSettings.max_extended_pairs: the most pairs a case may take")
     parser.add_argument("--tau-scale", type=float, default=1.0, help="multiplies every case's tau")
     parser.add_argument("--spread-1mb", type=float, nargs=2, metavar=("SIGMA", "TAU"),
                         help="the 1 MB cases' sigma and tau instead of the recorded ones")
@@ -110,17 +133,20 @@ def main(argv=None) -> None:
     print(f"ab.yml's 7 cases, A/A, {args.cases} drawn each, {args.runs} runs, budget {args.budget:g} s, "
           f"tau x {args.tau_scale:g}, seed {args.seed}; (sigma, tau) per case: "
           + ", ".join(f"{sigma:g}, {tau:g}" for _, sigma, tau in cases))
-    print("| looks | rule | analysis | decided | " + " | ".join(name for name, _, _ in cases)
+    print("| looks | rule | analysis | budget | decided | " + " | ".join(name for name, _, _ in cases)
           + " | run wall (model) median [IQR] s | decided without a cap |")
-    print("|---" * (len(CASES) + 6) + "|")
+    print("|---" * (len(CASES) + 7) + "|")
     for extra in args.extra_pairs:
-        settings = ABSettings(extra_pairs=extra)
+        settings = ABSettings(extra_pairs=extra, first_pairs=args.first_pairs, more_pairs=args.more_pairs,
+                              max_extended_pairs=args.max_extended_pairs)
         every = settings.stage_sizes(POOL_PAIRS) + settings.extra_stage_sizes(POOL_PAIRS)
         look_pairs = tuple(itertools.accumulate(every))
         error = (1.0 - settings.confidence) / 2
-        rules = {"equal": equal_stop_levels(error, look_pairs)}
-        rules.update({f"spending {p:g}": stats.stop_levels(error, look_pairs, p) for p in args.powers})
-        rules["interval only"] = (error,) * len(look_pairs)  # stands in for the rule before 2026-11-26
+        rules = {"equal": equal_stop_levels(error, look_pairs)} if "equal" in args.rules else {}
+        if "spending" in args.rules:
+            rules.update({f"spending {p:g}": stats.stop_levels(error, look_pairs, p) for p in args.powers})
+        if "interval" in args.rules:
+            rules["interval only"] = (error,) * len(look_pairs)  # stands in for the rule before 2026-11-26
         firsts = []
         for c, (_, sigma, tau) in enumerate(cases):
             rng = np.random.default_rng([args.seed, c])
@@ -128,27 +154,31 @@ def main(argv=None) -> None:
             for _ in range(args.cases):
                 offsets = args.tau_scale * tau * rng.standard_normal(POOL_PAIRS)
                 x = offsets[np.arange(look_pairs[-1]) % POOL_PAIRS] + sigma * rng.standard_normal(look_pairs[-1])
-                per_case.append(first_deciding_look(x, look_pairs, rules))
+                per_case.append(drawn_cases(x, look_pairs, rules))
             firsts.append(per_case)
         draws = np.random.default_rng(args.seed).integers(0, args.cases, size=(args.runs, len(CASES)))
-        for rule in rules:
-            for lazy in (False, True):
-                decided = np.zeros((args.runs, len(CASES)), dtype=bool)
-                walls = np.zeros(args.runs)
-                for r in range(args.runs):
-                    spent = 0.0
-                    for c in range(len(CASES)):
-                        cap = max(0.0, args.budget - spent) / (len(CASES) - c)
-                        decided[r, c], seconds = case_run(firsts[c][draws[r, c]][rule], look_pairs,
-                                                          args.seconds_per_pair[c], cap, lazy)
-                        spent += seconds
-                    walls[r] = RUN_S + spent
-                uncapped = np.mean([[f[rule] is not None for f in per_case] for per_case in firsts])
-                q = np.percentile(walls, [25, 50, 75])
-                print(f"| 12x8 + {extra}x{len(every) - 8} | {rule} | {'lazy' if lazy else 'full'} | "
-                      f"**{100 * decided.mean():.1f}%** | "
-                      + " | ".join(f"{100 * decided[:, c].mean():.0f}" for c in range(len(CASES)))
-                      + f" | {q[1]:.0f} [{q[0]:.0f}-{q[2]:.0f}] | {100 * uncapped:.1f}% |")
+        for rule, lazy, borrow in itertools.product(rules, (False, True), (False, True)):
+            if borrow and not lazy:
+                continue  # borrowing came after the lazy analysis
+            decided = np.zeros((args.runs, len(CASES)), dtype=bool)
+            walls = np.zeros(args.runs)
+            for r in range(args.runs):
+                spent = 0.0
+                for c in range(len(CASES)):
+                    cap = max(0.0, args.budget - spent) / (len(CASES) - c)
+                    more = case_borrow(args.budget, spent, len(CASES) - c) if borrow else 0.0
+                    decided[r, c], seconds = case_run(firsts[c][draws[r, c]][rule], look_pairs,
+                                                      args.seconds_per_pair[c], cap, lazy, more)
+                    spent += seconds
+                walls[r] = RUN_S + spent
+            uncapped = np.mean([[f[rule].first is not None for f in per_case] for per_case in firsts])
+            q = np.percentile(walls, [25, 50, 75])
+            planned = len(settings.stage_sizes(POOL_PAIRS))
+            print(f"| {look_pairs[0]}x{planned} + {extra}x{len(every) - planned} | {rule} | {'lazy' if lazy else 'full'} | "
+                  f"{'borrowing' if borrow else 'equal shares'} | "
+                  f"**{100 * decided.mean():.1f}%** | "
+                  + " | ".join(f"{100 * decided[:, c].mean():.0f}" for c in range(len(CASES)))
+                  + f" | {q[1]:.0f} [{q[0]:.0f}-{q[2]:.0f}] | {100 * uncapped:.1f}% |")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ regressions and the power under each rule.
     .venv/bin/python lab/reference/ab_stop_error.py --slower 1.0 --sigma 0.1 # A/A
     .venv/bin/python lab/reference/ab_stop_error.py --slower 1.10 --sigma 0.1
     .venv/bin/python lab/reference/ab_stop_error.py --bound-only --cases 4000  # the stop bound alone
+    .venv/bin/python lab/reference/ab_stop_error.py --rules capped borrowing --cap-after 2  # borrowed time
 
 Each case is a sequence of pairs whose log ratios are independent normal draws, log(slower) +
 sigma * z, on two pool pairs taking turns, each block its own minimum (one level per block, as
@@ -42,7 +43,12 @@ from ddpbench.gates import stats
 from ddpbench.gates.ab.pairs_loop import EXTRA_LOOK_LEVEL, ABSettings
 
 POOL_PAIRS = 2
-RULES = ("interval", "equal", "spending")
+RULES = ("interval", "equal", "spending", "capped", "borrowing")
+# `capped` / `borrowing`: today's stop levels with the case's time cap ending it after look
+# --cap-after (the look then spends what is left of alpha, stats.level_for_last_look); `borrowing`
+# goes on past it while the next look is forecast to decide (stats.projected_stop_bound), each
+# later look at EXTRA_LOOK_LEVEL, as the engine does with a run budget's borrowed time.
+CAPPED = ("capped", "borrowing")
 STOPS = ("same", stats.NOT_SLOWER)
 
 
@@ -63,13 +69,15 @@ def rule_stop_levels(settings: ABSettings) -> dict[str, tuple | None]:
     """Each rule's stop level per look (None: no stop bound)."""
     every = settings.stage_sizes(POOL_PAIRS) + settings.extra_stage_sizes(POOL_PAIRS)
     error = (1.0 - settings.confidence) / 2
+    spending = settings.stop_level_per_look(POOL_PAIRS)
     return {"interval": None, "equal": equal_stop_levels(error, tuple(itertools.accumulate(every))),
-            "spending": settings.stop_level_per_look(POOL_PAIRS)}
+            "spending": spending, "capped": spending, "borrowing": spending}
 
 
-def simulate_case(log_ratios: np.ndarray, settings: ABSettings, rules: dict[str, tuple | None]
-                  ) -> dict[str, tuple[str, int, int]]:
-    """Per rule, (verdict, look it decided at (1-based; the last look when inconclusive), pairs)."""
+def simulate_case(log_ratios: np.ndarray, settings: ABSettings, rules: dict[str, tuple | None],
+                  cap_after: int = 0) -> dict[str, tuple[str, int, int]]:
+    """Per rule, (verdict, look it decided at (1-based; the last look when inconclusive), pairs);
+    ``cap_after``: the look after which the `capped` and `borrowing` rules' time cap ends."""
     sizes = settings.stage_sizes(POOL_PAIRS)
     every = sizes + settings.extra_stage_sizes(POOL_PAIRS)
     levels = list(settings.alpha_per_look(POOL_PAIRS)) + [EXTRA_LOOK_LEVEL] * (len(every) - len(sizes))
@@ -77,18 +85,28 @@ def simulate_case(log_ratios: np.ndarray, settings: ABSettings, rules: dict[str,
     cand_all = np.exp(log_ratios)
     pools = [i % POOL_PAIRS for i in range(log_ratios.size)]
     out: dict[str, tuple[str, int, int]] = {}
-    for look, pairs in enumerate(itertools.accumulate(every), start=1):
+    look_pairs = list(itertools.accumulate(every))
+    for look, pairs in enumerate(look_pairs, start=1):
         base, cand = list(base_all[:pairs]), list(cand_all[:pairs])
         common = dict(pool_pair_of=pools[:pairs], baseline_minima=base, candidate_minima=cand)
         for rule, stop_levels in rules.items():
             if rule in out:
                 continue
             stop_level = None if stop_levels is None else stop_levels[look - 1]
+            level = levels[look - 1]
+            if rule in CAPPED and look == cap_after and look < len(sizes):
+                level = stats.level_for_last_look(settings.alpha, len(sizes), look)
+            elif rule in CAPPED and look > cap_after:
+                level = EXTRA_LOOK_LEVEL
             verdict = "inconclusive"
-            if stats.may_decide(base, cand, settings.threshold, levels[look - 1], stop_level=stop_level, **common):
-                verdict = stats.analyse_pairs(base, cand, settings.threshold, levels[look - 1], settings.confidence,
+            if stats.may_decide(base, cand, settings.threshold, level, stop_level=stop_level, **common):
+                verdict = stats.analyse_pairs(base, cand, settings.threshold, level, settings.confidence,
                                               stop_level=stop_level, **common).verdict
-            if verdict != "inconclusive" or look == len(every):
+            ends = look == len(every)
+            if rule in CAPPED and look >= cap_after and not ends:
+                ends = rule == "capped" or stats.projected_stop_bound(
+                    log_ratios[:pairs], stop_level, look_pairs[look], stop_levels[look]) > 1 + settings.threshold
+            if verdict != "inconclusive" or ends:
                 out[rule] = (verdict, look, pairs)
         if len(out) == len(rules):
             break
@@ -117,6 +135,8 @@ def main(argv=None) -> None:
                         help="the candidate's true ratio (default: 1 + the engine's threshold)")
     parser.add_argument("--rules", nargs="+", choices=RULES, default=list(RULES),
                         help="the rules to simulate (default all; `interval` bootstraps every look, the slowest)")
+    parser.add_argument("--cap-after", type=int, default=4,
+                        help="the look after which the capped and borrowing rules' time cap ends (default 4)")
     parser.add_argument("--bound-only", action="store_true",
                         help="count the cases in which some look's stop bound lies within 1 + threshold (no bootstrap)")
     args = parser.parse_args(argv)
@@ -127,13 +147,13 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(args.seed)
     if args.bound_only:
         draws = [_draw(rng, slower, args.sigma, args.tau, most) for _ in range(args.cases)]
-        for rule in [rule for rule in rules if rules[rule] is not None]:
+        for rule in [rule for rule in rules if rules[rule] is not None and rule not in CAPPED]:
             passed = sum(stop_bound_passes(x, settings, rules[rule]) for x in draws)
             print(f"{args.cases} cases, true ratio {slower:.3f}, seed {args.seed}, rule {rule}: some look's stop "
                   f"bound within 1 + threshold in {passed} ({100 * passed / args.cases:.2f}%; stop levels "
                   f"{' '.join(f'{v:.2g}' for v in rules[rule])})")
         return
-    results = [simulate_case(_draw(rng, slower, args.sigma, args.tau, most), settings, rules)
+    results = [simulate_case(_draw(rng, slower, args.sigma, args.tau, most), settings, rules, args.cap_after)
                for _ in range(args.cases)]
     print(f"{args.cases} cases, true ratio {slower:.3f}, sigma {args.sigma:g}, tau {args.tau:g}, seed {args.seed}; "
           f"threshold {settings.threshold:g}; looks at {list(itertools.accumulate(settings.stage_sizes(POOL_PAIRS)))} "

@@ -200,7 +200,8 @@ AB = OptionGroup("ddpbench-ab", "ddpbench A/B mode (baseline and candidate inter
     Option("--dist-ab-run-budget", type=opts.parse_timeout, default=None, metavar="SECONDS",
            help="for the whole run: each case may add pairs for its share of what is left (the seconds left "
                 "over the cases not yet finished), so time the cases that decide early leave goes to the "
-                "ones still undecided. Default: none (--dist-ab-max-time per case)"),
+                "ones still undecided; a case whose share ends while it is nearly decided may borrow one "
+                "more share. Default: none (--dist-ab-max-time per case)"),
     Option("--dist-ab-seed", type=opts.parse_seed, default=None, metavar="N",
            help="seed of the blocks' random order; each run draws a new one and records it (header, "
                 "extra_info ab.seed): give it to repeat a run's order"),

@@ -183,6 +183,26 @@ def signed_rank_upper_bound(values, level: float) -> float:
     return float(walsh[walsh.size - 1 - critical])
 
 
+def projected_stop_bound(log_ratios, level: float, next_pairs: int, next_level: float) -> float:
+    """The ratio's stop bound a look at ``next_pairs`` pairs and stop level ``next_level`` would
+    give if the pairs so far kept their centre and spread: the Hodges-Lehmann centre plus the
+    present bound's distance above it (at ``level``), scaled by the two levels' normal quantiles
+    and by sqrt(pairs / next_pairs). A forecast, never a verdict: the gate uses it only to choose
+    which case spends borrowed time (docs/design/ab.md#the-run-budget). +inf where the present
+    bound is, or a level is 0 (no bound at it)."""
+    from scipy import stats
+
+    x = np.asarray(log_ratios, dtype=float)
+    if not 0 < x.size < next_pairs or not level < 0.5 or not next_level < 0.5:
+        raise ValueError("projected_stop_bound needs pairs, more pairs next, and levels below 0.5")
+    bound = signed_rank_upper_bound(x, level) if level > 0 < next_level else math.inf
+    if not math.isfinite(bound):
+        return math.inf
+    centre = float(hodges_lehmann(x))
+    spread = max(0.0, bound - centre) / stats.norm.isf(level)  # the centre's standard error, read off the bound
+    return math.exp(centre + stats.norm.isf(next_level) * spread * math.sqrt(x.size / next_pairs))
+
+
 def _nested_looks(looks: int):
     """The joint normal distribution of the z-statistics of looks 1..``looks`` at equal increments
     of pairs (correlated as sqrt(k / l))."""

@@ -270,6 +270,10 @@ def test_a_faster_candidate_is_not_slower_exits_0_and_leaves_its_time_to_the_nex
         assert len(ab["baseline"]["shared_cpu_rounds"]) == len(ab["baseline"]["round_times"])
     assert 59 < first["time_cap_s"] <= 60  # half of the budget, less what set-up took before the clock
     assert second["time_cap_s"] > first["time_cap_s"] + 10  # the first case's unused time
+    # Nearly decided at its share's end, the first case could have borrowed the second's share;
+    # the last case has all that is left already. Neither needed to.
+    assert 59 < first["borrow_time_s"] <= 60 and second["borrow_time_s"] == 0
+    assert first["borrowed_looks"] == second["borrowed_looks"] == 0
     markdown = subprocess.run([sys.executable, "-m", "ddpbench.cli", "compare", str(pytester.path / "ab.json"),
                                "--markdown"], capture_output=True, text=True)
     assert markdown.returncode == 0 and markdown.stdout.count("✅ not-slower") == 2, markdown.stdout

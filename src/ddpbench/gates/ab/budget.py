@@ -1,12 +1,7 @@
 """A run budget for the A/B gate (``--dist-ab-run-budget SECONDS``): the time a case may spend
-adding pairs is its share of what the run has left, so time that cases deciding early did not use
-goes to the cases still straddling a bound.
-
-pytest measures the cases one after another, so the share is recomputed as each case starts: what
-is left of the budget (wall clock since the first A/B case started) over the A/B cases not yet
-finished, this one included. ``--dist-ab-max-time``, when given too, still caps every case. A case
-always runs its first stage (and its set-up, check and any profile), so a run can end past the
-budget by those of the cases that start after it is spent.
+adding pairs is its share of what the run has left (recomputed as each case starts), and a case
+whose share ends while it is nearly decided may borrow up to one more share
+(docs/design/ab.md#the-run-budget, docs/design/ab.md#borrowed-time).
 """
 
 from __future__ import annotations
@@ -25,6 +20,23 @@ def case_cap(budget_s: float, spent_s: float, cases_left: int, max_time_s: float
                          f"(got {budget_s:g} s, {cases_left} case(s))")
     share = max(0.0, budget_s - spent_s) / cases_left
     return share if max_time_s is None else min(share, max_time_s)
+
+
+# How many more shares a nearly decided case may borrow past its own (ab_gate_model.py: one
+# share gets the modelled decided share to within half a point of giving every case all it needs).
+BORROW_SHARES = 1.0
+
+
+def case_borrow(budget_s: float, spent_s: float, cases_left: int, max_time_s: float | None = None) -> float:
+    """Seconds past its share (``case_cap``) that the next case may borrow if its share ends while
+    it is nearly decided: ``BORROW_SHARES`` shares, but never past what is left of the budget nor
+    past ``max_time_s`` in all; 0 for a case that has the budget's rest already."""
+    share = case_cap(budget_s, spent_s, cases_left)
+    left = max(0.0, budget_s - spent_s)
+    borrow = min(BORROW_SHARES * share, left - share)
+    if max_time_s is not None:
+        borrow = min(borrow, max_time_s - min(share, max_time_s))
+    return max(0.0, borrow)
 
 
 @dataclass
@@ -49,6 +61,11 @@ class RunBudget:
         if self.started_at is None:
             self.started_at = now
         return case_cap(self.budget_s, now - self.started_at, self.cases_left(case_id), self.max_time_s)
+
+    def borrow_for(self, case_id: str) -> float:
+        """Seconds the case starting now may borrow past its cap (``case_borrow``; call after
+        :meth:`cap_for`, which starts the clock)."""
+        return case_borrow(self.budget_s, self.spent_s(), self.cases_left(case_id), self.max_time_s)
 
     def finish(self, case_id: str) -> None:
         self.finished.add(case_id)

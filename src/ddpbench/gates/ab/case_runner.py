@@ -39,10 +39,13 @@ class CaseRunner:
                                    if "dist_benchmark" in getattr(item, "fixturenames", ())]
 
     def case_settings(self, case_id: str) -> ABSettings:
-        """The settings a case runs with: the run's, its time cap its share of the run budget."""
+        """The settings a case runs with: the run's, its time cap its share of the run budget and
+        what it may borrow past it if nearly decided then (gates/ab/budget.py)."""
         if self.budget is None:
             return self.plan.settings
-        return dataclasses.replace(self.plan.settings, max_time_s=self.budget.cap_for(case_id))
+        cap = self.budget.cap_for(case_id)
+        return dataclasses.replace(self.plan.settings, max_time_s=cap,
+                                   borrow_time_s=self.budget.borrow_for(case_id))
 
     def measure(self, pool_for: Callable[[str, Any, int], Any], own_pool, workload, plan, timeout_s: float,
                 case_id: str, extra_info: dict) -> CaseRounds:

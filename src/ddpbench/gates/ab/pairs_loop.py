@@ -36,6 +36,12 @@ from . import tasks
 class ABSettings:
     threshold: float = 0.05  # smallest slowdown that counts
     max_time_s: float = 60.0  # this case's cap for adding pairs (the first stage always runs)
+    # Seconds past max_time_s that the case may borrow (from a run budget: gates/ab/budget.py) when
+    # its cap ends while it is nearly decided (stats.projected_stop_bound within 1 + threshold at
+    # the next look). Looks on borrowed time are tested at EXTRA_LOOK_LEVEL, as extra looks: they
+    # can end the case only as same or not-slower, so the false-regression rate and the power stay
+    # those of the looks within the cap (docs/design/ab.md#the-run-budget).
+    borrow_time_s: float = 0.0
     block_time_s: float = 0.1  # recorded seconds aimed for per block
     # Independent pools of ranks per side; pair k runs on baseline pool j and candidate pool j for
     # one j. Two or more let the verdict tell a pool's own lasting offset from a change.
@@ -199,6 +205,7 @@ class ABOutcome:
     stopped_by_numerics: str | None = None
     # The stop level of each look taken (settings.stop_level_per_look), first to last.
     stop_levels_applied: tuple[float, ...] = ()
+    borrowed_looks: int = 0  # looks taken on borrowed time (settings.borrow_time_s), the last ones
 
     @property
     def order(self) -> str:
@@ -220,6 +227,8 @@ class ABOutcome:
             "pool_pair_of_pair": [j for _, _, j in self.pairs],
             "wall_s": round(self.wall_s, 3),
             "time_cap_s": round(settings.max_time_s, 3),
+            "borrow_time_s": round(settings.borrow_time_s, 3),
+            "borrowed_looks": self.borrowed_looks,
             "threshold": settings.threshold,
             "pool_pair_threshold": settings.pool_pair_share * settings.threshold,
             "fresh_state_per_block": settings.fresh_state_per_block,
@@ -363,6 +372,13 @@ class _Case:
         base, cand, common = self._summaries()
         return stats.may_decide(base, cand, self.settings.threshold, level, stop_level=stop_level, **common)
 
+    def nearly_decided(self, stop_level: float, next_pairs: int, next_stop_level: float) -> bool:
+        """Whether the look at ``next_pairs`` pairs is forecast to end the case as same or
+        not-slower (stats.projected_stop_bound within 1 + threshold): what earns borrowed time."""
+        base, cand, _ = self._summaries()
+        logs = [math.log(c) - math.log(b) for b, c in zip(base, cand)]
+        return stats.projected_stop_bound(logs, stop_level, next_pairs, next_stop_level) <= 1.0 + self.settings.threshold
+
     def _summaries(self) -> tuple[list[float], list[float], dict[str, Any]]:
         """Both sides' block summaries, and the pool pairs, share and minima that go with them."""
         baseline, candidate = self.sides[schedule.BASELINE], self.sides[schedule.CANDIDATE]
@@ -427,6 +443,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
         levels = settings.alpha_per_look(case.pool_pairs)
         stop_levels = settings.stop_level_per_look(case.pool_pairs)
         applied: list[float] = []
+        borrowed = 0  # looks taken on borrowed time
         while True:
             stage_started = time.monotonic()
             stage = schedule.pairs_over_pools(every_stage[len(applied)] // case.pool_pairs, case.pool_pairs, rng)
@@ -435,8 +452,10 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             seconds_per_pair = (time.monotonic() - stage_started) / len(stage)
             remaining = settings.max_time_s - (time.monotonic() - started)
             next_fits = looks < len(every_stage) and every_stage[looks] * seconds_per_pair <= remaining
+            next_fits_borrowed = (looks < len(every_stage)
+                                  and every_stage[looks] * seconds_per_pair <= remaining + settings.borrow_time_s)
             cap_ends_planned = False
-            if looks > len(stage_sizes):
+            if borrowed or looks > len(stage_sizes):
                 applied.append(EXTRA_LOOK_LEVEL)
             elif looks < len(stage_sizes) and next_fits:
                 applied.append(levels[looks - 1])
@@ -445,8 +464,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                 applied.append(stats.level_for_last_look(settings.alpha, len(stage_sizes), looks))
             # A cap that ends the planned looks early leaves no time for an extra look either.
             # A structural, memory or numerics regression decided the case at set-up: its first look is enough.
-            last = (cap_ends_planned or not next_fits or stopped_by_structure or stopped_by_memory
-                    or stopped_by_numerics)
+            exact_stop = stopped_by_structure or stopped_by_memory or stopped_by_numerics
+            last = cap_ends_planned or not next_fits or exact_stop
             # A look that cannot decide and is not the last needs no interval: its bootstrap (seconds
             # at a few hundred pairs) would change nothing, so the pairs go on at once.
             if not last and not case.may_decide(applied[-1], stop_levels[looks - 1]):
@@ -454,8 +473,16 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
             result = case.analyse(applied[-1], stop_levels[looks - 1])
             # Every decided verdict ends the case, not-slower too: stopping without a regression
             # can only take chances to reject away, never add one (docs/design/ab.md#the-looks-levels).
-            if result.verdict != Verdict.INCONCLUSIVE or last:
+            if result.verdict != Verdict.INCONCLUSIVE:
                 break
+            if last:
+                # The cap ends the case here unless it is nearly decided and the next look fits the
+                # time it may borrow: then the pairs go on, each later look at EXTRA_LOOK_LEVEL.
+                if not (next_fits_borrowed and not exact_stop
+                        and case.nearly_decided(stop_levels[looks - 1], len(case.pairs) + every_stage[looks],
+                                                stop_levels[looks])):
+                    break
+                borrowed += 1
         metrics = case.finish()
     except BaseException:
         case.stop()
@@ -468,7 +495,7 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
                      wall_s=time.monotonic() - started, seed=seed, stratified=case.stratified,
                      stopped_by_structure=stopped_by_structure, stopped_by_memory=stopped_by_memory,
                      stopped_by_numerics=stopped_by_numerics,
-                     stop_levels_applied=stop_levels[:len(applied)])
+                     stop_levels_applied=stop_levels[:len(applied)], borrowed_looks=borrowed)
 
 
 def _structural_regression(censuses: dict[str, Any]) -> str | None:

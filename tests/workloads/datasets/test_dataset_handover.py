@@ -26,15 +26,25 @@ ONE_ROUND = RoundPlan(warmup=0, rounds=1)
 
 
 @pytest.fixture(scope="module")
-def pool():
+def _pools():
     registry = PoolRegistry()
-    pool = registry.get(SPEC)
-    # One small handover first: whatever the first one opens for good (on a CUDA machine, torch
-    # probing the driver opens ~13 descriptors) is open before any test takes its "before" count.
-    with D.DatasetEpoch.handed_over(D.DatasetSpec("list", 4), "file_descriptor") as epoch:
-        pool.run(measure_workload, epoch, ONE_ROUND, timeout_s=90)
-    yield pool
+    yield registry
     registry.close()
+
+
+@pytest.fixture
+def pool(_pools):
+    """The module's live pool. A test whose task failed tore its pool down: the next test gets a
+    fresh one (warmed up like the first), not a dead pool that fails every later test."""
+    started = _pools.started
+    pool = _pools.get(SPEC)
+    if _pools.started != started:
+        # One small handover first: whatever the first one opens for good (on a CUDA machine,
+        # torch probing the driver opens ~13 descriptors) is open before any test takes its
+        # "before" count.
+        with D.DatasetEpoch.handed_over(D.DatasetSpec("list", 4), "file_descriptor") as epoch:
+            pool.run(measure_workload, epoch, ONE_ROUND, timeout_s=90)
+    return pool
 
 
 def _rank_states(pool):

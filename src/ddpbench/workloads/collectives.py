@@ -358,7 +358,10 @@ class Collective(Workload):
             "dtype": self.dtype, "reduce_op": self.reduce_op, "placement": self.resolved_placement,
             "values": pattern_values(self.dtype, n, self.reduce_op),
         }
-        self.spec.buffers(state, lambda count: torch.empty(count, dtype=dtype, device=ctx.device))
+        # Zeroed, not torch.empty: a buffer the fill leaves alone (all_gather's or reduce_scatter's
+        # output) would hold whatever the allocator last had there, and the numerics replay's two
+        # set-ups would differ ("not reproducible under fixed seeds"). Set-up is untimed.
+        self.spec.buffers(state, lambda count: torch.zeros(count, dtype=dtype, device=ctx.device))
         self.spec.fill(state)
         return state
 

@@ -34,6 +34,13 @@ def stop(child: subprocess.Popen) -> None:
         pass
 
 
+def _interruptible() -> None:
+    """In the child before it runs: SIGINT back to its default. A shell's background job (`cmd &`,
+    nohup, a CI runner's script) starts with SIGINT ignored, Python then installs no
+    KeyboardInterrupt handler, and :func:`stop`'s SIGINT would wait out INTERRUPT_GRACE_S."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Children:
     """The runs bisect started that are still under way (``running``), so an interrupt can stop
     them (:meth:`stop_all`)."""
@@ -48,7 +55,8 @@ class Children:
         ran past ``timeout`` seconds (then stopped as an interrupt would)."""
         with open(log, "w") as handle:
             child = subprocess.Popen(command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
-                                     env=env or child_env(), start_new_session=True)
+                                     env=env or child_env(), start_new_session=True,
+                                     preexec_fn=_interruptible)
             self.running.append(child)
             try:
                 return child.wait(timeout)

@@ -302,7 +302,7 @@ def pytest_collection_finish(session):
     from .workloads.collective_cases import check_memory, smallest_gpu_free_bytes
 
     ab = state.ab
-    pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else 1
+    pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else session.config.getoption("dist_case_pools", 1)
     if not session.config.getoption("collectonly", False):  # listing cases allocates nothing
         check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
     if ab is not None:
@@ -420,6 +420,7 @@ def dist_round_plan(request) -> RoundPlan:
         census=config.getoption("dist_census", "on") == "on",
         memory_census=config.getoption("dist_memory_census", "on") == "on",
         numerics_steps=config.getoption("dist_numerics_steps", 3),
+        pools=config.getoption("dist_case_pools", 1),
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..gates import fingerprint
 from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, \
-    Numerics, Ranks, RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
+    Numerics, PoolSplit, Ranks, RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
 from .writing import RUN_NAME, run_number, saved_run_files
 
 # commit_info branches that name no branch: a detached checkout (a CI job's pull request merge)
@@ -41,11 +41,18 @@ class Case:
     memory: MemoryCensus | Ranks | NotCounted | None = field(init=False)  # extra_info["memory"], read
     ab: ABRecord | None = field(init=False)  # extra_info["ab"], read
     numerics: Numerics | NotCounted | None = field(init=False)  # extra_info["numerics"], read
+    pool_split: PoolSplit | None = field(init=False)  # extra_info["pool_split"], read
 
     def __post_init__(self):
         records = read_extra_info(self.extra_info)
         self.census, self.memory, self.ab = records.census, records.memory, records.ab
-        self.numerics = records.numerics
+        self.numerics, self.pool_split = records.numerics, records.pool_split
+
+    @property
+    def pool_rounds(self) -> list[list[float]] | None:
+        """The raw rounds of each pool the case was measured in (two or more), or None: one pool, or
+        saved without its rounds."""
+        return None if self.pool_split is None else self.pool_split.of_rounds(self.data)
 
     @property
     def median(self) -> float:

@@ -302,7 +302,8 @@ def pytest_collection_finish(session):
     from .workloads.collective_cases import check_memory, smallest_gpu_free_bytes
 
     ab = state.ab
-    pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else session.config.getoption("dist_case_pools", 1)
+    # --dist-case-pools: a case's pools run in turn, each tearing its buffers down before the next
+    pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else 1
     if not session.config.getoption("collectonly", False):  # listing cases allocates nothing
         check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
     if ab is not None:

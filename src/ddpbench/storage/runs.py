@@ -392,3 +392,43 @@ def choose_runs(storage_dir: str | Path) -> Selection:
     if len(skipped) > _SHOWN_SKIPS:
         lines.append(f"passed over {len(skipped) - _SHOWN_SKIPS} more run(s)")
     return Selection(chosen, current, lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# A comparison's history: the saved runs its run-to-run component is read from
+# ----------------------------------------------------------------------------------------------
+
+# The most saved runs a comparison reads for its history (the newest before the current run).
+HISTORY_FILES = 31
+
+
+def _index(files: list[Path], path: Path) -> int | None:
+    try:
+        resolved = path.resolve()
+        return next((i for i, p in enumerate(files) if p.resolve() == resolved), None)
+    except OSError:
+        return None
+
+
+def history_runs(folder: str | Path | None, current: Path | None = None, through: Path | None = None,
+                 limit: int = HISTORY_FILES) -> tuple[list[Run], list[str]]:
+    """The saved runs of one machine folder before ``current`` (all of them when it is not one of
+    them), or up to and including ``through`` (a baseline, when the current run is not saved yet or
+    saved just now), oldest first, at most ``limit``, and one line per run left out as unreadable:
+    a history only widens intervals, so a damaged old run is named, not fatal."""
+    if folder is None or not Path(folder).is_dir():
+        return [], []
+    files = saved_run_files(Path(folder))
+    at = _index(files, current) if current is not None else None
+    if at is not None:
+        files = files[:at]
+    last = _index(files, through) if through is not None else None
+    if last is not None:
+        files = files[:last + 1]
+    runs, skipped = [], []
+    for path in files[-limit:]:
+        try:
+            runs.append(load_run(path))
+        except RunError as exc:
+            skipped.append(f"history: left out an unreadable saved run: {exc}")
+    return runs, skipped

@@ -114,7 +114,7 @@ class DistBenchmark:
             pools = self._pools_of_case(plan)
             rounds, counts = None, []
             for j, pool in enumerate(pools):
-                share = plan.share(len(pools), first=j == 0)
+                share = plan.share(len(pools), j)
                 measured = CaseRounds.of(pool.run(measure_workload, workload, share, timeout_s=timeout_s))
                 counts.append(measured.round_times)
                 rounds = measured if rounds is None else rounds.then(measured)

@@ -421,7 +421,7 @@ def dist_round_plan(request) -> RoundPlan:
         census=config.getoption("dist_census", "on") == "on",
         memory_census=config.getoption("dist_memory_census", "on") == "on",
         numerics_steps=config.getoption("dist_numerics_steps", 3),
-        pools=config.getoption("dist_case_pools", 1),
+        pools=config.getoption("dist_case_pools", 2),
     )
 
 

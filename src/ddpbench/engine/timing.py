@@ -83,20 +83,20 @@ class RoundPlan:
     # (docs/design/gates.md#run-to-run-variance). Read by the controller (DistBenchmark), not ranks.
     pools: int = 1
 
-    def share(self, pools: int, first: bool) -> "RoundPlan":
-        """This plan for one of ``pools`` pools a case's rounds are split across: a share of the
-        rounds (or of the recorded time, with the rounds' bounds and the stop rule's precision widened
-        by sqrt(pools), so the case's median over all pools is known as precisely as one pool's was);
-        the exact measurements (the censuses, the numerics replay, the variant rounds) in the first
-        pool only."""
+    def share(self, pools: int, index: int) -> "RoundPlan":
+        """This plan for pool ``index`` of ``pools`` a case's rounds are split across: its share of
+        the rounds (they add up to ``rounds``), or of the recorded time, with the rounds' bounds and
+        the stop rule's precision widened by sqrt(pools), so the case's median over all pools is
+        known as precisely as one pool's was; the exact measurements (the censuses, the numerics
+        replay, the variant rounds) in the first pool only."""
         if pools <= 1:
             return self
-        rounds = math.ceil(self.rounds / pools) if self.rounds else 0
+        rounds = self.rounds // pools + (index < self.rounds % pools) if self.rounds else 0
         plan = dataclasses.replace(self, rounds=rounds, min_time_s=self.min_time_s / pools,
                                    min_rounds=max(MIN_ROUNDS_PER_POOL, math.ceil(self.min_rounds / pools)),
                                    max_rounds=max(MIN_ROUNDS_PER_POOL, math.ceil(self.max_rounds / pools)),
                                    precision=self.precision * math.sqrt(pools), pools=1)
-        if first:
+        if index == 0:
             return plan
         return dataclasses.replace(plan, census=False, memory_census=False, numerics_steps=0, variant_rounds=0)
 

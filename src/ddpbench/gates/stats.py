@@ -613,18 +613,27 @@ def run_to_run_from_pools(runs_pools: list) -> RunToRun | None:
 
 
 def combine_run_to_run(*estimates: RunToRun | None) -> RunToRun:
-    """The run-to-run component a comparison uses: the largest of the measured estimates (each sees
-    only part of what moves a run: pools the placement and the heap within one session, the
-    history everything the machine did in between but only as far as it holds runs), never below
-    the stated floor unless a ``trusted`` estimate (a history of MIN_HISTORY_RUNS runs or more) is
-    among them. The floor alone when nothing measured it."""
+    """The run-to-run component a comparison uses (each estimate sees only part of what moves a run:
+    pools the placement and the heap within one session, the history everything the machine did in
+    between, as far as it holds runs). With a ``trusted`` estimate (a history of MIN_HISTORY_RUNS
+    runs or more): the largest SD, at that history's degrees of freedom, so a current run whose
+    pools spread more than the history widens its own comparison. Without one, the stated floor, or
+    a larger SD the short history or the pools show, read as a stated figure (their few degrees of
+    freedom would make the first comparisons of a quiet machine undecidable): they can only raise
+    the floor."""
     measured = [e for e in estimates if e is not None]
-    if not measured:
+    trusted = [e for e in measured if e.trusted]
+    largest = max(measured, key=lambda e: e.sd, default=None)
+    if trusted:
+        history = max(trusted, key=lambda e: e.sd)
+        if largest.sd > history.sd:
+            return RunToRun(largest.sd, history.df, f"{largest.source}, above {history.cell()}")
+        return history
+    if largest is None:
         return floor_run_to_run("no saved history or pool spread of the case")
-    largest = max(measured, key=lambda e: e.sd)
-    if not any(e.trusted for e in measured) and largest.sd < RUN_TO_RUN_FLOOR:
+    if largest.sd < RUN_TO_RUN_FLOOR:
         return RunToRun(RUN_TO_RUN_FLOOR, math.inf, f"floor, above {largest.cell()}", measured=False)
-    return largest
+    return RunToRun(largest.sd, math.inf, largest.source, trusted=False)
 
 
 def stored_alpha(confidence: float = DEFAULT_CONFIDENCE) -> float:

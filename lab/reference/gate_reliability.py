@@ -1,26 +1,35 @@
-"""How reliable is the stored-baseline gate (``ddpbench compare``, ``--benchmark-compare``)? False
-regressions of unchanged reruns and power at an injected slowdown, against one saved run.
+"""How reliable is the stored-baseline gate (``ddpbench compare``, ``make compare``, the table under
+``--benchmark-compare``)? False regressions of unchanged reruns and power at an injected slowdown,
+against one saved run, read as the gate reads them today and as it read them before, lever by lever.
 
-    .venv/bin/python lab/reference/gate_reliability.py --reruns 30 --trials 10            # quiet
-    .venv/bin/python lab/reference/gate_reliability.py --reruns 10 --trials 5 --load      # under load
-    .venv/bin/python lab/reference/gate_reliability.py --phase compare --out DIR          # re-read DIR
+    .venv/bin/python lab/reference/gate_reliability.py --reruns 30 --trials 10              # quiet
+    .venv/bin/python lab/reference/gate_reliability.py --reruns 10 --trials 5 --load        # under load
+    .venv/bin/python lab/reference/gate_reliability.py --reruns 30 --trials 10 --estimate   # wall only
+    .venv/bin/python lab/reference/gate_reliability.py --phase compare --out DIR            # re-read DIR
 
-1. collect: one baseline run of the selected cases (``--cases``), then ``--reruns`` unchanged
-   reruns and ``--trials`` runs with ``--inject`` (DDPBENCH_INJECT_SLOWDOWN, ``-p ddpbench.testing``
-   on every run, so every run times the same wrapped workloads), alternating so that a changing load
-   hits both kinds alike; each saved with its raw rounds in ``--out``/.benchmarks, each timed (wall).
-   ``--load``: a second process busy on one core for the whole collection (busy 3 s / idle 3 s with
-   ``--load onoff``).
-2. compare: each rerun and each trial against the baseline, read by the gate as it is today
-   (``between-run: off``, the rounds' own interval) and as ``ddpbench compare`` reads it
-   (``between-run: auto``; the history it may use is the runs saved before the current one, the
-   injected trials left out), and prints per case: false regressions (count / reruns), power (injected
-   cases read ``regression``, count / trials), the smallest slowdown each comparison could have
-   flagged (median over the reruns) and the wall time of a run.
+1. collect: one baseline run of the selected cases (``--cases``: ``all``, the 12 default CPU
+   collectives and three training steps (DDP on the MLP and the CNN, the small transformer);
+   ``collectives``; ``training``; or ``--select EXPR``, a -k expression over all of them), then
+   ``--reruns`` unchanged reruns and ``--trials`` runs with ``--inject`` (DDPBENCH_INJECT_SLOWDOWN,
+   20% on every collective and training step by default; ``-p ddpbench.testing`` on every run, so all
+   runs time the same wrapped workloads), alternating so that a changing load hits both kinds alike;
+   each saved with its raw rounds under ``--out``/.benchmarks and timed (``walls.json``).
+   ``--load``: a second process busy on one core for the whole collection (``--load onoff``: busy 3 s,
+   idle 3 s). ``--pools N`` passes ``--dist-case-pools N`` (default: the plugin's, 2). A run already
+   saved under ``--out`` is kept: an interrupted collection resumes.
+2. compare: each rerun and trial against the baseline, with the history ``ddpbench compare`` would
+   read (the runs saved before it) less the injected trials (a storage of unchanged code), read:
+   ``before`` (the rounds' own interval, Mann-Whitney p < 0.05: the gate before the run-to-run
+   component), ``floor`` (the stated 5% only), ``pools`` (the runs' pool spread, no history),
+   ``history`` (no pools), ``after`` (both: what ``ddpbench compare`` does), ``after, no probe``
+   (without the calibration probe's correction). Per case: false regressions (count / reruns), power
+   (injected trials read ``regression``, count / trials, for the >= 10 MB collectives and the training
+   steps) and the smallest slowdown each rerun's comparison could flag (median); then the totals and
+   the wall time of one run of the selection.
 
-Wall estimate: a run of the ``collectives`` selection takes ~60 s on the 2-core machine under load
-(~35 s quiet); ``training`` ~40 s; ``all`` (the default) ~100 s; the whole script
-(1 + reruns + trials) runs.
+Wall estimate (``--estimate`` prints it): (1 + reruns + trials) runs of the selection; ``all``
+takes ~80 s a run on the quiet 2-core machine with 2 pools (~35 s collectives, ~45 s training;
+~2.5-5 min a run when it is heavily loaded); the compare phase ~2 s per comparison and reading.
 """
 
 from __future__ import annotations
@@ -58,14 +67,31 @@ LOAD_SCRIPTS = {
 }
 
 
+# Seconds a run of each selection takes on the quiet 2-core machine with 2 pools (--estimate's
+# figure; a collection's own walls.json replaces it).
+QUIET_RUN_S = {"collectives": 35.0, "training": 45.0, "all": 80.0}
+
+
 def pytest_command(args, label: str) -> list[str]:
-    files, marks, keyword = CASE_SETS[args.cases]
+    files, marks, keyword = CASE_SETS["all" if args.select else args.cases]
     cmd = [args.python, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-p", "ddpbench.testing",
            "-m", marks, "--benchmark-autosave", "--benchmark-save-data",
            f"--benchmark-storage=file://{args.out}/.benchmarks", f"--benchmark-save={label}"]
-    if keyword:
-        cmd += ["-k", keyword]
+    if args.select or keyword:
+        cmd += ["-k", args.select or keyword]
+    if args.pools:
+        cmd.append(f"--dist-case-pools={args.pools}")
     return cmd + list(args.pytest_args)
+
+
+def estimate(args) -> str:
+    walls = Path(args.out) / "walls.json"
+    known = list(json.loads(walls.read_text()).values()) if walls.exists() else []
+    per_run = statistics.median(known) if known else QUIET_RUN_S.get(args.cases, QUIET_RUN_S["all"])
+    runs = 1 + args.reruns + args.trials
+    where = f"the median of {len(known)} runs in {walls}" if known else "the quiet 2-core machine's figure"
+    return (f"estimate: {runs} runs x {per_run:.0f} s ({where}) = {runs * per_run / 60:.0f} min to collect, "
+            f"then ~{2 * len(READINGS) * (runs - 1) / 60:.0f} min to compare")
 
 
 def saved(out: Path, label: str) -> Path | None:
@@ -203,7 +229,7 @@ def compare(args) -> None:
 def print_table(args, table, names, reruns, trials, walls, plain) -> None:
     readings = list(READINGS)
     print(f"stored-baseline gate, {reruns} unchanged reruns and {trials} injected trials ({args.inject}) "
-          f"against one saved run; --out {args.out}")
+          f"against one saved run; --out {args.out}{'; under load (' + args.load + ')' if args.load else ''}")
     print("false regressions (count / reruns) | power: injected trials read regression (count / trials) | "
           "smallest slowdown flagged, median over reruns")
     head = f"{'case':42}" + "".join(f" | {r[:15]:>15}" for r in readings)
@@ -217,7 +243,8 @@ def print_table(args, table, names, reruns, trials, walls, plain) -> None:
             row = table[r][name]
             detect = statistics.median(row["detectable"]) if row["detectable"] else float("nan")
             power = f"{row['hit']}/{trials}" if injected else "-"
-            cells.append(f"{row['false']}/{reruns} {power} {detect * 100:.0f}%")
+            shown = ">999%" if detect > 9.99 else f"{detect * 100:.0f}%"
+            cells.append(f"{row['false']}/{reruns} {power} {shown}")
             totals[r][0] += row["false"]
             totals[r][1] += reruns
             if injected:
@@ -241,6 +268,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reruns", type=int, default=30)
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--cases", choices=sorted(CASE_SETS), default="all")
+    parser.add_argument("--select", default=None, metavar="EXPR", help="a -k expression over all the cases instead")
+    parser.add_argument("--pools", type=int, default=None, help="--dist-case-pools for every run")
+    parser.add_argument("--estimate", action="store_true", help="print the wall estimate and stop")
     parser.add_argument("--inject", default=DEFAULT_INJECT)
     parser.add_argument("--load", nargs="?", const="busy", choices=sorted(LOAD_SCRIPTS), default=None,
                         help="a second process busy on one core while collecting (onoff: 3 s busy, 3 s idle)")
@@ -250,6 +280,9 @@ def main(argv=None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     args.out = str(Path(args.out).resolve())
+    print(estimate(args), flush=True)
+    if args.estimate:
+        return 0
     if args.phase in ("all", "collect"):
         collect(args)
     if args.phase in ("all", "compare"):

@@ -206,13 +206,17 @@ def compare(args) -> None:
 
     names = [case.name for case in base.cases.values()]
     table = {reading: {name: {"false": 0, "hit": 0, "detectable": []} for name in names} for reading in READINGS}
+    components: dict[str, list[str]] = {}  # unchanged reruns failed by the structure, memory or numerics
     for reading, how in READINGS.items():
         for label in plain:
             for name, case in read(label, how).items():
                 row = table[reading].get(name)
                 if row is None:
                     continue
-                row["false"] += case.verdict == "regression"
+                timing = case.timing_verdict or case.verdict  # the timing's own word: components apart
+                row["false"] += timing == "regression"
+                if case.failed_by:
+                    components.setdefault(reading, []).append(f"{label} {name}: {', '.join(case.failed_by)}")
                 if case.ratio is not None and case.ci_low:
                     detectable = case.details.get("detectable_slowdown")
                     if detectable is None and case.ci_low > 0:
@@ -220,18 +224,20 @@ def compare(args) -> None:
                     row["detectable"].append(detectable)
         for label in trials:
             for name, case in read(label, how).items():
-                if name in table[reading] and case.verdict == "regression":
+                if name in table[reading] and (case.timing_verdict or case.verdict) == "regression":
                     table[reading][name]["hit"] += 1
     walls = json.loads((out / "walls.json").read_text()) if (out / "walls.json").exists() else {}
     print_table(args, table, names, len(plain), len(trials), walls, plain)
+    for line in components.get("after", []):
+        print(f"unchanged rerun failed by an exact verdict, not the timing: {line}")
 
 
 def print_table(args, table, names, reruns, trials, walls, plain) -> None:
     readings = list(READINGS)
     print(f"stored-baseline gate, {reruns} unchanged reruns and {trials} injected trials ({args.inject}) "
           f"against one saved run; --out {args.out}{'; under load (' + args.load + ')' if args.load else ''}")
-    print("false regressions (count / reruns) | power: injected trials read regression (count / trials) | "
-          "smallest slowdown flagged, median over reruns")
+    print("false regressions of the timing (count / reruns) | power: injected trials' timing reads regression "
+          "(count / trials) | smallest slowdown flagged, median over reruns")
     head = f"{'case':42}" + "".join(f" | {r[:15]:>15}" for r in readings)
     print(head)
     print("-" * len(head))

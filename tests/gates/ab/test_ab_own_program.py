@@ -106,10 +106,27 @@ QUICK = ["-p", "no:cacheprovider", "-m", "not gpu", "--dist-ab-pools-per-side=1"
          "--dist-ab-max-time=2", "--dist-memory-census=off", "--dist-numerics-steps=0", "--dist-exposed-comm=off"]
 
 
-def _project(root: Path, dim: int, conftest_dim: int | None = None) -> Path:
+# Cases beside them: one the head adds (new), one whose test the base breaks (baseline-failed).
+HEAD_ONLY = """
+
+def test_only_in_the_head(dist_benchmark):
+    dist_benchmark(Wide())
+
+
+def test_broken_in_the_base(dist_benchmark):
+    dist_benchmark(Wide())
+"""
+BASE_ONLY = """
+
+def test_broken_in_the_base(dist_benchmark):
+    raise RuntimeError("the base is broken here")
+"""
+
+
+def _project(root: Path, dim: int, more: str = "") -> Path:
     root.mkdir(parents=True)
-    (root / "test_steps.py").write_text(STEPS.format(dim=dim))
-    (root / "conftest.py").write_text(CONFTEST.format(dim=dim if conftest_dim is None else conftest_dim))
+    (root / "test_steps.py").write_text(STEPS.format(dim=dim) + more)
+    (root / "conftest.py").write_text(CONFTEST.format(dim=dim))
     return root
 
 
@@ -125,13 +142,18 @@ def _verdicts(path: Path) -> dict[str, dict]:
 
 @pytest.mark.pool
 def test_each_way_a_test_passes_its_arguments_is_built_on_the_baseline_by_the_baselines_code(tmp_path):
-    _project(tmp_path / "base", 256)
-    head = _project(tmp_path / "head", 512)
+    _project(tmp_path / "base", 256, BASE_ONLY)
+    head = _project(tmp_path / "head", 512, HEAD_ONLY)
     run = _ab(head, "test_steps.py", "--dist-baseline-path=../base", "--benchmark-json=ab.json")
     out = run.stdout + run.stderr
     assert run.returncode == 1, out[-3000:]
-    assert f"built by its own code from its own checkout {tmp_path / 'base'}: 5 of 5 case(s)" in out, out[-3000:]
+    assert (f"built by its own code from its own checkout {tmp_path / 'base'}: 5 of 7 case(s) (1 absent, "
+            f"1 failed)") in out, out[-3000:]
     verdicts = _verdicts(head / "ab.json")
+    only = verdicts.pop("test_only_in_the_head[gloo-2p]")
+    assert only["verdict"] == "new" and only["reason"] == "the baseline has no case of this id", only
+    failed = verdicts.pop("test_broken_in_the_base[gloo-2p]")
+    assert failed["verdict"] == "baseline-failed" and "the base is broken here" in failed["error"], failed
     assert sorted(verdicts) == ["test_dataclass_default[gloo-2p]", "test_fixture[gloo-2p]", "test_init_default[gloo-2p]",
                                 "test_parametrize[gloo-2p-model]", "test_partial[gloo-2p]"]
     for name, ab in verdicts.items():
@@ -140,26 +162,6 @@ def test_each_way_a_test_passes_its_arguments_is_built_on_the_baseline_by_the_ba
         # the candidate's its 512-wide one.
         (base_op,) = ab["census_baseline"]["collectives"]
         assert base_op["kind"] == "all_reduce" and base_op["bytes"] == 4 * (256 * 256 + 256), (name, base_op)
-
-
-@pytest.mark.pool
-def test_a_case_the_baseline_lacks_is_new_and_one_its_test_fails_is_baseline_failed(tmp_path):
-    base = _project(tmp_path / "base", 256)
-    text = (base / "test_steps.py").read_text()
-    text = text.replace("def test_init_default(dist_benchmark):\n    dist_benchmark(Wide())",
-                        "def test_init_default(dist_benchmark):\n    raise RuntimeError('the base is broken here')")
-    text = text.replace("def test_partial(", "def test_partial_renamed(")
-    (base / "test_steps.py").write_text(text)
-    head = _project(tmp_path / "head", 256)
-    run = _ab(head, "test_steps.py", "-k", "partial or init_default", "--dist-baseline-path=../base",
-              "--benchmark-json=ab.json")
-    out = run.stdout + run.stderr
-    assert run.returncode == 1, out[-3000:]
-    verdicts = _verdicts(head / "ab.json")
-    assert verdicts["test_partial[gloo-2p]"]["verdict"] == "new"
-    assert verdicts["test_partial[gloo-2p]"]["reason"] == "the baseline has no case of this id"
-    failed = verdicts["test_init_default[gloo-2p]"]
-    assert failed["verdict"] == "baseline-failed" and "the base is broken here" in failed["error"]
 
 
 @pytest.mark.pool

@@ -51,6 +51,24 @@ def code_under_test_lines(sides: Sides) -> list[str]:
     return [f"{PREFIX}where each side's ranks import the code under test from:"] + [PREFIX + line for line in lines]
 
 
+def baseline_build_lines(builds) -> list[str]:
+    """What the baseline's build of its own workloads found (gates/ab/baseline_workloads.py)."""
+    if builds is None:
+        return []
+    counts: dict[str, int] = {}
+    for case in builds.cases.values():
+        counts[case.status] = counts.get(case.status, 0) + 1
+    where = (f"its own checkout {builds.folder}" if builds.own_checkout
+             else f"the candidate's test files in {builds.folder} (the baseline names no checkout of its own)")
+    built = counts.pop("built", 0)
+    rest = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    lines = [f"{PREFIX}the baseline's workloads, built by its own code from {where}: {built} of "
+             f"{len(builds.cases)} case(s)" + (f" ({rest})" if rest else "")]
+    lines += [f"{PREFIX}  {case_id}: {case.detail.splitlines()[0][:200]}"
+              for case_id, case in builds.cases.items() if case.status != "built"][:8]
+    return lines
+
+
 def decided_report(results: list, plan: ABPlan, sides: Sides) -> GateReport:
     """The run's verdicts, each case's decided verdict written back into its extra_info["ab"]
     (record_decision): the run file says what the gate decided and exited on."""

@@ -1,0 +1,145 @@
+"""A user's own model as a case (ddpbench.ModelTraining, ddpbench.LightningTraining), on a 2-rank
+gloo pool: each kind (a DDP MLP, an FSDP2 stack of transformer blocks, a LightningModule with a
+datamodule) issues per step exactly the collectives of one optimizer step (the census), every rank
+trains on samples of its own, and the per-step figures come out."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+
+import pytest
+import torch
+
+import ddpbench
+from ddpbench.engine.timing import RoundPlan, combine_rank_metrics, measure_workload
+from ddpbench.pool import PoolSpec, RankPool
+from ddpbench.workloads import case_extra_info
+from ddpbench.workloads.training import lightning_unavailable_reason
+from ddpbench.workloads.training.metrics import parameter_bytes
+
+from helpers import own_models
+
+lightning_missing = lightning_unavailable_reason()
+needs_lightning = pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
+
+SGD = functools.partial(torch.optim.SGD, lr=0.05)
+ADAMW = functools.partial(torch.optim.AdamW, lr=1e-3)
+# Warm-up 2: DDP rebuilds its buckets as its second step starts (two int32 broadcasts), before the census.
+PLAN = RoundPlan(warmup=2, rounds=2, memory_census=False, numerics_steps=0)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = RankPool(PoolSpec("gloo", 2, "cpu"))
+    yield p
+    p.close()
+
+
+def _measure(pool, workload, plan=PLAN):
+    """The case's combined rank metrics (census included) and its extra_info at a 10 ms median."""
+    metrics = combine_rank_metrics([m.metrics for m in pool.run(measure_workload, workload, plan, timeout_s=300)])
+    return metrics, case_extra_info(workload, 2, 0.01, metrics)
+
+
+def _per_step(census) -> dict[tuple[str, str], tuple[int, int]]:
+    """(kind, dtype) -> (calls, bytes) per step, on every rank alike."""
+    assert census.get("incomplete") is None and census.get("varies_between_steps") is None, census
+    assert not census.get("other_ranks"), "the ranks issued different collectives"
+    return {(e["kind"], e["dtype"]): (e["count"], e["bytes"]) for e in census["collectives"]}
+
+
+def _gradient_bytes(model) -> int:
+    return parameter_bytes(model)["param_bytes"]
+
+
+def _ranks_trained_on_other_samples(pool, workload) -> None:
+    first, second = pool.run(own_models.trained_batches_digest, workload, timeout_s=300)
+    assert first != second, "both ranks trained their step on the same samples"
+
+
+# ----------------------------------------------------------------------------------------------
+# Built where the test runs: what the ranks cannot rebuild is refused there
+# ----------------------------------------------------------------------------------------------
+
+
+def test_factories_must_be_module_level_and_options_must_fit_the_wrapper():
+    with pytest.raises(TypeError, match="a lambda in module"):
+        ddpbench.ModelTraining(lambda: torch.nn.Linear(2, 2), own_models.image_batch, SGD)
+    with pytest.raises(ValueError, match="wrap='zero'; give one of ddp, fsdp2, none"):
+        ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, wrap="zero")
+    with pytest.raises(ValueError, match="ddp_options apply to wrap='ddp', not 'fsdp2'"):
+        ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, wrap="fsdp2", ddp_options={"a": 1})
+    with pytest.raises(ValueError, match="autocast='fp16'"):
+        ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, autocast="fp16")
+    workload = ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, ddp_options={"bucket_cap_mb": 1})
+    assert pickle.dumps(pickle.loads(pickle.dumps(workload))) == pickle.dumps(workload)  # values, module-level callables
+
+
+@needs_lightning
+def test_lightning_training_takes_its_data_one_way_and_leaves_the_attachment_to_itself():
+    from helpers import own_lightning
+
+    with pytest.raises(ValueError, match="give its data one way"):
+        ddpbench.LightningTraining(own_lightning.LitClassifier)
+    with pytest.raises(ValueError, match="give its data one way"):
+        ddpbench.LightningTraining(own_lightning.LitClassifier, datamodule=own_lightning.ImagesData,
+                                   batch=own_models.image_batch)
+    with pytest.raises(ValueError, match="trainer_options devices, num_nodes: the workload sets these"):
+        ddpbench.LightningTraining(own_lightning.LitClassifier, datamodule=own_lightning.ImagesData,
+                                   trainer_options={"devices": 2, "num_nodes": 1})
+    workload = ddpbench.LightningTraining(own_lightning.LitClassifier, datamodule=own_lightning.ImagesData,
+                                          trainer_options={"precision": "bf16-mixed"})
+    assert pickle.dumps(pickle.loads(pickle.dumps(workload))) == pickle.dumps(workload)
+
+
+# ----------------------------------------------------------------------------------------------
+# Each kind on two ranks: the census of one step, each rank's own samples, the figures
+# ----------------------------------------------------------------------------------------------
+
+
+def test_a_ddp_mlp_all_reduces_its_gradients_once_a_step_on_samples_of_each_ranks_own(pool):
+    workload = ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, grad_accum=2)
+    metrics, info = _measure(pool, workload)
+    # One bucket holds every gradient; the first micro-batch runs under no_sync(); no broadcast.
+    assert _per_step(metrics["census"]) == {("all_reduce", "float32"): (1, _gradient_bytes(own_models.mlp()))}
+    assert metrics["census"]["ddp_buckets"] == [_gradient_bytes(own_models.mlp())]
+    assert metrics["samples_per_step"] == 2 * 2 * 16 and info["samples_per_second"] == 6400.0
+    assert metrics["optimizer_steps"] >= 4 and metrics["final_loss"] > 0 and "same_samples_on_every_rank" not in metrics
+    assert info["wrap"] == "ddp" and info["grad_accum"] == 2 and info["workload"] == "helpers.own_models.mlp"
+    _ranks_trained_on_other_samples(pool, workload)
+
+
+def test_an_fsdp2_transformer_gathers_and_scatters_each_block_and_reports_tokens_and_mfu(pool):
+    workload = ddpbench.ModelTraining(own_models.TinyGPT, own_models.token_batch, ADAMW, wrap="fsdp2",
+                                      seq_len=own_models.SEQ_LEN, flops_per_sample=1e6)
+    metrics, info = _measure(pool, workload)
+    steps = _per_step(metrics["census"])
+    # Three units (two blocks, then the root): each gathers its parameters in forward, the blocks
+    # again in backward (the root keeps its own after forward), and each reduce-scatters its gradients.
+    assert sorted(steps) == [("all_gather", "float32"), ("reduce_scatter", "float32")]
+    assert steps[("all_gather", "float32")][0] == 5 and steps[("reduce_scatter", "float32")][0] == 3
+    model = own_models.TinyGPT()
+    assert steps[("reduce_scatter", "float32")][1] == _gradient_bytes(model)
+    assert metrics["sharded_param_bytes"] == _gradient_bytes(model) // 2  # each rank holds half
+    assert info["tokens_per_second"] == 2 * 4 * own_models.SEQ_LEN / 0.01
+    assert info["model_flops_per_step"] == 1e6 * 8 and 0 < info["mfu"] < 1
+    _ranks_trained_on_other_samples(pool, workload)
+
+
+@needs_lightning
+def test_a_lightning_module_steps_once_a_round_without_fits_broadcasts_or_barriers(pool):
+    from helpers import own_lightning
+
+    workload = ddpbench.LightningTraining(own_lightning.LitClassifier, datamodule=own_lightning.ImagesData,
+                                          grad_accum=2)
+    metrics, info = _measure(pool, workload)
+    # One all-reduce of every gradient per optimizer step, as under plain DDP; beside it only
+    # Lightning's own per-batch broadcast of its SIGTERM flag (one int64), no parameter broadcast
+    # or barrier: the fit is set up once, not once a round.
+    assert _per_step(metrics["census"]) == {("all_reduce", "float32"): (1, _gradient_bytes(own_models.mlp())),
+                                            ("broadcast", "int64"): (2, 16)}
+    assert metrics["samples_per_step"] == 2 * 2 * 16 and info["samples_per_second"] == 6400.0
+    assert info["wrap"] == "lightning-ddp" and info["data"] == "datamodule"
+    # The datamodule's DistributedSampler deals each rank its own shard.
+    _ranks_trained_on_other_samples(pool, workload)

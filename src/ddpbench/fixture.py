@@ -16,7 +16,7 @@ from .benchmark_internals import recorded_rounds, set_round_timer
 from .devices import cpu_count
 from .engine.modes import rank_aggregates, rounds_info
 from .engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
-from .pool import PoolSpec
+from .pool import PoolSpec, TaskFailed
 from .workloads import case_extra_info
 
 
@@ -160,7 +160,12 @@ class DistBenchmark:
             pytest.skip(reason)
         if workload.group is not None and self.benchmark.group is None:
             self.benchmark.group = workload.group
-        rounds_ = self._measure(workload, plan, self.timeout_s if timeout_s is None else timeout_s)
+        try:
+            rounds_ = self._measure(workload, plan, self.timeout_s if timeout_s is None else timeout_s)
+        except TaskFailed as exc:  # a rank refused how the workload uses it: a usage error, exit 2
+            if exc.refusal() is None:
+                raise
+            pytest.exit(exc.refusal(), returncode=pytest.ExitCode.USAGE_ERROR)
         median_s = statistics.median(rounds_.round_times)
         info = self.benchmark.extra_info
         info.update({

@@ -1,5 +1,6 @@
 """A user's own LightningModule and LightningDataModule, as ddpbench.LightningTraining takes them
-(module-level classes, so the ranks import them)."""
+(module-level classes, so the ranks import them), and a rank task that makes a Trainer the way a
+user's own set-up might inside a rank."""
 
 import pytorch_lightning as pl
 import torch
@@ -52,3 +53,9 @@ class ImagesData(pl.LightningDataModule):
     def train_dataloader(self):
         return torch.utils.data.DataLoader(self.train, batch_size=self.batch_size, shuffle=True)
 
+
+def make_trainer_in_a_rank(ctx, devices):
+    """What a user's own set-up might do: a Trainer(strategy="ddp", devices=...) inside a rank."""
+    pl.Trainer(accelerator="cpu", strategy="ddp", devices=devices, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False)
+    return "made"

@@ -86,3 +86,7 @@ def trained_batches_digest(ctx, workload, steps=2):
         return batches_digest(state["loop"].last_step_batches)
     finally:
         workload.teardown(state)
+
+
+def context_ranks(ctx):
+    return ctx.rank, ctx.local_rank

@@ -1,7 +1,8 @@
 """A user's own model as a case (ddpbench.ModelTraining, ddpbench.LightningTraining), on a 2-rank
 gloo pool: each kind (a DDP MLP, an FSDP2 stack of transformer blocks, a LightningModule with a
 datamodule) issues per step exactly the collectives of one optimizer step (the census), every rank
-trains on samples of its own, and the per-step figures come out."""
+trains on samples of its own, and the per-step figures come out; a Lightning Trainer made inside a
+rank the wrong way is refused as a usage error."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 import ddpbench
 from ddpbench.engine.timing import RoundPlan, combine_rank_metrics, measure_workload
-from ddpbench.pool import PoolSpec, RankPool
+from ddpbench.pool import PoolSpec, RankPool, TaskFailed
 from ddpbench.workloads import case_extra_info
 from ddpbench.workloads.training import lightning_unavailable_reason
 from ddpbench.workloads.training.metrics import parameter_bytes
@@ -127,6 +128,10 @@ def test_an_fsdp2_transformer_gathers_and_scatters_each_block_and_reports_tokens
     _ranks_trained_on_other_samples(pool, workload)
 
 
+def test_the_local_rank_is_the_rank_in_a_local_pool(pool):
+    assert pool.run(own_models.context_ranks, timeout_s=60) == [(0, 0), (1, 1)]
+
+
 @needs_lightning
 def test_a_lightning_module_steps_once_a_round_without_fits_broadcasts_or_barriers(pool):
     from helpers import own_lightning
@@ -143,3 +148,76 @@ def test_a_lightning_module_steps_once_a_round_without_fits_broadcasts_or_barrie
     assert info["wrap"] == "lightning-ddp" and info["data"] == "datamodule"
     # The datamodule's DistributedSampler deals each rank its own shard.
     _ranks_trained_on_other_samples(pool, workload)
+
+
+# ----------------------------------------------------------------------------------------------
+# A Lightning Trainer made inside a rank the wrong way
+# ----------------------------------------------------------------------------------------------
+
+
+@needs_lightning
+@pytest.mark.parametrize("devices, why", [
+    (2, "devices=2: Lightning would start 1 more process(es) inside this one"),
+    (1, "it would train as rank 0 of 1 in rank 1 of the pool's 2"),
+])
+def test_a_trainer_that_would_launch_processes_or_play_rank_0_everywhere_is_refused(pool, devices, why):
+    from helpers import own_lightning
+
+    with pytest.raises(TaskFailed) as failed:
+        pool.run(own_lightning.make_trainer_in_a_rank, devices, timeout_s=120)
+    refusal = failed.value.refusal()
+    assert refusal is not None and why in str(failed.value)
+    assert refusal.startswith("ddpbench: a Lightning Trainer made inside a rank:")
+    assert "Use ddpbench.LightningTraining(module=YourModule, datamodule=YourData)" in refusal
+
+
+TRAINER_IN_SETUP = '''
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+import ddpbench
+
+
+class Lit(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def setup(ctx):
+    trainer = pl.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_steps=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    return {"trainer": trainer, "module": Lit(), "data": torch.utils.data.DataLoader(data, batch_size=8)}
+
+
+def fit_one_more_step(state):
+    state["trainer"].fit_loop.max_steps += 1
+    state["trainer"].fit(state["module"], state["data"])
+
+
+def test_lightning_step(dist_benchmark):
+    dist_benchmark(ddpbench.FunctionWorkload(setup, fit_one_more_step))
+'''
+
+
+@needs_lightning
+def test_the_obvious_trainer_in_a_function_workload_stops_the_run_as_a_usage_error(pytester):
+    """The issue's trap: Trainer(strategy="ddp", devices=2) in set-up, one fit a round. Lightning's
+    launcher would re-run pytest inside each rank while every rank trained as rank 0; the run stops
+    with exit 2 instead, before any fit, naming the workload to use."""
+    pytester.makepyfile(test_trap=TRAINER_IN_SETUP)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "not gpu", "--dist-warmup=1",
+                                           "--dist-rounds=2", timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stdout.fnmatch_lines(["*ddpbench: a Lightning Trainer made inside a rank: devices=2: Lightning would "
+                                 "start 1 more process(es) inside this one*Use ddpbench.LightningTraining(module="
+                                 "YourModule, datamodule=YourData)*"])
+    assert "passed" not in result.stdout.str()

@@ -16,6 +16,7 @@ from .benchmark_internals import recorded_rounds, set_round_timer
 from .devices import cpu_count
 from .engine.modes import rank_aggregates, rounds_info
 from .engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
+from .engine.unchanged_parameters import unchanged_parameters
 from .pool import PoolSpec, TaskFailed
 from .workloads import case_extra_info
 
@@ -179,6 +180,10 @@ class DistBenchmark:
             info["ranks_outnumber_cores"] = True
         rank_metrics = combine_rank_metrics(rounds_.rank_metrics)
         info.update(rank_metrics)
+        if getattr(workload, "updates_parameters", True):  # a training step that trains nothing is said
+            unchanged = unchanged_parameters(rank_metrics.get("numerics"))
+            if unchanged:
+                info["parameters_unchanged"] = unchanged
         info.update(rounds_info(rounds_.round_times, rounds_.rank_cpus, self.pool.nodes))
         info.update(rank_aggregates(rounds_.rank_round_times))
         info.update(case_extra_info(workload, self.spec.world_size, median_s, rank_metrics))

@@ -4,7 +4,6 @@ LightningModule and its LightningDataModule), and rank tasks that look into them
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 IN_FEATURES, CLASSES = 32, 10
 SEQ_LEN, VOCAB, WIDTH = 16, 64, 32
@@ -17,22 +16,6 @@ def mlp():
 def image_batch(ctx, index, batch_size=16):
     """Random inputs and labels: each rank draws its own (the workload seeds each rank apart)."""
     return torch.randn(batch_size, IN_FEATURES), torch.randint(0, CLASSES, (batch_size,))
-
-
-def frozen_mlp():
-    """An MLP none of whose parameters trains: every step leaves it as it was."""
-    model = mlp()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    model[2].bias.requires_grad_(True)  # one trainable tensor, so backward has a graph...
-    return model
-
-
-def zero_grad_loss(model, batch):
-    """...and a loss whose gradient is zero everywhere (pytorch/examples' one-logit cross-entropy)."""
-    inputs, _ = batch
-    logits = model(inputs)[:, :1]
-    return F.cross_entropy(logits, torch.zeros(len(inputs), dtype=torch.long, device=logits.device))
 
 
 class Block(nn.Module):

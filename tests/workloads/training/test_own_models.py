@@ -75,6 +75,7 @@ def test_factories_must_be_module_level_and_options_must_fit_the_wrapper():
         ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, autocast="fp16")
     workload = ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, ddp_options={"bucket_cap_mb": 1})
     assert pickle.dumps(pickle.loads(pickle.dumps(workload))) == pickle.dumps(workload)  # values, module-level callables
+    assert {workload: "a case"}[workload] == "a case"  # hashable, options and all
 
 
 @needs_lightning

@@ -141,11 +141,11 @@ class PacedFit:
             torch.set_num_threads(self._num_threads)
             logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)  # no banner per case
             self._run_fit(self)
-            self._results.put(("ended", None))
+            outcome = ("ended", None)
         except BaseException:  # noqa: BLE001 - goes back to the engine's thread
-            self._results.put(("error", traceback.format_exc()))
-        finally:
-            self._round_modes.close()
+            outcome = ("error", traceback.format_exc())
+        self._round_modes.close()  # before the engine's thread, which entered them first, wakes
+        self._results.put(outcome)
 
     def at_batch_start(self, trainer) -> int | None:
         """The module's ``on_train_batch_start``: at the first batch after an optimizer step,

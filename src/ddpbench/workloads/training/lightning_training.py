@@ -46,8 +46,8 @@ class LightningTraining(Workload):
     datamodule: Callable[[], Any] | None = None
     batch: Callable[[Any, int], Any] | None = None
     grad_accum: int = 1
-    ddp_options: dict = field(default_factory=dict)
-    trainer_options: dict = field(default_factory=dict)
+    ddp_options: dict = field(default_factory=dict, hash=False)  # hashed by the other fields
+    trainer_options: dict = field(default_factory=dict, hash=False)  # hashed by the other fields
     data_batches: int = 8
     seq_len: int | None = None
     flops_per_sample: float | None = None

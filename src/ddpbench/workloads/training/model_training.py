@@ -61,8 +61,8 @@ class ModelTraining(TrainingWorkload):
     batch: Callable[[Any, int], Any]
     optimizer: Callable[[Any], Any]
     wrap: str | Callable[[Any, Any], Any] = "ddp"
-    ddp_options: dict = field(default_factory=dict)
-    fsdp2_options: dict = field(default_factory=dict)
+    ddp_options: dict = field(default_factory=dict, hash=False)  # hashed by the other fields
+    fsdp2_options: dict = field(default_factory=dict, hash=False)  # hashed by the other fields
     fsdp2_blocks: tuple | None = None
     loss: Callable[[Any, Any], Any] = cross_entropy
     grad_accum: int = 1

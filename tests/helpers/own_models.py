@@ -73,3 +73,17 @@ def trained_batches_digest(ctx, workload, steps=2):
 
 def context_ranks(ctx):
     return ctx.rank, ctx.local_rank
+
+
+def first_step_loss(ctx, workload):
+    """This rank's loss of the workload's first optimizer step, and whether dynamo compiled a frame."""
+    import sys
+
+    state = workload.setup(ctx)
+    try:
+        loss = float(workload.run_round(state))
+    finally:
+        workload.teardown(state)
+    dynamo = sys.modules.get("torch._dynamo")
+    frames = int(dynamo.utils.counters["frames"]["total"]) if dynamo is not None else 0
+    return loss, frames > 0 if workload.compile else None

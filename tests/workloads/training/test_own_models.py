@@ -222,3 +222,20 @@ def test_the_obvious_trainer_in_a_function_workload_stops_the_run_as_a_usage_err
                                  "start 1 more process(es) inside this one*Use ddpbench.LightningTraining(module="
                                  "YourModule, datamodule=YourData)*"])
     assert "passed" not in result.stdout.str()
+
+
+def test_a_compiled_step_is_the_same_step_through_dynamo(pool):
+    """``compile`` takes torch.compile's arguments (here dynamo's eager backend, which compiles
+    nothing and so costs no inductor build): the step runs through dynamo, its census is the eager
+    step's, and the first step's loss is the uncompiled one's."""
+    eager = ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD)
+    compiled = ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, compile={"backend": "eager"})
+    assert compiled.skip_reason(PoolSpec("gloo", 2, "cpu")) is None  # only inductor may be missing
+    eager_ranks, compiled_ranks = (pool.run(own_models.first_step_loss, w, timeout_s=300) for w in (eager, compiled))
+    assert [loss for loss, _ in eager_ranks] == [loss for loss, _ in compiled_ranks]
+    assert [dynamo_ran for _, dynamo_ran in compiled_ranks] == [True, True]
+    metrics, info = _measure(pool, compiled)
+    assert _per_step(metrics["census"]) == {("all_reduce", "float32"): (1, _gradient_bytes(own_models.mlp()))}
+    assert info["compile"] == {"backend": "eager"}
+    with pytest.raises(ValueError, match="compile='yes'"):
+        ddpbench.ModelTraining(own_models.mlp, own_models.image_batch, SGD, compile="yes")

@@ -51,8 +51,10 @@ class ModelTraining(TrainingWorkload):
     -> module`` of the user's own. ``grad_accum`` micro-batches per step, all but the last without
     gradient sync (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``, a wrapper's own
     ``no_sync`` where it has one); ``autocast="bf16"`` runs forward and loss under ``torch.autocast``;
-    ``compile`` calls the wrapped model through ``torch.compile``. Given ``seq_len`` (tokens per
-    sample) the case records tokens/s, given ``flops_per_sample`` (forward + backward) its MFU.
+    ``compile`` calls the wrapped model through ``torch.compile`` (True, or a dict of its arguments:
+    ``{"mode": "max-autotune"}``; the case skips with inductor's reason where inductor cannot build).
+    Given ``seq_len`` (tokens per sample) the case records tokens/s, given ``flops_per_sample``
+    (forward + backward) its MFU.
 
     Every field is a value or a module-level callable: the ranks (and an A/B run's baseline, from its
     own code) rebuild the same workload from them; the model, data and optimizer are made in set-up."""
@@ -67,7 +69,7 @@ class ModelTraining(TrainingWorkload):
     loss: Callable[[Any, Any], Any] = cross_entropy
     grad_accum: int = 1
     autocast: str | None = None
-    compile: bool = False
+    compile: bool | dict = field(default=False, hash=False)
     data_batches: int = 8
     seq_len: int | None = None
     flops_per_sample: float | None = None
@@ -96,12 +98,22 @@ class ModelTraining(TrainingWorkload):
             raise ValueError(f"ddpbench.ModelTraining: autocast={self.autocast!r}; give None or 'bf16' (fp16 "
                              f"needs a gradient scaler: write that step as a FunctionWorkload)")
         check_step_figures(owner, self.seq_len, self.flops_per_sample)
+        if not isinstance(self.compile, (bool, dict)):
+            raise ValueError(f"ddpbench.ModelTraining: compile={self.compile!r}; give True, or a dict of "
+                             f"torch.compile's arguments")
         if self.compute_only and not self.has_compute_only_form():
             raise ValueError(f"ddpbench.ModelTraining: wrap={self.wrap_name!r} has no compute-only form")
 
     @property
     def wrap_name(self) -> str:
         return self.wrap if isinstance(self.wrap, str) else callable_name(self.wrap)
+
+    def skip_reason(self, spec) -> str | None:
+        """Inductor's reason it cannot build here, for a compiled step that uses it."""
+        from .transformer_settings import compile_unavailable_reason
+
+        backend = self.compile.get("backend", "inductor") if isinstance(self.compile, dict) else "inductor"
+        return compile_unavailable_reason() if self.compile and backend == "inductor" else None
 
     def has_compute_only_form(self) -> bool:
         """DDP (a hook returning each bucket unreduced) and FSDP2 (exchanges that exchange nothing)."""
@@ -161,7 +173,7 @@ class ModelTraining(TrainingWorkload):
                    rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         info: dict[str, Any] = {"family": "other", "workload": self.name or callable_name(self.model),
                                 "wrap": self.wrap_name, "grad_accum": self.grad_accum,
-                                "autocast": self.autocast, "compile": self.compile}
+                                "autocast": self.autocast, "compile": json_value(self.compile)}
         for key in ("ddp_options", "fsdp2_options"):
             if getattr(self, key):
                 info[key] = json_value(getattr(self, key))
@@ -188,7 +200,8 @@ class _ModelLoop:
             model = w.model()
         self.model = model.to(ctx.device)
         self.wrapped = self._wrap(self.model)
-        self.forward = torch.compile(self.wrapped) if w.compile else self.wrapped
+        options = w.compile if isinstance(w.compile, dict) else {}
+        self.forward = torch.compile(self.wrapped, **options) if w.compile else self.wrapped
         self.optimizer = w.optimizer(self.wrapped.parameters())
         self.batches = seeded_batches(w.batch, ctx, w.data_batches, w.seed)
         self.cursor = 0

@@ -73,8 +73,14 @@ def numerics_fact(extra_info: dict) -> str | None:
     return f"numerics {numerics.steps} steps, {agree}, digest {numerics.digests[-1][:12]}"
 
 
+def unchanged_parameters_fact(extra_info: dict) -> str | None:
+    """Why a training step changed no parameter (``parameters_unchanged``), or None."""
+    why = extra_info.get("parameters_unchanged")
+    return str(why) if why else None
+
+
 # What each case's summary line says, in order: a component adds its fact here.
-CASE_FACTS: list[Callable[[dict], str | None]] = [memory_fact, numerics_fact]
+CASE_FACTS: list[Callable[[dict], str | None]] = [memory_fact, numerics_fact, unchanged_parameters_fact]
 
 
 def case_lines(benchmarks: Iterable[Any]) -> list[str]:

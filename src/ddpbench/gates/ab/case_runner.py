@@ -72,6 +72,8 @@ class CaseRunner:
                                self.plan.seed, baseline_workload=baseline_workload)
         except SideFailed as failure:
             enforce_import_isolation(self.sides)  # a failure of ranks that ran the wrong code says nothing
+            if getattr(failure.error, "refusal", lambda: None)() is not None:
+                raise failure.error  # a rank refused how the workload uses it: the fixture stops the run (exit 2)
             if failure.side == "candidate":
                 self._lost(case_id, failure)
             return self._alone(own_pool, workload, plan, timeout_s, case_id, extra_info, failure)

@@ -142,7 +142,7 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert cli.main(["compare", "--calibration", "never", "--allow-summary-stats"]) == 0
     assert "improvement" in capsys.readouterr().out
 
-    assert cli.main(["report", "slow.json", "--no-charts"]) == 0
+    assert cli.main(["report", "slow.json", "--no-chart"]) == 0
     assert "| test_sleepy[gloo-2p] |" in capsys.readouterr().out
 
 

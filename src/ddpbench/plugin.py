@@ -68,6 +68,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    state = session_state(config)
+    for line in option_table.old_spelling_notices(config.option):
+        state.notice(line)
     if config.getoption("dist_controller", None):
         from .pool.external import SecretError, load_secret, parse_address
 
@@ -404,23 +407,48 @@ def dist_placement() -> str | None:
     return None
 
 
+#: The plan's fields set by a --dist- option that pytest-benchmark's own options may set too
+#: (ddpbench.benchmark_options), with the field each sets.
+_TIMING_OPTIONS = (("--dist-warmup", "warmup"), ("--dist-max-time", "min_time_s"), ("--dist-precision", "precision"))
+
+
 @pytest.fixture
 def dist_round_plan(request) -> RoundPlan:
-    """The options' round plan; ops_per_round None until a case resolves it for its device."""
+    """The options' round plan; ops_per_round None until a case resolves it for its device.
+    pytest-benchmark's timing options set what no --dist- option given sets; under
+    --benchmark-disable the workload runs once, and nothing more (no census, no replay)."""
+    import dataclasses
+
+    from . import benchmark_options
     from .engine.timing import RoundPlan
 
     config = request.config
-    return RoundPlan(
-        warmup=config.getoption("dist_warmup"),
+    censuses = tuple(config.getoption("dist_census", opts.CENSUSES) or ())
+    plan = RoundPlan(
         rounds=config.getoption("dist_rounds"),
-        min_time_s=config.getoption("dist_min_time"),
-        precision=config.getoption("dist_precision"),
         ops_per_round=config.getoption("dist_ops_per_round", None),
         cuda_graphs=config.getoption("dist_cuda_graphs", False),
-        census=config.getoption("dist_census", "on") == "on",
-        memory_census=config.getoption("dist_memory_census", "on") == "on",
+        census="collectives" in censuses,
+        memory_census="memory" in censuses,
         numerics_steps=config.getoption("dist_numerics_steps", 3),
     )
+    dist_given = {flag: config.getoption(flag[2:].replace("-", "_"), None) for flag, _ in _TIMING_OPTIONS}
+    dist_given = {flag: value for flag, value in dist_given.items() if value is not None}
+    mark = request.node.get_closest_marker("benchmark")
+    choice = benchmark_options.choose(benchmark_options.given_values(config, mark.kwargs if mark else None),
+                                      dist_given)
+    state = session_state(config)
+    for line in choice.notes:
+        state.notice(line)
+    chosen = {field: dist_given.get(flag, getattr(choice, field)) for flag, field in _TIMING_OPTIONS}
+    plan = dataclasses.replace(plan, **{field: value for field, value in chosen.items() if value is not None})
+    if choice.min_rounds is not None:
+        plan = dataclasses.replace(plan, min_rounds=choice.min_rounds,
+                                   max_rounds=max(plan.max_rounds, choice.min_rounds))
+    bench_session = benchmark_session(config)
+    if bench_session is not None and bench_session.disabled:
+        plan = dataclasses.replace(plan, census=False, memory_census=False, numerics_steps=0)
+    return plan
 
 
 @pytest.fixture
@@ -512,7 +540,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     A/B verdicts, whose last line (beside pytest's counts) says the run's exit status and why."""
     state = session_state(config)
     if not state.uses_ddpbench:
+        old = [line for line in state.notices if "the old spelling" in line]
+        for line in old:  # an old spelling of a ddpbench option is worth a line in any session
+            terminalreporter.write_line(line, yellow=True)
         return
+    for line in state.notices:
+        terminalreporter.write_line(line, yellow=True)
     from . import run_summary
 
     bench_session = benchmark_session(config)

@@ -268,7 +268,7 @@ def test_an_ab_run_whose_candidate_keeps_64_mb_alive_fails_naming_it(pytester):
     pytester.makepyfile(test_bench=KEEPER)
     result = pytester.runpytest_subprocess(
         "--dist-candidate-env", "KEEP=1", "--dist-ab-pools-per-side=1", "--dist-ab-block-time=0.02",
-        "--dist-ab-max-time=8", "--dist-ab-profile=off", "--dist-census=off", "--benchmark-json=ab.json",
+        "--dist-ab-max-time=8", "--dist-ab-profile=off", "--dist-census=memory", "--benchmark-json=ab.json",
         "-m", "not gpu", "-p", "no:cacheprovider", timeout=300)
     assert result.ret == 1, result.stdout.str()
     result.stdout.fnmatch_lines(["*test_step*regression (memory; timing*",

@@ -536,8 +536,9 @@ def _failed_cases(config) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """After pytest-benchmark's table: each case's memory peak, why cases were skipped, then the
-    A/B verdicts, whose last line (beside pytest's counts) says the run's exit status and why."""
+    """After pytest-benchmark's table: what the run says once about its options, each case's
+    census, memory and numerics on one line, why cases were skipped, then the A/B verdicts, whose
+    last line (beside pytest's counts) says the run's exit status and why."""
     state = session_state(config)
     if not state.uses_ddpbench:
         old = [line for line in state.notices if "the old spelling" in line]
@@ -551,7 +552,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     bench_session = benchmark_session(config)
     cases = run_summary.case_lines(getattr(bench_session, "benchmarks", None) or [])
     if cases:
-        terminalreporter.write_sep("-", "ddpbench: each case's memory (the largest rank's, one step)")
+        terminalreporter.write_sep("-", run_summary.CASES_HEADING)
         for line in cases:
             terminalreporter.write_line(line)
     for line in run_summary.skip_lines(terminalreporter.stats.get("skipped", []), state.case_ids,

@@ -597,12 +597,12 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
 
 def machine_facts(config, machine_info: dict) -> dict:
     """ddpbench's additions to a run's machine_info, worked out once per session: the GPUs and the
-    facts that decide what the cases measure (:mod:`ddpbench.gates.fingerprint`). Facts only: two
+    facts that decide what the cases measure (:mod:`ddpbench.storage.run_facts`). Facts only: two
     sessions on one machine with one install add the same, so pytest-benchmark's "machine_info is
     different" warning means what it says."""
     state = session_state(config)
     if state.machine_facts is None:
-        from .gates.fingerprint import FINGERPRINT_KEY, run_facts
+        from .storage.run_facts import RUN_FACTS_KEY, run_facts
 
         facts = {}
         try:
@@ -612,9 +612,9 @@ def machine_facts(config, machine_info: dict) -> dict:
         if gpus is not None:
             facts[GPU_INFO_KEY] = gpus
         try:
-            facts[FINGERPRINT_KEY] = run_facts(machine_info)
+            facts[RUN_FACTS_KEY] = run_facts(machine_info)
         except Exception as exc:  # never lose a run's results over it: compare then says it is unknown
-            facts[FINGERPRINT_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
+            facts[RUN_FACTS_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
         state.machine_facts = facts
     return state.machine_facts
 
@@ -634,12 +634,12 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
     machine_info gets them too (else the warning would fire on the same machine); a run saved when
     ddpbench kept its probe in machine_info is compared without that measurement."""
     from .storage.records import MACHINE_INFO_KEY
-    from .gates.fingerprint import FINGERPRINT_KEY
+    from .storage.run_facts import RUN_FACTS_KEY
 
     saved = compared_benchmark.get("machine_info") if isinstance(compared_benchmark, dict) else None
     if isinstance(saved, dict):
         saved.pop(MACHINE_INFO_KEY, None)  # the loaded copy only; the saved file is as it was
-        if FINGERPRINT_KEY in saved or GPU_INFO_KEY in saved:
+        if RUN_FACTS_KEY in saved or GPU_INFO_KEY in saved:
             machine_info.update(machine_facts(config, machine_info))
     session_state(config).compared_machine_info = machine_info
     yield

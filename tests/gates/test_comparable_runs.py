@@ -148,12 +148,12 @@ def test_a_new_hostname_or_python_patch_release_is_not_a_difference(tmp_path, ca
     assert "note: kernel 6.0 -> 6.5 (compared)" in out
 
 
-def test_runs_without_a_fingerprint_are_compared_on_what_they_record(tmp_path, capsys):
+def test_runs_without_run_facts_are_compared_on_what_they_record(tmp_path, capsys):
     b, c = _pair(tmp_path, base_facts=None, cur_facts={})  # the baseline: an older ddpbench
     rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 0
-    assert ("WARNING: base.json recorded no fingerprint (saved by an older ddpbench or another tool): "
-            "torch, cuda, nccl, engine, cpu_cores cannot be checked") in out
+    assert ("WARNING: base.json recorded no run facts (saved by an older ddpbench or another tool): "
+            "torch, cuda, nccl, engine, cpu_cores cannot be checked") in " ".join(out.split())
     # what an older run does record is still checked: its CPU, and the versions of a GPU run
     b, c = _pair(tmp_path / "gpu", base_facts=None, cur_facts={"torch": "2.13.0+cu128", "gpus": ["NVIDIA H100"]},
                  base_machine=dict(MACHINE, ddpbench_gpus={"devices": ["NVIDIA H100"], "torch": "2.12.0+cu126",

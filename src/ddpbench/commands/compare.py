@@ -15,7 +15,7 @@ from ..gates import stored_run_gate as cmp
 from ..gates import verdicts
 from ..gates.ab.profiling import CaseProfile
 from ..gates.exit_decision import decide_exit, exit_lines
-from ..gates.fingerprint import parse_allowed
+from ..storage.run_facts import parse_allowed
 from ..storage import runs as stored
 from .errors import error, output_problem
 

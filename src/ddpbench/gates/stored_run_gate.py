@@ -86,7 +86,7 @@ def _check_comparable(result: Comparison, base: Run, cur: Run, allowed: set[str]
     if diffs.unrecorded:
         labels = {"baseline": base.label, "current": cur.label}
         which = " and ".join(labels[side] for side in diffs.unrecorded)
-        result.warnings.append(f"{which} recorded no fingerprint (saved by an older ddpbench or another "
+        result.warnings.append(f"{which} recorded no run facts (saved by an older ddpbench or another "
                                f"tool): {', '.join(diffs.unknown) or 'nothing'} cannot be checked; compared "
                                f"on the facts recorded")
     result.notes.extend(diffs.notes)

@@ -139,7 +139,7 @@ def _check_compare_target(config) -> None:
 
 
 def pin_cores(config) -> bool:
-    """--dist-pin-cores as given; unset: off, A/B mode included (docs/design/plugin-and-pool.md#placement)."""
+    """--dist-pin-cores as given; unset: off, A/B mode included (docs/design/plugin-and-pool.md#core-pinning)."""
     return config.getoption("dist_pin_cores", None) == "auto"
 
 
@@ -570,7 +570,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def pytest_benchmark_update_json(config, benchmarks, output_json):
     """Every run says whether it is complete (:func:`ddpbench.storage.records.run_record`); A/B runs list
     the cases the candidate lost: they have no benchmark entry of their own, and ``ddpbench compare
-    RUN.json`` must still see them; a session that uses ddpbench stores its calibration probe."""
+    RUN.json`` must still see them; a session that uses ddpbench stores its calibration."""
     state = session_state(config)
     if state.ab is not None:
         from .gates.verdicts import LOST_CASES_KEY
@@ -587,12 +587,12 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     if uses_ddpbench(config):
         from .storage.records import CALIBRATION_KEY
 
-        output_json[CALIBRATION_KEY] = calibration_probe(config)
+        output_json[CALIBRATION_KEY] = calibration(config)
 
 
 # ----------------------------------------------------------------------------------------------
 # What a saved run records about the machine: facts in machine_info (what pytest-benchmark compares
-# to warn of another machine), the calibration probe's measurement beside it
+# to warn of another machine), the calibration's measurement beside it
 # ----------------------------------------------------------------------------------------------
 
 def machine_facts(config, machine_info: dict) -> dict:
@@ -622,7 +622,7 @@ def machine_facts(config, machine_info: dict) -> dict:
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config, machine_info):
     """A session that uses ddpbench saves its facts (:func:`machine_facts`) in machine_info; the
-    calibration probe, a measurement, goes beside it (:func:`pytest_benchmark_update_json`)."""
+    calibration, a measurement, goes beside it (:func:`pytest_benchmark_update_json`)."""
     if uses_ddpbench(config):
         machine_info.update(machine_facts(config, machine_info))
 
@@ -632,7 +632,7 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
     """--benchmark-compare: pytest-benchmark compares machine_info when the session is configured,
     before its tests are collected. Against a run that recorded ddpbench's facts, this session's
     machine_info gets them too (else the warning would fire on the same machine); a run saved when
-    ddpbench kept its probe in machine_info is compared without that measurement."""
+    ddpbench kept its calibration in machine_info is compared without that measurement."""
     from .storage.records import MACHINE_INFO_KEY
     from .storage.run_facts import RUN_FACTS_KEY
 
@@ -669,20 +669,22 @@ def _print_session_verdicts(terminalreporter, config, bench_session) -> None:
     doc = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bench_session.benchmarks,
                                                      include_data=True, machine_info=machine_info,
                                                      commit_info={})
-    print_verdicts(terminalreporter, bench_session, doc, probe=lambda: calibration_probe(config))
+    print_verdicts(terminalreporter, bench_session, doc, probe=lambda: calibration(config))
 
 
-def calibration_probe(config) -> dict:
-    """The machine-drift calibration probe (:mod:`ddpbench.gates.calibration`), run once per
-    session (a few hundred ms), for ``ddpbench compare`` to normalise a uniformly slower or faster
-    machine."""
+def calibration(config) -> dict:
+    """The machine-drift calibration (:mod:`ddpbench.gates.calibration`), run once per session (a
+    few hundred ms), for ``ddpbench compare`` to normalise a uniformly slower or faster machine."""
     state = session_state(config)
     if state.calibration is None:
         from .gates.calibration import run_probe
 
         try:
-            probe = run_probe()
-        except Exception as exc:  # never lose a run's results over the probe
-            probe = {"error": f"{type(exc).__name__}: {exc}"}
-        state.calibration = probe
+            measured = run_probe()
+        except Exception as exc:  # never lose a run's results over the calibration
+            measured = {"error": f"{type(exc).__name__}: {exc}"}
+        state.calibration = measured
     return state.calibration
+
+
+calibration_probe = calibration  # its old name, kept importable

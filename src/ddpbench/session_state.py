@@ -28,7 +28,7 @@ class SessionState:
     run_end: tuple[pytest.Session, int] | None = None
     #: machine_facts, once: ddpbench's additions to the run's machine_info.
     machine_facts: dict | None = None
-    #: calibration_probe, once: the machine-drift probe's measurement.
+    #: plugin.calibration, once: the machine-drift calibration's measurement.
     calibration: dict | None = None
     #: pytest_benchmark_compare_machine_info: this machine's machine_info as --benchmark-compare
     #: compared it.

@@ -201,7 +201,7 @@ FRESH = textwrap.dedent("""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     ctx = RankContext(rank=0, world_size=1, backend="gloo", device_type="cpu")
     plan = RoundPlan(warmup=2, rounds=1, census=False)
-    # --dist-memory-census=off: no record, and torch's trackers are not even imported
+    # --dist-census without memory: no record, and torch's trackers are not even imported
     off = measure_workload(ctx, Training("mlp", "manual", batch_size=8), RoundPlan(warmup=1, rounds=1, census=False,
                                                                                  memory_census=False))
     out = {"off": ["memory" in off.metrics, "torch.distributed._tools" in sys.modules]}

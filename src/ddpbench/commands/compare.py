@@ -40,8 +40,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--confidence", type=opts.parse_confidence, default=cmp.DEFAULT_CONFIDENCE,
                         help="confidence of the intervals and the rank test (default 0.95)")
     parser.add_argument("--calibration", choices=("auto", "always", "never"), default="auto",
-                        help="normalise by the runs' calibration probes: auto (when they differ by more "
-                             f"than {cmp.DRIFT_TOLERANCE * 100:g}%%), always, never (default auto); a probe "
+                        help="normalise by the runs' calibrations: auto (when they differ by more "
+                             f"than {cmp.DRIFT_TOLERANCE * 100:g}%%), always, never (default auto); a calibration "
                              f"ratio beyond 0.8-1.25 is never corrected (those cases are inconclusive)")
     parser.add_argument("--allow-different", type=opts.argument_type(parse_allowed), action="append", default=[], metavar="FACTS",
                         help="compare although these facts differ between the runs (comma list; all: any): "

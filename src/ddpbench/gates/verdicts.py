@@ -48,7 +48,7 @@ class CaseVerdict:
     current_rounds: int | None = None
     method: str | None = None  # "bootstrap+mann-whitney", "summary-stats", "paired-blocks"
     calibrated: bool = False  # the ratio was divided by the machine-drift factor (stored runs)
-    calibration_factor: float | None = None  # what it was divided by (the probe ratio), when calibrated
+    calibration_factor: float | None = None  # what it was divided by (the calibration ratio), when calibrated
     reason: str | None = None  # why a case is missing or new
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)

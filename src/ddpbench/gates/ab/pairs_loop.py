@@ -75,7 +75,7 @@ class ABSettings:
     # Summarise both blocks of a pair at the pair's own mix of placements (rounds where the ranks
     # shared a CPU, rounds where they did not: gates/ab/placement_strata.py) instead of by their plain means.
     # Off: it hides a change in how often the ranks share a CPU, and no recorded run has shown yet
-    # that it narrows the intervals (docs/design/ab.md#placement-strata).
+    # that it narrows the intervals (docs/design/ab.md#cpu-sharing-strata).
     stratify_placement: bool = False
     # A case whose two censuses, taken at set-up, already show a structural regression stops after
     # its first look: that verdict stands whatever the timing says (docs/design/gates.md#the-structural-verdict),

@@ -84,7 +84,7 @@ def _check_comparable(result: Comparison, base: Run, cur: Run, allowed: set[str]
         result.warnings.append("compared although " + "; ".join(d.describe() for d in diffs.differ)
                                + " (--allow-different): ratios mix that change with the code's")
     if diffs.unrecorded:
-        labels = {"baseline": base.label, "current": cur.label}
+        labels = {"baseline": base.label, "candidate": cur.label}
         which = " and ".join(labels[side] for side in diffs.unrecorded)
         result.warnings.append(f"{which} recorded no run facts (saved by an older ddpbench or another "
                                f"tool): {', '.join(diffs.unknown) or 'nothing'} cannot be checked; compared "
@@ -97,7 +97,7 @@ def _check_complete(result: Comparison, base: Run, cur: Run) -> None:
         result.warnings.append(f"the baseline {base.label} is {base.completeness.describe()}: cases it "
                                f"lacks read as new")
     if not cur.completeness.complete:
-        result.warnings.append(f"the current run {cur.label} is {cur.completeness.describe()}: cases it "
+        result.warnings.append(f"the candidate {cur.label} is {cur.completeness.describe()}: cases it "
                                f"lost read as missing")
 
 
@@ -292,10 +292,11 @@ def compare_case(fullname: str, bcase, ccase, correction: Correction,
 
 def judge_components(verdict: CaseVerdict, bcase, ccase, judging: Judging) -> None:
     """The exact verdicts beside the timing: structure, memory, numerics (each may fail the case)."""
-    verdict.judge_structure(compare_census(bcase.census, ccase.census), judging.accept_structure_change)
-    verdict.judge_memory(compare_memory(bcase.memory, ccase.memory, tolerance=judging.memory_tolerance),
+    verdict.judge_structure(compare_census(bcase.census, ccase.census, "candidate"), judging.accept_structure_change)
+    verdict.judge_memory(compare_memory(bcase.memory, ccase.memory, "candidate", tolerance=judging.memory_tolerance),
                          judging.accept_memory_change)
-    verdict.judge_numerics(compare_numerics(bcase.numerics, ccase.numerics, tolerance=judging.numerics_tolerance),
+    verdict.judge_numerics(compare_numerics(bcase.numerics, ccase.numerics, "candidate",
+                                            tolerance=judging.numerics_tolerance),
                            judging.accept_numerics_change)
 
 
@@ -353,7 +354,7 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                       accept_memory_change, memory_tolerance, accept_numerics_change, numerics_tolerance)
     check_settings(judging)
     result = Comparison("ddpbench compare", [], threshold, confidence, columns=_columns(base, cur),
-                        preamble=[f"baseline: {base.path}", f"current:  {cur.path}"],
+                        preamble=[f"baseline:  {base.path}", f"candidate: {cur.path}"],
                         baseline=str(base.path), current=str(cur.path))
     _check_comparable(result, base, cur, set(judging.allowed))
     _check_complete(result, base, cur)

@@ -151,14 +151,14 @@ class RunDifferences:
 
     differ: list[Difference] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)  # facts one side does not record
-    unrecorded: list[str] = field(default_factory=list)  # "baseline" / "current": no run facts recorded
+    unrecorded: list[str] = field(default_factory=list)  # "baseline" / "candidate": no run facts recorded
     notes: list[str] = field(default_factory=list)
 
 
 def run_differences(base_info: Any, cur_info: Any, facts: tuple[str, ...] = RUN_FACTS) -> RunDifferences:
     base, cur = facts_of(base_info), facts_of(cur_info)
     out = RunDifferences()
-    out.unrecorded = [side for side, f in (("baseline", base), ("current", cur)) if not f.recorded]
+    out.unrecorded = [side for side, f in (("baseline", base), ("candidate", cur)) if not f.recorded]
     for fact in facts:
         if fact in base.values and fact in cur.values:
             if base.values[fact] != cur.values[fact]:

@@ -171,7 +171,7 @@ def test_the_readme_example_runs_in_a_fresh_project(pytester):
     # The run's own summary: per case what one step sends, holds (the peak, where it fell: the model
     # DDP wraps, by its class) and computes, on one line under a heading that says so.
     result.stdout.fnmatch_lines(["*ddpbench: what each case*s step sends (census), holds (memory*) and computes (numerics)*",
-                                 "test_my_ddp_step[[]gloo-2p[]]  sends 1 all_reduce (*) per step; memory peak * at Linear *, "
+                                 "test_my_ddp_step[[]gloo-2p[]]  sends *all_reduce* per step; memory peak * at Linear *, "
                                  "* kept after the step; *numerics*"])
     (case,) = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
     assert case["name"] == "test_my_ddp_step[gloo-2p]" and case["stats"]["rounds"] == 3

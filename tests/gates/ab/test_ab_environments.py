@@ -169,7 +169,7 @@ def test_ab_yml_flow_with_two_venvs_of_one_python_flags_a_planted_slowdown(tmp_p
     run = subprocess.run([str(head / ".venv" / "bin" / "python"), "-m", "pytest", "benchmarks/test_collectives.py",
                           "-k", "test_all_reduce and 1MB", "-m", "not gpu and not slow", "-p", "no:cacheprovider",
                           "--dist-baseline-python=../base/.venv/bin/python", "--dist-ab-pools-per-side=1",
-                          "--dist-ab-block-time=0.02", "--dist-ab-max-time=20", "--dist-census=off",
+                          "--dist-ab-block-time=0.02", "--dist-ab-max-time=20", "--dist-census=none",
                           "--benchmark-json=ab.json"],
                          cwd=head, env=env, capture_output=True, text=True, timeout=400)
     out = run.stdout + run.stderr
@@ -240,7 +240,7 @@ def test_bisect_with_a_venv_per_commit_times_each_commits_own_packages(tmp_path)
     run = subprocess.run([sys.executable, "-m", "ddpbench.cli", "bisect", good, bad, "-k", "test_step",
                           "--max-time", "3", "--setup", setup, "--python", ".venv/bin/python", "--",
                           "-p", "no:cacheprovider", "-m", "not gpu", "--dist-ab-block-time=0.02",
-                          "--dist-ab-threshold=50%", "--dist-ab-pools-per-side=1", "--dist-census=off"],
+                          "--dist-ab-threshold=50%", "--dist-ab-pools-per-side=1", "--dist-census=none"],
                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"first bad commit: {bad} vendor tinypkg 2" in run.stdout, run.stdout + run.stderr
@@ -253,7 +253,7 @@ def test_bisect_with_a_venv_per_commit_times_each_commits_own_packages(tmp_path)
 README_EXAMPLE = re.search(r"<!-- readme-example: test_my_step.py -->\n```python\n(.*?)```",
                            (Path(__file__).resolve().parents[3] / "README.md").read_text(), re.S).group(1)
 QUICK_AB = ["-p", "no:cacheprovider", "-m", "not gpu", "--dist-ab-pools-per-side=1", "--dist-ab-block-time=0.02",
-            "--dist-ab-max-time=8", "--dist-census=off", "--dist-memory-census=off", "--dist-ab-threshold=25%"]
+            "--dist-ab-max-time=8", "--dist-census=none", "--dist-ab-threshold=25%"]
 
 
 def _pytest(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -109,13 +109,13 @@ class CaseRunner:
 
     def _lost(self, case_id: str, failure: SideFailed) -> None:
         """The candidate lost a case the baseline ran (crashed, hung): a verdict of its own that
-        fails the run, or skips the case with --dist-ab-allow-missing."""
+        fails the run, or skips the case with --dist-allow-missing."""
         summary = {"verdict": Verdict.MISSING, "reason": f"candidate pool {failure.pool} failed",
                    "error": str(failure), "seed": self.plan.seed, "sides": self.sides.describe()}
         self.results.append((case_id, summary, None, None))
         message = f"ddpbench A/B: the candidate lost this case (the baseline ran it): {failure}"
         if self.plan.allow_missing:
-            pytest.skip(f"{message.splitlines()[0]} (allowed by --dist-ab-allow-missing)")
+            pytest.skip(f"{message.splitlines()[0]} (allowed by --dist-allow-missing)")
         pytest.fail(message, pytrace=False)
 
     def _without_baseline(self, own_pool, workload, plan, timeout_s, case_id, extra_info,
@@ -136,7 +136,7 @@ class CaseRunner:
         """The baseline side failed this case: nothing to compare with, so the candidate is
         measured alone. The verdict is ``new`` when the baseline lacks the case's code (its ranks
         cannot import what the case names), else ``baseline-failed``, which fails the run unless
-        --dist-ab-allow-baseline-failure: a baseline that crashes, hangs or computes a wrong result
+        --dist-allow-baseline-failure: a baseline that crashes, hangs or computes a wrong result
         must not let every change pass as new."""
         lacks = baseline_lacks_case(failure.error)
         summary = {"verdict": Verdict.NEW if lacks else Verdict.BASELINE_FAILED,

@@ -75,20 +75,20 @@ class ABSettings:
     # Summarise both blocks of a pair at the pair's own mix of placements (rounds where the ranks
     # shared a CPU, rounds where they did not: gates/ab/placement_strata.py) instead of by their plain means.
     # Off: it hides a change in how often the ranks share a CPU, and no recorded run has shown yet
-    # that it narrows the intervals (docs/design/ab.md#placement-strata).
+    # that it narrows the intervals (docs/design/ab.md#cpu-sharing-strata).
     stratify_placement: bool = False
     # A case whose two censuses, taken at set-up, already show a structural regression stops after
     # its first look: that verdict stands whatever the timing says (docs/design/gates.md#the-structural-verdict),
     # so more pairs would only spend the run's time; the first look still gives the
-    # timing's ratio. Off when the gate accepts structural changes (--dist-ab-accept-structure-change).
+    # timing's ratio. Off when the gate accepts structural changes (--dist-accept-structure-change).
     stop_on_structural_regression: bool = True
     # Likewise a case whose two memory censuses at set-up show a memory regression (exact too, so
-    # decided there). Off when the gate accepts memory changes (--dist-ab-accept-memory-change).
+    # decided there). Off when the gate accepts memory changes (--dist-accept-memory-change).
     stop_on_memory_regression: bool = True
     # Likewise a case whose two numerics replays at set-up show a change (exact too). Off when the
-    # gate accepts numerics changes (--dist-ab-accept-numerics-change).
+    # gate accepts numerics changes (--dist-accept-numerics-change).
     stop_on_numerics_regression: bool = True
-    numerics_tolerance: float | None = None  # --dist-ab-numerics-tolerance, as the stop reads the replays
+    numerics_tolerance: float | None = None  # --dist-numerics-tolerance, as the stop reads the replays
 
     def stage_sizes(self, pool_pairs: int) -> list[int]:
         """The pairs each stage adds, first to last, if every stage is run."""
@@ -129,7 +129,7 @@ EXTRA_LOOK_LEVEL = 0.0
 
 
 # How a block of rounds becomes the one number a pair compares (SideRounds.block_means), and what
-# extra_info["ab"]["block_summary"] says when --dist-ab-stratify-placement applied (gates/ab/placement_strata.py).
+# extra_info["ab"]["block_summary"] says when --dist-ab-stratify-cpu-sharing applied (gates/ab/placement_strata.py).
 BLOCK_SUMMARY = "mean"
 STRATIFIED_BLOCK_SUMMARY = "mean per placement, at the pair's mix of placements"
 

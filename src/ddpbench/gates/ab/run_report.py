@@ -4,7 +4,7 @@ ddpbench.gates.verdicts and the exit by ddpbench.gates.exit_decision; this modul
 
 from __future__ import annotations
 
-from ..exit_decision import ExitDecision, exit_lines
+from ..exit_decision import LINE_WIDTH, ExitDecision, exit_lines
 from ..verdict_words import Verdict
 from ..verdicts import GateReport, ab_report, ab_verdicts, format_text, record_decision
 from .profiling import CaseProfile
@@ -89,7 +89,7 @@ def summary_lines(report: GateReport, decision: ExitDecision, seed: int,
         lines += [(PREFIX + line, False) for line in profile.lines()]
     lines.append((PREFIX + seed_line(seed), False))
     lines += [(PREFIX + line, "exit status 1" in line)
-              for line in exit_lines(decision, OPTION_PREFIX, report.current_label)]
+              for line in exit_lines(decision, OPTION_PREFIX, report.current_label, LINE_WIDTH - len(PREFIX))]
     lines.append((exit_line(decision.status, report), bool(decision.status)))
     return lines
 
@@ -101,9 +101,16 @@ def exit_line(status: int, report: GateReport) -> str:
     if not status:
         return f"{PREFIX}exit status 0: no case fails the gate ({counts})"
     failing = [c.fullname or c.name for c in report.sorted_cases() if c.verdict.fails]
-    shown = ", ".join(failing[:3]) + (" ..." if len(failing) > 3 else "")
-    why = f"{counts} ({shown})" if failing else f"{counts}; --dist-ab-fail-on-inconclusive"
-    return f"{PREFIX}exit status 1: {why}, whatever pytest's count of passed tests says"
+    tail = ", whatever pytest counts as passed"
+    if not failing:
+        return f"{PREFIX}exit status 1: {counts}; {OPTION_PREFIX}fail-on-inconclusive{tail}"
+    names = "the cases marked << above"  # unless some of them fit in LINE_WIDTH (at most three)
+    for shown in range(min(3, len(failing)), 0, -1):
+        listed = ", ".join(failing[:shown]) + (" ..." if len(failing) > shown else "")
+        if len(f"{PREFIX}exit status 1: {counts} ({listed}){tail}") <= LINE_WIDTH:
+            names = listed
+            break
+    return f"{PREFIX}exit status 1: {counts} ({names}){tail}"
 
 
 def lost_cases(results: list) -> list[dict]:

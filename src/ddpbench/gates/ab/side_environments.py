@@ -15,7 +15,7 @@ import sysconfig
 import types
 from dataclasses import dataclass, field
 
-from ...identity import DIGEST_SOURCE, source_digest
+from ...identity import DIGEST_SOURCE, identity, source_digest, torch_version_without_import
 from ...pool import RankLaunch
 from ...pool.rank_launch import read_import_guard_log
 
@@ -308,48 +308,19 @@ def probe(side: Side, expected_protocol: int | None) -> Side:
     return dataclasses.replace(side, facts=facts)
 
 
-def _torch_version_without_import() -> str | None:
-    """``torch.__version__`` as the ranks' probe reports it (local tag included: 2.11.0+cu130),
-    read from torch/version.py so the controller need not import torch; the distribution's
-    metadata may lack the tag, and one torch must not read as two."""
-    import importlib.util
-    import re
-
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        try:
-            text = open(os.path.join(folder, "version.py"), encoding="utf-8").read()
-        except OSError:
-            continue
-        match = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
-        if match:
-            return match.group(1)
-    return None
+# The controller's torch version, read as the side's check reads it (ddpbench.identity: one torch
+# must not read as two). The old name stays importable.
+_torch_version_without_import = torch_version_without_import
 
 
 def local_facts() -> dict:
     """The controller's own interpreter, ddpbench (engine identity) and torch versions, without
-    importing torch."""
-    from importlib.metadata import PackageNotFoundError, version
-
+    importing torch: :func:`ddpbench.identity.identity`, with where they come from."""
     import ddpbench
 
-    from ... import rank_process
-
-    torch_version = _torch_version_without_import()
-    if torch_version is None:
-        try:
-            torch_version = version("torch")
-        except PackageNotFoundError:
-            torch_version = None
     return {"python": sys.executable, "python_version": sys.version.split()[0],
-            "ddpbench_file": ddpbench.__file__, "ddpbench_version": ddpbench.__version__,
-            "rank_protocol": rank_process.RANK_PROTOCOL,
-            "ddpbench_source_sha256": source_digest(os.path.dirname(ddpbench.__file__)),
-            "torch_version": torch_version, "distributions": installed_distributions()}
+            "ddpbench_file": ddpbench.__file__, **identity(import_torch=False),
+            "distributions": installed_distributions()}
 
 
 def engines_differ(baseline: Side, candidate: Side) -> bool:

@@ -103,7 +103,7 @@ def width():
     return {dim}
 '''
 QUICK = ["-p", "no:cacheprovider", "-m", "not gpu", "--dist-ab-pools-per-side=1", "--dist-ab-block-time=0.02",
-         "--dist-ab-max-time=2", "--dist-memory-census=off", "--dist-numerics-steps=0", "--dist-exposed-comm=off"]
+         "--dist-ab-max-time=2", "--dist-census=collectives", "--dist-numerics-steps=0", "--dist-exposed-comm=off"]
 
 
 # Cases beside them: one the head adds (new), one whose test the base breaks (baseline-failed).

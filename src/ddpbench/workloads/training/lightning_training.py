@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 from .. import Workload
 from .lightning import PACED_TRAINER_ARGUMENTS, PacedFit, lightning_unavailable_reason
-from .own_code import (callable_name, check_factory, check_positive, check_ranks_agree, check_step_figures,
-                       json_value, probe_peak_flops, rate_info, seeded_batches, step_metrics, tensors_of)
+from .own_code import (callable_name, check_factory, check_last_loss_finite, check_positive, check_ranks_agree,
+                       check_step_figures, json_value, own_step_metrics, probe_peak_flops, rate_info, seeded_batches, tensors_of)
 
 
 class _EndlessBatches:
@@ -90,22 +90,13 @@ class LightningTraining(Workload):
         return state["loop"].step()
 
     def rank_metrics(self, state) -> dict[str, Any]:
-        ctx, loop = state["ctx"], state["loop"]
-        metrics = step_metrics(ctx, loop.last_loss, loop.steps, loop.last_step_batches)
-        metrics["setup_seconds"] = round(state["setup_seconds"], 4)
-        for key in ("peak_flops_measured", "peak_flops_datasheet"):
-            if state.get(key):
-                metrics[key] = state[key]
-        return metrics
+        return own_step_metrics(state)
 
     def check(self, state) -> None:
         """The last loss is finite and every rank ends with rank 0's parameters (DDP)."""
-        import math
-
         ctx, loop = state["ctx"], state["loop"]
         who = f"LightningTraining({self.name or callable_name(self.module)}) on rank {ctx.rank}"
-        if loop.last_loss is not None and not math.isfinite(float(loop.last_loss)):
-            raise AssertionError(f"{who}: the last step's loss is {float(loop.last_loss)}")
+        check_last_loss_finite(who, loop.last_loss)
         check_ranks_agree(who, ctx, loop.module.parameters())
 
     def census_details(self, state) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .base import TrainingWorkload
-from .own_code import (callable_name, check_factory, check_positive, check_ranks_agree, check_step_figures,
-                       json_value, probe_peak_flops, rate_info, seeded_batches, step_metrics, tensors_of)
+from .own_code import (callable_name, check_factory, check_last_loss_finite, check_positive, check_ranks_agree,
+                       check_step_figures, json_value, own_step_metrics, probe_peak_flops, rate_info, seeded_batches, tensors_of)
 
 #: The wrappers ``ModelTraining(wrap=...)`` names; a callable ``wrap(model, ctx)`` is the user's own.
 WRAPS = ("ddp", "fsdp2", "none")
@@ -136,23 +136,15 @@ class ModelTraining(TrainingWorkload):
     def rank_metrics(self, state) -> dict[str, Any]:
         from .metrics import parameter_bytes
 
-        ctx, loop = state["ctx"], state["loop"]
-        metrics = step_metrics(ctx, loop.last_loss, loop.steps, loop.last_step_batches)
-        metrics["setup_seconds"] = round(state["setup_seconds"], 4)
-        metrics.update(parameter_bytes(loop.model))
-        for key in ("peak_flops_measured", "peak_flops_datasheet"):
-            if state.get(key):
-                metrics[key] = state[key]
+        metrics = own_step_metrics(state)
+        metrics.update(parameter_bytes(state["loop"].model))
         return metrics
 
     def check(self, state) -> None:
         """The last loss is finite; under DDP every rank ends with rank 0's parameters."""
-        import math
-
         ctx, loop = state["ctx"], state["loop"]
         who = f"ModelTraining({self.name or callable_name(self.model)}) on rank {ctx.rank}"
-        if loop.last_loss is not None and not math.isfinite(float(loop.last_loss)):
-            raise AssertionError(f"{who}: the last step's loss is {float(loop.last_loss)}")
+        check_last_loss_finite(who, loop.last_loss)
         if self.wrap == "ddp":
             check_ranks_agree(who, ctx, loop.model.parameters())
 

@@ -199,3 +199,26 @@ def check_ranks_agree(who: str, ctx, parameters) -> None:
     if float(worst) > 1e-6:
         raise AssertionError(f"{who}: the ranks' parameters differ from rank 0's after training (max |diff| "
                              f"{float(worst):.3g}): the gradients were not reduced alike on every rank")
+
+
+# What a set-up's peak-FLOPs probe found (probe_peak_flops), kept in the step's metrics where known.
+PEAK_FLOPS_KEYS = ("peak_flops_measured", "peak_flops_datasheet")
+
+
+def own_step_metrics(state: dict) -> dict[str, Any]:
+    """The step figures of a user's own training loop (``state``: "ctx", "loop", "setup_seconds"
+    and what probe_peak_flops found): step_metrics, the set-up's seconds and the peak FLOPs."""
+    ctx, loop = state["ctx"], state["loop"]
+    metrics = step_metrics(ctx, loop.last_loss, loop.steps, loop.last_step_batches)
+    metrics["setup_seconds"] = round(state["setup_seconds"], 4)
+    metrics.update({key: state[key] for key in PEAK_FLOPS_KEYS if state.get(key)})
+    return metrics
+
+
+def check_last_loss_finite(who: str, last_loss) -> None:
+    """AssertionError naming ``who`` when the last step's loss is not a finite number."""
+    import math
+
+    if last_loss is not None and not math.isfinite(float(last_loss)):
+        raise AssertionError(f"{who}: the last step's loss is {float(last_loss)}")
+

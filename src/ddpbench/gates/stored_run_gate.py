@@ -294,7 +294,7 @@ def raw_ratio(bcase, ccase, confidence: float, seed: int, run_to_run: stats.RunT
         return raw
     widened = stats.with_run_to_run(raw.ratio, raw.low, raw.high, run_to_run, threshold, confidence)
     return RawRatio(raw.method.replace("mann-whitney", "run-to-run"), raw.ratio, widened.low, widened.high,
-                    widened.p_value if raw.p_value is not None else None, raw.baseline_rounds, raw.current_rounds,
+                    widened.p_value, raw.baseline_rounds, raw.current_rounds,
                     run_to_run, widened.detectable_slowdown, raw.low, raw.high, raw.p_value)
 
 

@@ -143,7 +143,8 @@ def _load_warnings(base: Run, cur: Run) -> tuple[str, ...]:
     if not busy:
         return ()
     return ("the machine was overloaded while saving " + "; ".join(f"{k} ({v})" for k, v in busy.items())
-            + ": between-run load changes are not in the rounds' noise, so verdicts may be false alarms",)
+            + ": the intervals hold the run-to-run spread the history and the pools measured, and no more; "
+            "a load that came or went in a way neither saw can still move a case",)
 
 
 def plan_drift(base: Run, cur: Run, calibration: str) -> DriftPlan:

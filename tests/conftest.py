@@ -36,7 +36,8 @@ def _no_xdist_marks_for_child_pytest_runs(monkeypatch):
 def _child_pytest_runs_without_the_memory_census(request, monkeypatch):
     """Each rank of a pytest run that a test starts would import torch's memory tracker (a second or
     more of CPU) for a record only memory tests read: theirs (marker ``memory_census``) keep it; likewise
-    the numerics replay (two more set-ups per case), kept by the marker ``numerics``."""
+    the numerics replay (two more set-ups per case), kept by the marker ``numerics``, and each case's
+    second pool (a pool start and a set-up more), kept by the marker ``case_pools``."""
     if "pytester" in request.fixturenames:
         request.getfixturevalue("pytester")  # first: pytester clears PYTEST_ADDOPTS when it starts
     if request.node.get_closest_marker("memory_census") is None:
@@ -45,6 +46,9 @@ def _child_pytest_runs_without_the_memory_census(request, monkeypatch):
     if request.node.get_closest_marker("numerics") is None:  # likewise the numerics replay's two set-ups
         addopts = os.environ.get("PYTEST_ADDOPTS", "")
         monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-numerics-steps=0".strip())
+    if request.node.get_closest_marker("case_pools") is None:  # and the second pool of every case
+        addopts = os.environ.get("PYTEST_ADDOPTS", "")
+        monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-case-pools=1".strip())
 
 
 def pytest_collection_modifyitems(items):

@@ -15,9 +15,10 @@ import pytest
 from .benchmark_internals import recorded_rounds, set_round_timer
 from .devices import cpu_count
 from .engine.modes import rank_aggregates, rounds_info
-from .engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
+from .engine.timing import MIN_ROUNDS_PER_POOL, CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
 from .engine.unchanged_parameters import unchanged_parameters
 from .pool import PoolSpec, TaskFailed
+from .storage.records import POOL_SPLIT_KEY
 from .workloads import case_extra_info
 
 
@@ -107,12 +108,36 @@ class DistBenchmark:
         self.extra_info = benchmark.extra_info  # tests may add their own keys
 
     def _measure(self, workload, plan: RoundPlan, timeout_s: float) -> CaseRounds:
-        """The case's own rounds (the candidate's in A/B mode)."""
+        """The case's own rounds (the candidate's in A/B mode); split across ``plan.pools`` pools
+        (:meth:`_pools_of_case`), each pool's rounds in turn, their counts and medians in
+        ``extra_info["pool_split"]``."""
         if self.ab is None or self.benchmark.disabled:
-            return CaseRounds.of(self.pool.run(measure_workload, workload, plan, timeout_s=timeout_s))
+            pools = self._pools_of_case(plan)
+            rounds, counts = None, []
+            for j, pool in enumerate(pools):
+                share = plan.share(len(pools), j)
+                measured = CaseRounds.of(pool.run(measure_workload, workload, share, timeout_s=timeout_s))
+                counts.append(measured.round_times)
+                rounds = measured if rounds is None else rounds.then(measured)
+            if len(pools) > 1:
+                self.benchmark.extra_info[POOL_SPLIT_KEY] = {
+                    "count": len(pools), "rounds": [len(times) for times in counts],
+                    "medians_s": [statistics.median(times) for times in counts]}
+            return rounds
         # The candidate's pool 0 is the case's own (self.pool): the registry hands back the same one.
         return self.ab.measure(lambda side, launch, j: self._pools.get(self.spec, launch, j, owner=side),
                                self.pool, workload, plan, timeout_s, self.case_id, self.benchmark.extra_info)
+
+    def _pools_of_case(self, plan: RoundPlan) -> list:
+        """The pools a case is measured in: the case's own, then pools 1 .. ``plan.pools`` - 1 of
+        its spec (each started once a session, the workload set up anew in each); one where the
+        pools are not this machine's to start (multi-node), or the rounds are too few to split."""
+        from .pool.local import PoolRegistry
+
+        wanted = plan.pools if not plan.rounds else min(plan.pools, plan.rounds // MIN_ROUNDS_PER_POOL)
+        if wanted <= 1 or not isinstance(self._pools, PoolRegistry) or self.benchmark.disabled:
+            return [self.pool]
+        return [self.pool] + [self._pools.get(self.spec, None, j) for j in range(1, wanted)]
 
     def _skip_reason(self, workload, plan: RoundPlan) -> str | None:
         reason = workload.skip_reason(self.spec)

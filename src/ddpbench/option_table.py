@@ -264,6 +264,11 @@ ADVANCED = OptionGroup("ddpbench-advanced",
            help="off: the OS places the ranks, as in a plain torch.distributed script; auto: each local "
                 "rank on a core of its own while it measures, when there are enough cores (steadier, but "
                 "it measures that placement). Default: off"),
+    Option("--dist-case-pools", type=opts.parse_case_pools, default=2, metavar="N",
+           help="pools of ranks each case is measured in, in turn, its rounds split across them (not "
+                "multiplied): a saved run holds the spread between its pools (extra_info pool_split), "
+                "which ddpbench compare's interval takes as run-to-run variance; 1: the case's pool "
+                "alone. Default: 2"),
     Option("--dist-ab-block-time", type=opts.parse_block_time, default=0.1, metavar="SECONDS",
            help="A/B: recorded seconds aimed for per block (at least 3 rounds). Default: 0.1"),
     Option("--dist-ab-pools-per-side", type=opts.parse_pools_per_side, default=2, metavar="N",

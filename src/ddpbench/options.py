@@ -149,6 +149,14 @@ def parse_pools_per_side(text: str) -> int:
     return _positive_number(int, text, "pools per side", maximum=MAX_POOLS_PER_SIDE)
 
 
+MAX_CASE_POOLS = 8
+
+
+def parse_case_pools(text: str) -> int:
+    """Fresh pools each case is measured in, its rounds split across them (1 or more)."""
+    return _positive_number(int, text, "pools per case", maximum=MAX_CASE_POOLS)
+
+
 def parse_seed(text: str) -> int:
     """A/B mode: the seed of the block order (a whole number from 0 to 2**32 - 1)."""
     value = text.strip()

@@ -305,6 +305,7 @@ def pytest_collection_finish(session):
     from .workloads.collective_cases import check_memory, smallest_gpu_free_bytes
 
     ab = state.ab
+    # --dist-case-pools: a case's pools run in turn, each tearing its buffers down before the next
     pools_at_once = 2 * ab.settings.pools_per_side if ab is not None else 1
     if not session.config.getoption("collectonly", False):  # listing cases allocates nothing
         check_memory(session.items, pools_at_once, psutil.virtual_memory().available, smallest_gpu_free_bytes)
@@ -431,6 +432,7 @@ def dist_round_plan(request) -> RoundPlan:
         census="collectives" in censuses,
         memory_census="memory" in censuses,
         numerics_steps=config.getoption("dist_numerics_steps", 3),
+        pools=config.getoption("dist_case_pools", 2),
     )
     dist_given = {flag: config.getoption(flag[2:].replace("-", "_"), None) for flag, _ in _TIMING_OPTIONS}
     dist_given = {flag: value for flag, value in dist_given.items() if value is not None}

@@ -12,12 +12,17 @@ from typing import Any
 from .workloads import Workload, case_extra_info
 
 INJECT_ENV = "DDPBENCH_INJECT_SLOWDOWN"
+#: The name that slows down every training step (the training and transformer families) in
+#: :data:`INJECT_ENV`, beside the collectives' op names.
+TRAINING = "training"
 
 
 def parse_injected_slowdown(text: str | None) -> dict[str, float]:
-    """``"all_reduce:10%,broadcast:5"`` -> ``{"all_reduce": 0.10, "broadcast": 0.05}``."""
+    """``"all_reduce:10%,broadcast:5,training:20"`` -> ``{"all_reduce": 0.10, "broadcast": 0.05,
+    "training": 0.20}``."""
     from .workloads.collectives import COLLECTIVES
 
+    names = (*COLLECTIVES, TRAINING)
     result: dict[str, float] = {}
     for item in (text or "").split(","):
         item = item.strip()
@@ -29,9 +34,9 @@ def parse_injected_slowdown(text: str | None) -> dict[str, float]:
             value = float(pct)
         except ValueError:
             value = -1.0
-        if not sep or op not in COLLECTIVES or not value >= 0:
+        if not sep or op not in names or not value >= 0:
             raise ValueError(f"{INJECT_ENV}={text!r}: expected a comma list of op:percent with op in "
-                             f"{', '.join(COLLECTIVES)} and percent >= 0, e.g. all_reduce:10%")
+                             f"{', '.join(names)} and percent >= 0, e.g. all_reduce:10%")
         result[op] = value / 100.0
     return result
 
@@ -58,10 +63,33 @@ def _injected_wait(seconds: float) -> None:
 
 @dataclass(frozen=True)
 class SlowedDown(Workload):
-    """``inner`` (a collective), whose rounds take ``1 + fraction`` times the op's own time where
-    this rank's environment injects a slowdown for its op (:data:`INJECT_ENV`, read at set-up)."""
+    """``inner`` (a collective, or a training step), whose rounds take ``1 + fraction`` times the
+    op's own time where this rank's environment injects a slowdown for its op, or for
+    :data:`TRAINING` (:data:`INJECT_ENV`, read at set-up). Every other hook is the inner one's, so a
+    wrapped case counts, replays and reports what the plain one does."""
 
     inner: Any
+
+    @property
+    def injected_as(self) -> str | None:
+        """The name :data:`INJECT_ENV` slows this workload down by."""
+        from .workloads.training.base import TrainingWorkload
+
+        return TRAINING if isinstance(self.inner, TrainingWorkload) else getattr(self.inner, "op", None)
+
+    @property
+    def numerics_replay(self):  # type: ignore[override]
+        return self.inner.numerics_replay
+
+    @property
+    def single_process(self):
+        return getattr(self.inner, "single_process", False)
+
+    def memory_census_targets(self, state):
+        return self.inner.memory_census_targets(state["inner"])
+
+    def numerics_targets(self, state):
+        return self.inner.numerics_targets(state["inner"])
 
     @property
     def group(self):  # type: ignore[override]
@@ -75,7 +103,7 @@ class SlowedDown(Workload):
         return self.inner.skip_reason(spec)
 
     def setup(self, ctx):
-        fraction = parse_injected_slowdown(os.environ.get(INJECT_ENV)).get(getattr(self.inner, "op", None), 0.0)
+        fraction = parse_injected_slowdown(os.environ.get(INJECT_ENV)).get(self.injected_as, 0.0)
         state = {"inner": self.inner.setup(ctx), "fraction": fraction, "gpu_sleep_cycles": 0, "host_wait_s": 0.0}
         if fraction and ctx.device_type == "cuda":
             state["gpu_sleep_cycles"], state["host_wait_s"] = _cuda_injection(ctx, self.inner, state["inner"], fraction)
@@ -87,21 +115,21 @@ class SlowedDown(Workload):
 
     def run_round(self, state) -> None:
         if not state["fraction"]:
-            self.inner.run_round(state["inner"])
-            return
+            return self.inner.run_round(state["inner"])
         if state["gpu_sleep_cycles"]:
             import torch
 
-            self.inner.run_round(state["inner"])
+            out = self.inner.run_round(state["inner"])
             torch.cuda._sleep(state["gpu_sleep_cycles"])
-            return
+            return out
         if state["host_wait_s"]:
-            self.inner.run_round(state["inner"])
+            out = self.inner.run_round(state["inner"])
             _injected_wait(state["host_wait_s"])
-            return
+            return out
         start = time.perf_counter()
-        self.inner.run_round(state["inner"])
+        out = self.inner.run_round(state["inner"])
         _injected_wait((time.perf_counter() - start) * state["fraction"])
+        return out
 
     def rank_metrics(self, state) -> dict[str, Any]:
         metrics = dict(self.inner.rank_metrics(state["inner"]) or {})
@@ -167,10 +195,12 @@ def _cuda_injection(ctx, inner, inner_state, fraction: float) -> tuple[int, floa
 
 
 def pytest_ddpbench_prepare_workload(workload, spec):
-    """With ``-p ddpbench.testing``: every collective case can be slowed down by the environment."""
+    """With ``-p ddpbench.testing``: every collective and training case can be slowed down by the
+    environment."""
     from .workloads.collectives import Collective
+    from .workloads.training.base import TrainingWorkload
 
-    return SlowedDown(workload) if isinstance(workload, Collective) else None
+    return SlowedDown(workload) if isinstance(workload, (Collective, TrainingWorkload)) else None
 
 
 def rank_state(ctx) -> dict[str, Any]:

@@ -282,14 +282,14 @@ def test_an_ab_run_whose_candidate_keeps_64_mb_alive_fails_naming_it(pytester):
 
 
 def test_the_stored_baseline_gate_judges_memory_and_accepts_a_change_made_on_purpose(tmp_path, capsys, baseline):
-    from helpers.benchjson import bench, run_doc, write
+    from helpers.benchjson import after_quiet_history, bench, run_doc
     from ddpbench import cli
 
     grown = dict(baseline, peak_bytes=baseline["peak_bytes"] + (8 << 20), at_peak=dict(
         baseline["at_peak"], activations=baseline["at_peak"]["activations"] + (8 << 20)))
     rounds = [0.010, 0.0101, 0.0099, 0.0100, 0.0102, 0.0098] * 3  # the same rounds: the timing reads same
-    base = write(tmp_path / "base.json", run_doc([bench("test_step", rounds, {"memory": baseline})]))
-    cur = write(tmp_path / "cur.json", run_doc([bench("test_step", rounds, {"memory": grown})]))
+    base, cur = after_quiet_history(tmp_path, run_doc([bench("test_step", rounds, {"memory": baseline})]),
+                                    run_doc([bench("test_step", rounds, {"memory": grown})]))
     assert cli.main(["compare", str(base), str(cur)]) == 1
     out = capsys.readouterr().out
     assert "peak +8.0 MiB: activations +8.0 MiB, at blocks.3 backward" in out

@@ -59,7 +59,9 @@ def test_bootstrap_interval_contains_the_point_ratio_and_is_deterministic():
 
 
 def _trials(shift, trials, threshold=cmp.DEFAULT_THRESHOLD, seed=0, n=ROUNDS, sigma=NOISE):
-    """The case verdicts of ``trials`` synthetic comparisons of a ``shift`` x slowdown."""
+    """The case verdicts of ``trials`` synthetic comparisons of a ``shift`` x slowdown, read on the
+    rounds' own statistics (``run_to_run="off"``: the run-to-run component added to every interval
+    is tested in test_run_to_run.py)."""
     rng = np.random.default_rng(seed)
     cases = []
     for i in range(trials):
@@ -67,7 +69,7 @@ def _trials(shift, trials, threshold=cmp.DEFAULT_THRESHOLD, seed=0, n=ROUNDS, si
             "c": Case("c", "c", None, {}, {"median": 1.0}, sample(rng, 0.01, n, sigma))})
         cur = Run(Path("c"), {}, {}, None, {
             "c": Case("c", "c", None, {}, {"median": 1.0}, sample(rng, 0.01 * shift, n, sigma))})
-        result = cmp.compare_runs(base, cur, threshold=threshold, calibration="never", seed=i)
+        result = cmp.compare_runs(base, cur, threshold=threshold, calibration="never", seed=i, run_to_run="off")
         cases.append(result.cases[0])
     return cases
 
@@ -124,7 +126,9 @@ def test_summary_stats_fallback_gives_verdicts_and_says_so(tmp_path):
     assert any("--benchmark-save-data" in w for w in result.warnings)
     verdicts = {c.name: c for c in result.cases}
     assert verdicts["a"].verdict == "regression" and verdicts["a"].method == "summary-stats"
-    assert verdicts["b"].verdict == "same"
+    # unchanged: two runs alone cannot rule out the stated run-to-run floor's 10%
+    assert verdicts["b"].verdict in ("same", "not-slower", "inconclusive")
+    assert cmp.compare_runs(base, cur, run_to_run="off").cases[1].verdict == "same"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,11 +167,12 @@ def _slower_machine_runs(tmp_path, factor, real_slowdown=1.0, cur_probe=None):
 
 def test_uniformly_slower_machine_is_normalised_and_reported(tmp_path):
     base, cur = _slower_machine_runs(tmp_path, 1.2)
-    raw = cmp.compare_runs(base, cur, calibration="never")
+    raw = cmp.compare_runs(base, cur, calibration="never", run_to_run="off")
     assert raw.count("regression") == 4  # pytest-benchmark's one-number gate would flag all of these
     result = cmp.compare_runs(base, cur)
     assert result.normalised and result.drift == pytest.approx(1.2)
-    assert result.count("regression") == 0 and result.count("same") == 4
+    assert result.count("regression") == 0 and result.count("improvement") == 0
+    assert cmp.compare_runs(base, cur, run_to_run="off").count("same") == 4  # the rounds' own interval
     assert any("1.200" in n and "slower" in n for n in result.notes)
     assert all(c.ratio == pytest.approx(1.0, abs=0.06) for c in result.cases)
     assert all(c.calibrated and c.calibration_factor == pytest.approx(1.2) for c in result.cases)
@@ -233,17 +238,19 @@ def test_a_probe_outside_the_band_never_turns_a_slowdown_into_an_improvement(tmp
 def test_a_correction_within_the_band_never_flips_a_verdict(tmp_path, capsys):
     # 1.12x measured (significantly slower: a raw regression at 10%) with a 1.24x probe: divided,
     # 0.90, which alone would read as an improvement.
+    # The sign rule read on the rounds' own interval (run_to_run off): with the run-to-run floor a
+    # 1.12x of two runs is no raw regression to begin with.
     b, c = _scenario(tmp_path, slowdown=1.12, probe=1.24, n=60)
-    raw = cmp.compare_runs(load_run(b), load_run(c), calibration="never")
+    raw = cmp.compare_runs(load_run(b), load_run(c), calibration="never", run_to_run="off")
     assert raw.cases[0].verdict == "regression"
-    [case] = cmp.compare_runs(load_run(b), load_run(c)).cases
+    [case] = cmp.compare_runs(load_run(b), load_run(c), run_to_run="off").cases
     assert case.calibrated and case.calibration_factor == pytest.approx(1.24)
     assert case.ratio < 1 / 1.1 and case.ci_high < 1  # what the correction alone would call an improvement
     assert case.verdict == "inconclusive" and case.reason.startswith("measured slower (raw 1.1")
     assert case.details["raw_ratio"] == pytest.approx(1.12, abs=0.03) and case.details["raw_ci"][0] > 1
     # and a measured speed-up never becomes a regression
     b, c = _scenario(tmp_path / "faster", slowdown=0.89, probe=0.8, n=60)
-    [case] = cmp.compare_runs(load_run(b), load_run(c)).cases
+    [case] = cmp.compare_runs(load_run(b), load_run(c), run_to_run="off").cases
     assert case.ratio > 1.1 and case.verdict == "inconclusive" and case.reason.startswith("measured faster")
 
 
@@ -300,7 +307,7 @@ def test_missing_probe_and_another_hostname_are_notes_not_crashes_another_cpu_is
     assert not result.normalised and result.drift is None
     assert any("no calibration in b.json" in n for n in result.notes)
     assert not any("elsewhere" in line for line in result.warnings + result.notes)
-    assert result.cases[0].verdict == "same"
+    assert result.cases[0].verdict in ("same", "not-slower", "inconclusive")
     other_cpu = dict(elsewhere, cpu={"brand_raw": "Other CPU"})
     c = write(tmp_path / "c.json", run_doc([bench("a", sample(rng, 0.01))], machine=other_cpu))
     with pytest.raises(cmp.CompareError, match="cpu_model 'Test CPU' -> 'Other CPU'.*--allow-different cpu_model"):
@@ -336,7 +343,7 @@ def test_cli_exit_1_on_regression_and_0_without(tmp_path, capsys):
     assert "regression" in line and "<<" in line
     b, c = _files(tmp_path / "same", shift=1.0)
     rc, out, _ = run_cli(capsys, "compare", b, c)
-    assert rc == 0 and "2 same" in out
+    assert rc == 0 and "regression" not in out.split("\n", 1)[0]
 
 
 def test_cli_new_and_missing_cases(tmp_path, capsys):
@@ -348,8 +355,9 @@ def test_cli_new_and_missing_cases(tmp_path, capsys):
             "crashed, hung or removed") in err
     doc = json.loads(out)
     verdicts = {case["name"]: case["verdict"] for case in doc["cases"]}
-    assert verdicts == {"test_all_reduce[gloo-2p-1MB]": "same", "test_new[x]": "new",
-                        "test_broadcast[gloo-2p-1MB]": "missing"}
+    assert verdicts["test_all_reduce[gloo-2p-1MB]"] in ("same", "not-slower", "inconclusive")
+    assert {name: verdicts[name] for name in ("test_new[x]", "test_broadcast[gloo-2p-1MB]")} == {
+        "test_new[x]": "new", "test_broadcast[gloo-2p-1MB]": "missing"}
     assert doc["counts"]["new"] == 1 and doc["counts"]["missing"] == 1 and doc["threshold"] == 0.1
     rc, out, _ = run_cli(capsys, "compare", b, c, "--allow-missing")
     assert rc == 0 and "allowed by --allow-missing" in " ".join(out.split())  # exit lines wrap at 160 columns

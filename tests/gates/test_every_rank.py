@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers.benchjson import bench, run_cli, run_doc, write
+from helpers.benchjson import after_quiet_history, bench, run_cli, run_doc, write
 from helpers.census_records import census
 from helpers.verdict_text import case_blocks
 from ddpbench.engine.census import combine_census
@@ -125,8 +125,8 @@ def test_a_malformed_rank_group_is_a_named_error(tmp_path, capsys):
 
 
 def test_the_stored_compare_fails_on_a_middle_stage_s_change(tmp_path, capsys):
-    b = write(tmp_path / "base.json", run_doc([bench(NAME, STEADY, {"census": combine_census(PIPELINE)})]))
-    c = write(tmp_path / "cur.json", run_doc([bench(NAME, STEADY, {"census": combine_census(TWICE)})]))
+    b, c = after_quiet_history(tmp_path, run_doc([bench(NAME, STEADY, {"census": combine_census(PIPELINE)})]),
+                               run_doc([bench(NAME, STEADY, {"census": combine_census(TWICE)})]))
     rc, out, _ = run_cli(capsys, "compare", str(b), str(c))
     block = case_blocks(out, {NAME})[NAME]  # the case's short row, its structure line under it
     assert rc == 1 and block.splitlines()[0].endswith("regression (structure; timing same)  <<")

@@ -177,12 +177,12 @@ def test_the_decided_verdict_fails_on_it_and_an_accepted_change_passes():
 
 
 def test_the_stored_gate_exits_1_on_a_change_and_0_when_accepted(tmp_path, capsys):
-    from helpers.benchjson import bench, run_doc, write
+    from helpers.benchjson import after_quiet_history, bench, run_doc, write
 
     rounds = [0.010, 0.0101, 0.0099, 0.0100, 0.0102, 0.0098] * 3  # the same rounds: the timing reads same
-    base = write(tmp_path / "base.json", run_doc([bench("test_step", rounds, {"numerics": _case()})]))
-    cur = write(tmp_path / "cur.json", run_doc([bench("test_step", rounds, {"numerics": _case(scale=2.0)})]))
-    same = write(tmp_path / "same.json", run_doc([bench("test_step", rounds, {"numerics": _case()})]))
+    base, cur = after_quiet_history(tmp_path, run_doc([bench("test_step", rounds, {"numerics": _case()})]),
+                                    run_doc([bench("test_step", rounds, {"numerics": _case(scale=2.0)})]))
+    same = write(base.parent / "0007_same.json", run_doc([bench("test_step", rounds, {"numerics": _case()})]))
     assert cli.main(["compare", str(base), str(same)]) == 0
     assert "same (bitwise): 2 steps on 2 ranks" in capsys.readouterr().out
     assert cli.main(["compare", str(base), str(cur)]) == 1

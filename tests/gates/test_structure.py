@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from helpers.benchjson import bench, run_cli, run_doc, write
+from helpers.benchjson import after_quiet_history, bench, run_cli, run_doc, write
 from helpers.census_records import census
 from ddpbench import cli
 from ddpbench.gates import verdicts
@@ -279,8 +279,8 @@ def _runs(tmp_path, base_census, cur_census, cur_rounds=STEADY):
     def info(c):
         return {} if c is None else {"census": c}
 
-    b = write(tmp_path / "base.json", run_doc([bench(NAME, STEADY, info(base_census))]))
-    c = write(tmp_path / "cur.json", run_doc([bench(NAME, cur_rounds, info(cur_census))]))
+    b, c = after_quiet_history(tmp_path, run_doc([bench(NAME, STEADY, info(base_census))]),
+                               run_doc([bench(NAME, cur_rounds, info(cur_census))]))
     return str(b), str(c)
 
 

@@ -76,3 +76,16 @@ def run_cli(capsys, *argv):
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     return rc, out, err
+
+
+def after_quiet_history(folder, base_doc, cur_doc, history: int = 4) -> tuple[Path, Path]:
+    """``base_doc`` and ``cur_doc`` saved as runs ``history`` + 1 and + 2 of a machine folder, after
+    ``history`` copies of the baseline: the stored gate's run-to-run component then reads a quiet
+    machine (5 saved runs, none moving), so the timing verdict is the rounds' own, as two runs of one
+    quiet session would give it. For tests of what a comparison shows besides the run-to-run
+    spread (tests/gates/test_run_to_run.py tests that)."""
+    folder = Path(folder) / "Linux-CPython-3.11-64bit"
+    for i in range(history):
+        write(folder / f"{i + 1:04d}_history.json", base_doc)
+    base = write(folder / f"{history + 1:04d}_base.json", base_doc)
+    return base, write(folder / f"{history + 2:04d}_cur.json", cur_doc)

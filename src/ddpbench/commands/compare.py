@@ -85,13 +85,15 @@ def run(args) -> int:
             raise stored.RunError(f"baseline and current are the same file: {base_path}")
         base = base or stored.load_run(base_path)
         cur = stored.load_run(cur_path)
+        history, skipped = stored.history_runs(cur_path.parent, cur_path)
         result = cmp.compare_runs(base, cur, threshold=args.threshold, confidence=args.confidence,
                                   calibration=args.calibration, allow_different=set().union(*args.allow_different),
                                   accept_structure_change=args.accept_structure_change,
                                   accept_memory_change=args.accept_memory_change,
                                   memory_tolerance=args.memory_tolerance,
                                   accept_numerics_change=args.accept_numerics_change,
-                                  numerics_tolerance=args.numerics_tolerance)
+                                  numerics_tolerance=args.numerics_tolerance, history=history)
+        result.notes += skipped
         if not (args.baseline or args.candidate):
             result.selection = selection.lines
             result.preamble += selection.lines

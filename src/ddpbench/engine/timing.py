@@ -7,6 +7,7 @@ docs/design/engine.md#timing-rule; a round's mechanics: :mod:`.rounds`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -42,6 +43,11 @@ AUTO_PROBE_ROUNDS = 5
 _Z95 = 1.959964
 
 
+# The fewest rounds a pool records when a case's rounds are split across pools: a pool's median
+# needs two rounds for its own spread (ddpbench.gates.stats.MIN_VALUES).
+MIN_ROUNDS_PER_POOL = 3
+
+
 @dataclass(frozen=True)
 class RoundPlan:
     """How many rounds to run.
@@ -72,6 +78,27 @@ class RoundPlan:
     # After the recorded rounds, this many rounds of each of the workload's variants
     # (Workload.variants), interleaved with as many more rounds of the workload itself; 0: none.
     variant_rounds: int = 0
+    # Fresh pools of ranks a case is measured in, its rounds split across them (not multiplied), so a
+    # saved run holds the spread between pools that the stored gate's interval needs
+    # (docs/design/gates.md#run-to-run-variance). Read by the controller (DistBenchmark), not ranks.
+    pools: int = 1
+
+    def share(self, pools: int, index: int) -> "RoundPlan":
+        """This plan for pool ``index`` of ``pools`` a case's rounds are split across: its share of
+        the rounds (they add up to ``rounds``), or of the recorded time, with the rounds' bounds and
+        the stop rule's precision widened by sqrt(pools), so the case's median over all pools is
+        known as precisely as one pool's was; the exact measurements (the censuses, the numerics
+        replay, the variant rounds) in the first pool only."""
+        if pools <= 1:
+            return self
+        rounds = self.rounds // pools + (index < self.rounds % pools) if self.rounds else 0
+        plan = dataclasses.replace(self, rounds=rounds, min_time_s=self.min_time_s / pools,
+                                   min_rounds=max(MIN_ROUNDS_PER_POOL, math.ceil(self.min_rounds / pools)),
+                                   max_rounds=max(MIN_ROUNDS_PER_POOL, math.ceil(self.max_rounds / pools)),
+                                   precision=self.precision * math.sqrt(pools), pools=1)
+        if index == 0:
+            return plan
+        return dataclasses.replace(plan, census=False, memory_census=False, numerics_steps=0, variant_rounds=0)
 
     def rounds_for(self, seconds_per_round: float) -> int:
         """The recorded-round count that fills ``min_time_s`` within [min_rounds, max_rounds]."""
@@ -455,6 +482,13 @@ class CaseRounds(NamedTuple):
     rank_round_times: list[list[float]]
     # Per name, each variant round's time, max over ranks (RankSession.time_variants); None: none ran.
     variant_times: dict[str, list[float]] | None = None
+
+    def then(self, other: "CaseRounds") -> "CaseRounds":
+        """These rounds followed by ``other``'s (the same case in another pool): the metrics,
+        censuses and variant rounds stay these (the first pool's; the others measure none)."""
+        return CaseRounds(self.round_times + other.round_times, self.rank_metrics,
+                          [None if a is None or b is None else a + b for a, b in zip(self.rank_cpus, other.rank_cpus)],
+                          [a + b for a, b in zip(self.rank_round_times, other.rank_round_times)], self.variant_times)
 
     @classmethod
     def of(cls, measurements: list[RankMeasurement]) -> "CaseRounds":

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..storage.records import CALIBRATION_KEY
-from ..storage.runs import RunError, load_run, run_of_doc
+from ..storage.runs import RunError, history_runs, load_run, run_of_doc
 from . import stored_run_gate as cmp
 
 TITLE = "ddpbench: noise-aware verdicts for the same comparison"
@@ -37,7 +37,10 @@ def verdict_lines(baseline_file: Path, current_doc: dict) -> list[str]:
     try:
         base = load_run(baseline_file)
         cur = run_of_doc(Path(CURRENT_LABEL), current_doc)
-        result = cmp.compare_runs(base, cur)
+        # up to the baseline: by now pytest-benchmark may have saved this session's results after it
+        history, skipped = history_runs(baseline_file.parent, through=baseline_file)
+        result = cmp.compare_runs(base, cur, history=history)
+        result.notes += skipped
     except RunError as exc:
         return [f"ddpbench compare: no verdicts: {exc}"]
     return cmp.format_text(result).splitlines()

@@ -470,12 +470,241 @@ def summary_ratio_ci(base_stats: dict, cur_stats: dict,
 
 
 def decide_unpaired(ratio: float, ci_low: float, ci_high: float, p_value: float | None, threshold: float,
-                    confidence: float = DEFAULT_CONFIDENCE) -> Verdict:
+                    confidence: float = DEFAULT_CONFIDENCE, alpha: float | None = None) -> Verdict:
     """The stored-run verdict (module docstring); ``p_value`` None: summary statistics only, the
-    interval alone decides."""
-    significant = p_value is None or p_value < 1.0 - confidence
+    interval alone decides. ``alpha``: the level a change must be significant at (default
+    1 - ``confidence``; with the run-to-run component, :func:`stored_alpha`)."""
+    significant = p_value is None or p_value < (1.0 - confidence if alpha is None else alpha)
     if ratio > 1 + threshold and ci_low > 1 and significant:
         return Verdict.REGRESSION
     if ratio < 1 / (1 + threshold) and ci_high < 1 and significant:
         return Verdict.IMPROVEMENT
     return interval_verdict(ci_low, ci_high, threshold)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stored runs: the run-to-run component (docs/design/gates.md#run-to-run-variance)
+# ----------------------------------------------------------------------------------------------
+
+# The run-to-run SD assumed when nothing measured it: the runs hold no pool spread and the storage
+# fewer than MIN_HISTORY_RUNS saved runs of the case on this machine. Stated, and conservative: a
+# run's log median moved by about this much (SD) between runs minutes apart on a quiet 2-core
+# machine at 10 MB and above (docs/results.md, "Reliability of the stored-baseline gate").
+RUN_TO_RUN_FLOOR = 0.05
+# The fewest saved runs of a case whose spread may set its run-to-run SD below the floor (4
+# differences); a shorter history (2 runs or more) can only widen the interval past the floor.
+MIN_HISTORY_RUNS = 5
+# Successive differences further than this many (normal-consistent) MADs from their median are a
+# step in the history (a code change), not noise, and are left out of the estimate.
+HISTORY_TRIM_MADS = 3.0
+HISTORY_TRIM_MIN = 8  # ... and only with this many differences (fewer: a step widens the interval)
+# The most recent saved runs the history estimate reads: the machine as it is now.
+HISTORY_RUNS = 30
+
+
+@dataclass(frozen=True)
+class RunToRun:
+    """The run-to-run component of a case's time: ``sd``, the SD of one run's log median about the
+    case's level that the rounds inside a run do not show (where the OS placed the ranks, the heap,
+    the machine's load and clock), the degrees of freedom of that estimate (``math.inf``: a stated
+    figure) and, in words, where it came from."""
+
+    sd: float
+    df: float
+    source: str
+    measured: bool = True  # False: the stated floor, nothing measured it
+    trusted: bool = True  # False: measured on too little to go below the floor (a short history, pools)
+
+    def to_dict(self) -> dict:
+        return {"sd": self.sd, "df": self.df if math.isfinite(self.df) else None, "source": self.source,
+                "measured": self.measured}
+
+    def cell(self) -> str:
+        """'±4.1% (history, 12 runs)': the run-to-run SD in the report's run-to-run column."""
+        return f"±{self.sd * 100:.1f}% ({self.source})"
+
+
+NO_RUN_TO_RUN = RunToRun(0.0, math.inf, "off: the rounds' own interval", measured=False)
+
+
+def floor_run_to_run(why: str) -> RunToRun:
+    return RunToRun(RUN_TO_RUN_FLOOR, math.inf, f"floor, {why}", measured=False)
+
+
+def log_median_se(rounds) -> float:
+    """The standard error of a run's log median from its rounds: the 95% distribution-free interval
+    of the median (order statistics) on the log scale, as a normal SE. 0 for fewer than 2 rounds."""
+    x = np.sort(np.asarray(rounds, dtype=float))
+    n = x.size
+    if n < MIN_VALUES:
+        return 0.0
+    half = 1.959964 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half) - 1)
+    high = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return float(math.log(x[high] / x[low]) / (2 * 1.959964))
+
+
+def history_spread(log_medians) -> tuple[float, int]:
+    """(variance, differences kept) of the successive differences of a series of run log medians
+    (in run order): the mean square of the differences within HISTORY_TRIM_MADS robust SDs of their
+    median (with HISTORY_TRIM_MIN of them or more), so a lasting step (a code change) is left out.
+    A successive difference of two runs of unchanged code has the variance of a stored comparison's
+    log ratio, within-run noise included. (nan, 0) for fewer than 2 medians."""
+    from scipy.stats import median_abs_deviation
+
+    diffs = np.diff(np.asarray(log_medians, dtype=float))
+    if diffs.size == 0:
+        return math.nan, 0
+    scale = float(median_abs_deviation(diffs, scale="normal"))
+    centre = float(np.median(diffs))
+    few = diffs.size < HISTORY_TRIM_MIN  # a MAD of a few differences is too loose to trim by
+    kept = diffs if few else diffs[np.abs(diffs - centre) <= HISTORY_TRIM_MADS * scale]  # MAD 0: the equal ones
+    if kept.size == 0:
+        kept = diffs
+    return float(np.mean(kept ** 2)), int(kept.size)
+
+
+def history_df(differences: int) -> float:
+    """The degrees of freedom of a variance read from ``differences`` successive differences: they
+    overlap (each run is in two), worth about 2/3 of one each for normal runs; half of one is taken,
+    (simulated with 2/3, unchanged code read regression in ~1% of comparisons at alpha 0.01, about
+    twice the nominal rate)."""
+    return max(1.0, differences / 2.0)
+
+
+def run_to_run_from_history(runs_rounds: list) -> RunToRun | None:
+    """The run-to-run SD from a case's saved runs on this machine, oldest first, each its raw rounds
+    (a random-effects estimate: runs, then rounds within a run). The successive differences of the
+    runs' log medians hold twice the run-to-run variance plus two runs' within-run variance; the
+    latter (from each run's rounds) is taken out. None for fewer than 2 runs; with fewer than
+    MIN_HISTORY_RUNS, not ``trusted`` (it may only widen the interval past the floor)."""
+    runs = [r for r in runs_rounds if len(r) >= 1][-HISTORY_RUNS:]
+    if len(runs) < 2:
+        return None
+    logs = [math.log(float(np.median(r))) for r in runs]
+    spread, kept = history_spread(logs)
+    within = float(np.mean([log_median_se(r) ** 2 for r in runs]))
+    variance = max(0.0, spread / 2 - within)
+    return RunToRun(math.sqrt(variance), history_df(kept), f"history, {len(runs)} runs",
+                    trusted=len(runs) >= MIN_HISTORY_RUNS)
+
+
+def run_to_run_from_pools(runs_pools: list) -> RunToRun | None:
+    """The run-to-run SD of a run's median from the runs' own pools: each run measured the case in
+    k >= 2 fresh pools, rounds split across them (``runs_pools``: per run, per pool its rounds). The
+    spread of the pool medians about their run's, less their within-pool variance, estimates the
+    pool-to-pool variance; a run's median over k pools carries 1/k of it. None where no run has 2
+    pools."""
+    squares, df, ks = 0.0, 0, []
+    for pools in runs_pools:
+        pools = [p for p in pools if len(p) >= 1]
+        if len(pools) < 2:
+            continue
+        logs = np.log([float(np.median(p)) for p in pools])
+        within = float(np.mean([log_median_se(p) ** 2 for p in pools]))
+        squares += max(0.0, float(np.sum((logs - logs.mean()) ** 2)) - (len(pools) - 1) * within)
+        df += len(pools) - 1
+        ks.append(len(pools))
+    if not df:
+        return None
+    pool_variance = squares / df
+    k = min(ks)
+    return RunToRun(math.sqrt(pool_variance / k), float(df), f"pools, {' + '.join(map(str, ks))}", trusted=False)
+
+
+def combine_run_to_run(*estimates: RunToRun | None) -> RunToRun:
+    """The run-to-run component a comparison uses (each estimate sees only part of what moves a run:
+    pools the placement and the heap within one session, the history everything the machine did in
+    between, as far as it holds runs). With a ``trusted`` estimate (a history of MIN_HISTORY_RUNS
+    runs or more): the largest SD, at that history's degrees of freedom, so a current run whose
+    pools spread more than the history widens its own comparison. Without one, the stated floor, or
+    a larger SD the short history or the pools show, read as a stated figure (their few degrees of
+    freedom would make the first comparisons of a quiet machine undecidable): they can only raise
+    the floor."""
+    measured = [e for e in estimates if e is not None]
+    trusted = [e for e in measured if e.trusted]
+    largest = max(measured, key=lambda e: e.sd, default=None)
+    if trusted:
+        history = max(trusted, key=lambda e: e.sd)
+        if largest.sd > history.sd:
+            return RunToRun(largest.sd, history.df, f"{largest.source}, above {history.cell()}")
+        return history
+    if largest is None:
+        return floor_run_to_run("no saved history or pool spread of the case")
+    if largest.sd < RUN_TO_RUN_FLOOR:
+        return RunToRun(RUN_TO_RUN_FLOOR, math.inf, f"floor, above {largest.cell()}", measured=False)
+    return RunToRun(largest.sd, math.inf, largest.source, trusted=False)
+
+
+def stored_alpha(confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """The two-sided level at which a stored comparison's change is significant when the run-to-run
+    component is in its interval: DEFAULT_ALPHA (as A/B's), or 1 - ``confidence`` when that is
+    stricter. The 95% interval alone would let unchanged code read regression in up to 2.5% of
+    comparisons (its one-sided miss); the goal is at most 1%."""
+    return min(DEFAULT_ALPHA, 1.0 - confidence)
+
+
+@dataclass(frozen=True)
+class StoredInterval:
+    """A stored comparison's ratio of medians with its interval and p, the run-to-run component in
+    it, and the smallest slowdown the comparison could flag (``detectable_slowdown``)."""
+
+    ratio: float
+    low: float
+    high: float
+    p_value: float | None
+    run_to_run: RunToRun
+    detectable_slowdown: float | None
+
+
+def with_run_to_run(ratio: float, low: float, high: float, run_to_run: RunToRun, threshold: float,
+                    confidence: float = DEFAULT_CONFIDENCE) -> StoredInterval:
+    """The interval of ``ratio`` (current / baseline medians) with the run-to-run component added to
+    the rounds' own (``low``, ``high``: the bootstrap interval of the two runs' rounds): on the log
+    scale the rounds' standard error (read off their interval) and twice the run-to-run variance
+    (each run carries its own), a t quantile with Satterthwaite's degrees of freedom (the run-to-run
+    estimate's; a stated figure has infinitely many). The p-value is that model's (two-sided); the
+    detectable slowdown is the smallest ratio the regression rule could flag, less 1: above 1 +
+    ``threshold`` and far enough from 1 for the interval to lie above it."""
+    from scipy import stats
+
+    if not math.isfinite(high) or low <= 0:
+        return StoredInterval(ratio, low, high, None, run_to_run, None)
+    z = float(stats.norm.isf((1.0 - confidence) / 2))
+    within = (math.log(high) - math.log(low)) / (2 * z)
+    between = 2.0 * run_to_run.sd ** 2
+    se = math.sqrt(within ** 2 + between)
+    if se == 0:
+        return StoredInterval(ratio, low, high, None if between == 0 else 1.0, run_to_run, threshold)
+    df = math.inf if between == 0 or not math.isfinite(run_to_run.df) else (
+        se ** 4 / (between ** 2 / run_to_run.df))
+    q = float(stats.t.isf((1.0 - confidence) / 2, df)) if math.isfinite(df) else z
+    centre = math.log(ratio)
+    p = float(2 * (stats.t.sf(abs(centre) / se, df) if math.isfinite(df) else stats.norm.sf(abs(centre) / se)))
+    alpha = stored_alpha(confidence)
+    q_flag = float(stats.t.isf(alpha / 2, df)) if math.isfinite(df) else float(stats.norm.isf(alpha / 2))
+    return StoredInterval(ratio, ratio * math.exp(-q * se), ratio * math.exp(q * se), p, run_to_run,
+                          max(threshold, math.exp(q_flag * se) - 1.0))
+
+
+def levels_interval(ratio: float, runs_before: int, runs_after: int, series_log_medians,
+                    confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, RunToRun]:
+    """The interval of a step between two levels of a case's history (the history page's change
+    points): ``ratio`` = after / before, each level the median of its runs' medians (``runs_before``
+    and ``runs_after`` of them), with the run-to-run
+    component the stored gate reads from the same series (:func:`history_spread`: a run's
+    variance about its level, within-run noise included), so a step is shown as decided exactly when
+    a stored comparison of those levels would be. (low, high, the run-to-run estimate)."""
+    from scipy import stats
+
+    spread, kept = history_spread(series_log_medians)
+    if not kept or not math.isfinite(spread) or runs_before < 1 or runs_after < 1 or not ratio > 0:
+        return 0.0, math.inf, floor_run_to_run("too few runs")
+    centre = math.log(ratio)
+    run_variance = spread / 2
+    df = history_df(kept)
+    # a median of n runs' medians: its variance ~ (pi / 2) * variance / n
+    se = math.sqrt(math.pi / 2 * run_variance * (1 / runs_before + 1 / runs_after))
+    q = float(stats.t.isf((1.0 - confidence) / 2, df))
+    between = RunToRun(math.sqrt(run_variance), df, f"history, {len(np.asarray(series_log_medians))} runs")
+    return math.exp(centre - q * se), math.exp(centre + q * se), between

@@ -5,6 +5,7 @@ machine-drift correction, the comparability check and each case's structural and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,16 @@ def _calibration_cell(case: CaseVerdict) -> str:
 
 
 CALIBRATION_COLUMN = Column("calibration", _calibration_cell, own_line=False)
+
+
+def _run_to_run_cell(case: CaseVerdict) -> str:
+    between = case.details.get("run_to_run")
+    if not between:
+        return "-"
+    return f"±{between['sd'] * 100:.1f}% ({between['source']})"
+
+
+RUN_TO_RUN_COLUMN = Column("run-to-run", _run_to_run_cell, own_line=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,7 +143,8 @@ def _load_warnings(base: Run, cur: Run) -> tuple[str, ...]:
     if not busy:
         return ()
     return ("the machine was overloaded while saving " + "; ".join(f"{k} ({v})" for k, v in busy.items())
-            + ": between-run load changes are not in the rounds' noise, so verdicts may be false alarms",)
+            + ": the intervals hold the run-to-run spread the history and the pools measured, and no more; "
+            "a load that came or went in a way neither saw can still move a case",)
 
 
 def plan_drift(base: Run, cur: Run, calibration: str) -> DriftPlan:
@@ -184,16 +196,17 @@ def plan_drift(base: Run, cur: Run, calibration: str) -> DriftPlan:
 
 
 def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: float | None,
-               correction: Correction, threshold: float, confidence: float) -> None:
+               correction: Correction, threshold: float, confidence: float, alpha: float | None = None) -> None:
     """The case's verdict from its raw ratio and interval and the run's correction: the sign rule
-    of the module docstring."""
+    of the module docstring (``alpha``: the level a change must be significant at)."""
     if correction.refused:
         verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio, lo, hi, p
         verdict.verdict, verdict.reason = Verdict.INCONCLUSIVE, correction.refused
         return
     factor = correction.factor
     verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.p_value = ratio / factor, lo / factor, hi / factor, p
-    verdict.verdict = stats.decide_unpaired(verdict.ratio, verdict.ci_low, verdict.ci_high, p, threshold, confidence)
+    verdict.verdict = stats.decide_unpaired(verdict.ratio, verdict.ci_low, verdict.ci_high, p, threshold, confidence,
+                                            alpha)
     if factor == 1.0:
         return
     verdict.calibrated, verdict.calibration_factor = True, factor
@@ -224,6 +237,9 @@ class Judging:
     memory_tolerance: float | None = None
     accept_numerics_change: bool = False
     numerics_tolerance: float | None = None
+    # "auto": the run-to-run component (history, pools, the stated floor) in every interval;
+    # "off": the rounds' own interval alone, as before 2026-11-28 (the lab's before/after reading).
+    run_to_run: str = "auto"
 
 
 def check_settings(judging: Judging) -> None:
@@ -238,11 +254,15 @@ def check_settings(judging: Judging) -> None:
         raise CompareError(f"--numerics-tolerance must be >= 0, got {judging.numerics_tolerance}")
     if judging.calibration not in ("auto", "always", "never"):
         raise CompareError(f"--calibration must be auto, always or never, got {judging.calibration!r}")
+    if judging.run_to_run not in ("auto", "off"):
+        raise CompareError(f"run_to_run must be auto or off, got {judging.run_to_run!r}")
 
 
 @dataclass(frozen=True)
 class RawRatio:
-    """A case's timing compared before any correction: current / baseline and its interval."""
+    """A case's timing compared before any correction: current / baseline and its interval, the
+    run-to-run component in it (``run_to_run``; None: the rounds' own interval alone) and the rounds'
+    own interval and p beside it (``rounds_low``, ``rounds_high``, ``rounds_p``)."""
 
     method: str
     ratio: float
@@ -251,30 +271,100 @@ class RawRatio:
     p_value: float | None
     baseline_rounds: int | None
     current_rounds: int | None
+    run_to_run: stats.RunToRun | None = None
+    detectable_slowdown: float | None = None
+    rounds_low: float | None = None
+    rounds_high: float | None = None
+    rounds_p: float | None = None
 
 
-def raw_ratio(bcase, ccase, confidence: float, seed: int) -> RawRatio:
+def raw_ratio(bcase, ccase, confidence: float, seed: int, run_to_run: stats.RunToRun | None = None,
+              threshold: float = DEFAULT_THRESHOLD) -> RawRatio:
     """The ratio of a case's medians with its interval: bootstrapped with a Mann-Whitney p from the
-    raw rounds where both runs kept them, else from the summary statistics."""
+    raw rounds where both runs kept them, else from the summary statistics; with ``run_to_run``, that
+    component added to the interval and the p-value taken from the same model
+    (:func:`~ddpbench.gates.stats.with_run_to_run`), the rounds' own figures kept beside it."""
     if bcase.data and ccase.data:
         lo, hi = stats.bootstrap_ratio_ci(bcase.data, ccase.data, confidence, seed=seed)
-        return RawRatio("bootstrap+mann-whitney", ccase.median / bcase.median, lo, hi,
-                        stats.mann_whitney_p(bcase.data, ccase.data), len(bcase.data), len(ccase.data))
-    ratio, lo, hi = stats.summary_ratio_ci(bcase.stats, ccase.stats, confidence)
-    return RawRatio("summary-stats", ratio, lo, hi, None, bcase.stats.get("rounds"), ccase.stats.get("rounds"))
+        raw = RawRatio("bootstrap+mann-whitney", ccase.median / bcase.median, lo, hi,
+                       stats.mann_whitney_p(bcase.data, ccase.data), len(bcase.data), len(ccase.data))
+    else:
+        ratio, lo, hi = stats.summary_ratio_ci(bcase.stats, ccase.stats, confidence)
+        raw = RawRatio("summary-stats", ratio, lo, hi, None, bcase.stats.get("rounds"), ccase.stats.get("rounds"))
+    if run_to_run is None:
+        return raw
+    widened = stats.with_run_to_run(raw.ratio, raw.low, raw.high, run_to_run, threshold, confidence)
+    return RawRatio(raw.method.replace("mann-whitney", "run-to-run"), raw.ratio, widened.low, widened.high,
+                    widened.p_value, raw.baseline_rounds, raw.current_rounds,
+                    run_to_run, widened.detectable_slowdown, raw.low, raw.high, raw.p_value)
+
+
+# ----------------------------------------------------------------------------------------------
+# The run-to-run component: the case's history on this machine, the runs' pools, the stated floor
+# ----------------------------------------------------------------------------------------------
+
+
+def _like(case, other) -> bool:
+    return not fingerprint.case_differences(case.extra_info, other.extra_info)
+
+
+def case_run_to_run(fullname: str, bcase, ccase, history) -> stats.RunToRun:
+    """The run-to-run component of one case's comparison (docs/design/gates.md#run-to-run-variance):
+    from the case's saved runs on this machine before the current one (``history``, oldest first,
+    the baseline among them; only runs with its raw rounds, measured alike), and from the pools the
+    baseline, the current run and those runs split its rounds across; the stated floor where
+    neither measures it."""
+    past = [run.cases[fullname] for run in history if fullname in run.cases]
+    past = [case for case in past if case.data and _like(case, ccase)]
+    from_history = stats.run_to_run_from_history([case.data for case in past])
+    cases = []
+    for case in (*past, bcase, ccase):  # the baseline is also in the history: once
+        if not any(case is seen for seen in cases):
+            cases.append(case)
+    from_pools = stats.run_to_run_from_pools([case.pool_rounds for case in cases if case.pool_rounds])
+    return stats.combine_run_to_run(from_history, from_pools)
+
+
+def _same_file(a: Run, b: Run) -> bool:
+    if a is b:
+        return True
+    try:
+        return a.path.exists() and b.path.exists() and a.path.resolve() == b.path.resolve()
+    except OSError:
+        return False
+
+
+def history_of(base: Run, cur: Run, runs: list[Run]) -> list[Run]:
+    """The runs a comparison's history is read from: those of ``runs`` (a storage's, oldest first)
+    saved on the current run's machine (:data:`~ddpbench.gates.fingerprint.MACHINE_FACTS`) before
+    it (all of them when it is not among them: this session's results), the current run itself left
+    out (it may hold the change being judged); the baseline always among them."""
+    at = next((i for i, run in enumerate(runs) if _same_file(run, cur)), len(runs))
+    out = [base if _same_file(run, base) else run for run in runs[:at]
+           if not fingerprint.run_differences(run.machine_info, cur.machine_info, facts=fingerprint.MACHINE_FACTS).differ]
+    if not any(run is base for run in out):
+        out.append(base)
+    return out
 
 
 def compare_case(fullname: str, bcase, ccase, correction: Correction,
-                 judging: Judging) -> tuple[CaseVerdict, set[str]]:
+                 judging: Judging, history=()) -> tuple[CaseVerdict, set[str]]:
     """One case both runs hold: its verdict, and the facts that kept it from being compared (what
-    decides its measurement differs, and ``--allow-different`` does not name it)."""
+    decides its measurement differs, and ``--allow-different`` does not name it). ``history``: the
+    saved runs its run-to-run component is read from (:func:`history_of`)."""
     verdict = CaseVerdict(ccase.name, Verdict.INCONCLUSIVE, fullname,
                           baseline_median_s=bcase.median, current_median_s=ccase.median)
-    raw = raw_ratio(bcase, ccase, judging.confidence, judging.seed)
+    between = None if judging.run_to_run == "off" else case_run_to_run(fullname, bcase, ccase, history)
+    raw = raw_ratio(bcase, ccase, judging.confidence, judging.seed, between, judging.threshold)
     verdict.method, verdict.baseline_rounds, verdict.current_rounds = raw.method, raw.baseline_rounds, raw.current_rounds
+    if raw.run_to_run is not None:
+        verdict.details.update(run_to_run=raw.run_to_run.to_dict(), detectable_slowdown=raw.detectable_slowdown,
+                               rounds_ci=[raw.rounds_low, raw.rounds_high if math.isfinite(raw.rounds_high) else None],
+                               rounds_p=raw.rounds_p)
     by_probe = ccase.calibrated_by_probe and bcase.calibrated_by_probe
     _corrected(verdict, raw.ratio, raw.low, raw.high, raw.p_value, correction if by_probe else Correction(),
-               judging.threshold, judging.confidence)
+               judging.threshold, judging.confidence,
+               None if raw.run_to_run is None else stats.stored_alpha(judging.confidence))
     differ = fingerprint.case_differences(bcase.extra_info, ccase.extra_info)
     refused = {d.fact for d in differ if d.fact not in judging.allowed}
     what = "; ".join(d.describe() for d in differ)
@@ -300,8 +390,8 @@ def judge_components(verdict: CaseVerdict, bcase, ccase, judging: Judging) -> No
                            judging.accept_numerics_change)
 
 
-def compare_cases(base: Run, cur: Run, correction: Correction, judging: Judging) -> tuple[list[CaseVerdict],
-                                                                                            int, set[str]]:
+def compare_cases(base: Run, cur: Run, correction: Correction, judging: Judging,
+                  history=()) -> tuple[list[CaseVerdict], int, set[str]]:
     """Every case's verdict (the baseline's lost cases first, then the current run's in order), how
     many were not compared, and the facts that kept them from it."""
     cases = [CaseVerdict(bcase.name, Verdict.MISSING, fullname, baseline_median_s=bcase.median)
@@ -313,7 +403,7 @@ def compare_cases(base: Run, cur: Run, correction: Correction, judging: Judging)
         if bcase is None:
             cases.append(CaseVerdict(ccase.name, Verdict.NEW, fullname, current_median_s=ccase.median))
             continue
-        verdict, refused = compare_case(fullname, bcase, ccase, correction, judging)
+        verdict, refused = compare_case(fullname, bcase, ccase, correction, judging, history)
         unlike |= refused
         not_compared += bool(refused)
         cases.append(verdict)
@@ -323,7 +413,7 @@ def compare_cases(base: Run, cur: Run, correction: Correction, judging: Judging)
 def _columns(base: Run, cur: Run) -> list[Column]:
     """The report's columns: memory and numerics only where a run recorded them (the table of runs
     saved before those censuses stays as it was)."""
-    columns = [ROUNDS_COLUMN, CALIBRATION_COLUMN, STRUCTURE_COLUMN, MEMORY_COLUMN, NUMERICS_COLUMN]
+    columns = [ROUNDS_COLUMN, RUN_TO_RUN_COLUMN, CALIBRATION_COLUMN, STRUCTURE_COLUMN, MEMORY_COLUMN, NUMERICS_COLUMN]
     for key, column in ((MEMORY_KEY, MEMORY_COLUMN), (NUMERICS_KEY, NUMERICS_COLUMN)):
         if not any(key in case.extra_info for run in (base, cur) for case in run.cases.values()):
             columns.remove(column)
@@ -343,15 +433,20 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                  seed: int = 0, allow_different: set[str] | frozenset[str] = frozenset(),
                  accept_structure_change: bool = False, accept_memory_change: bool = False,
                  memory_tolerance: float | None = None, accept_numerics_change: bool = False,
-                 numerics_tolerance: float | None = None) -> Comparison:
+                 numerics_tolerance: float | None = None, history: list[Run] | None = None,
+                 run_to_run: str = "auto") -> Comparison:
     """Each case's verdict, timing, structure and memory (the cases' records were read and checked
     when the runs were); :class:`CompareError` for bad settings and for runs that are not
     comparable (facts not in ``allow_different`` differ). ``accept_structure_change`` /
     ``accept_memory_change``: structural / memory regressions are shown as accepted, not failing;
     ``memory_tolerance``: judge the measured CUDA max allocated too (a share of the baseline's);
-    ``accept_numerics_change`` / ``numerics_tolerance``: as the numerics verdict takes them."""
+    ``accept_numerics_change`` / ``numerics_tolerance``: as the numerics verdict takes them;
+    ``history``: the saved runs of the storage, oldest first, the run-to-run component is read from
+    (:func:`history_of` keeps this machine's before the current run; None: the two runs alone);
+    ``run_to_run``: ``off`` leaves that component out (the rounds' own interval, the lab's "before")."""
     judging = Judging(threshold, confidence, calibration, seed, frozenset(allow_different), accept_structure_change,
-                      accept_memory_change, memory_tolerance, accept_numerics_change, numerics_tolerance)
+                      accept_memory_change, memory_tolerance, accept_numerics_change, numerics_tolerance,
+                      run_to_run)
     check_settings(judging)
     result = Comparison("ddpbench compare", [], threshold, confidence, columns=_columns(base, cur),
                         preamble=[f"baseline:  {base.path}", f"candidate: {cur.path}"],
@@ -366,7 +461,15 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
     if raw_missing:
         result.summary_only = True
         result.warnings.append(raw_missing)
-    cases, not_compared, unlike = compare_cases(base, cur, drift.correction, judging)
+    cases, not_compared, unlike = compare_cases(base, cur, drift.correction, judging,
+                                                history_of(base, cur, history or [base]))
+    floored = sum(1 for case in cases if (case.details.get("run_to_run") or {}).get("measured") is False)
+    if floored:
+        result.notes.append(
+            f"{floored} case(s) compared with the stated run-to-run floor (±{stats.RUN_TO_RUN_FLOOR * 100:g}% per "
+            f"run: fewer than {stats.MIN_HISTORY_RUNS} saved runs of them on this machine, and no spread above "
+            f"it between those runs or the runs' pools): each saved run of this machine (make bench) "
+            f"measures it better")
     if unlike:
         result.warnings.append(
             f"{not_compared} case(s) not compared: what decides their measurement differs between the runs "

@@ -9,6 +9,7 @@ from the embedded JSON, whose ``<`` is escaped so no string in a run can end the
 from __future__ import annotations
 
 import json
+import math
 from html import escape
 from importlib import resources
 from pathlib import Path
@@ -122,6 +123,13 @@ def _bisect_cell(step) -> str:
     return f"<code>{escape(command)}</code>"
 
 
+def _interval_cell(step) -> str:
+    """The step's interval as the stored gate reads it (its run-to-run component from the series)."""
+    if not math.isfinite(step.ci_high):
+        return ""
+    return f' <span class="muted">[{step.ci_low:.2f}, {step.ci_high:.2f}]</span>'
+
+
 def steps_section(history: History) -> str:
     """The table of detected steps, largest first, each linking to its chart."""
     if not history.steps:
@@ -132,7 +140,7 @@ def steps_section(history: History) -> str:
         series = step.series
         direction = "slower" if step.ratio > 1 else "faster"
         rows.append(
-            f'<tr><td class="num {direction}">&times;{step.ratio:.2f}</td>'
+            f'<tr><td class="num {direction}">&times;{step.ratio:.2f}{_interval_cell(step)}</td>'
             f'<td><a href="#{series.chart_id}">{escape(series.name)}</a></td>'
             f"<td>{escape(series.machine.label)}</td><td>{escape(series.backend)}</td>"
             f'<td class="num">{step.before_s * 1e3:.4g}</td><td class="num">{step.after_s * 1e3:.4g}</td>'

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..gates import stats
 from .series import Point, Series
 
 DEFAULT_MIN_STEP = 0.05
@@ -64,6 +65,17 @@ class Step:
     index: int  # the first point after the step
     before_s: float  # median of the run medians of the segment before
     after_s: float  # ... and after
+    # The step's interval as the stored gate reads it (stats.levels_interval: the run-to-run
+    # component from the same series); (0, inf) when unknown.
+    ci_low: float = 0.0
+    ci_high: float = math.inf
+    run_to_run_sd: float | None = None
+
+    @property
+    def beyond_noise(self) -> bool:
+        """Whether the interval lies wholly on the step's side of 1: a step the run-to-run noise
+        of this series does not explain."""
+        return self.ci_low > 1 if self.ratio > 1 else self.ci_high < 1
 
     @property
     def ratio(self) -> float:
@@ -99,6 +111,9 @@ class Step:
         slowdowns), or a run whose commit id is unknown or not a git hash (7 to 40 hex digits)."""
         if self.ratio <= 1:
             return "a faster step: bisect searches slowdowns"
+        if not self.beyond_noise:
+            return (f"within this series' run-to-run noise: the stored gate's interval "
+                    f"[{self.ci_low:.3f}, {self.ci_high:.3f}] holds 1")
         for point in (self.last_before, self.first_after):
             commit, record = point.record.commit, point.record
             run = f"the run {record.file}" if record.run is not None else "a run"
@@ -118,6 +133,8 @@ class Step:
                 "machine": self.series.machine.label, "backend": self.series.backend,
                 "chart": self.series.chart_id, "before_median_s": self.before_s,
                 "after_median_s": self.after_s, "ratio": self.ratio,
+                "ci": [self.ci_low, self.ci_high if math.isfinite(self.ci_high) else None],
+                "run_to_run_sd": self.run_to_run_sd, "beyond_noise": self.beyond_noise,
                 "last_before": side(self.last_before), "first_after": side(self.first_after),
                 "bisect": self.bisect_command(), "bisect_unavailable": self.bisect_unavailable()}
 
@@ -128,7 +145,8 @@ class Step:
             shown = shown_commit(point.record.commit)
             return f"{shown} ({when:%Y-%m-%d})" if when else shown
 
-        return (f"x{self.ratio:.2f}  {self.series.name} on {self.series.machine.label}, {self.series.backend}: "
+        interval = f" [{self.ci_low:.2f}, {self.ci_high:.2f}]" if math.isfinite(self.ci_high) else ""
+        return (f"x{self.ratio:.2f}{interval}  {self.series.name} on {self.series.machine.label}, {self.series.backend}: "
                 f"{self.before_s * 1e3:.4g} -> {self.after_s * 1e3:.4g} ms, between {commit(self.last_before)} "
                 f"and {commit(self.first_after)}")
 
@@ -147,7 +165,12 @@ def detect_steps(series: Series, min_step: float = DEFAULT_MIN_STEP) -> list[Ste
         if not sizes or min(sizes) >= threshold:
             break
         del cuts[sizes.index(min(sizes))]
-    return [Step(series, cut, levels[i], levels[i + 1]) for i, cut in enumerate(cuts)]
+    logs = np.log(medians)
+    steps = []
+    for i, cut in enumerate(cuts):
+        low, high, between = stats.levels_interval(levels[i + 1] / levels[i], cut - edges[i], edges[i + 2] - cut, logs)
+        steps.append(Step(series, cut, levels[i], levels[i + 1], low, high, between.sd))
+    return steps
 
 
 def all_steps(series_list: list[Series], min_step: float = DEFAULT_MIN_STEP) -> list[Step]:

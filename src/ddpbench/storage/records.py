@@ -15,6 +15,7 @@ from . import per_rank
 CENSUS_KEY = "census"  # the case's census (the candidate's in A/B mode)
 MEMORY_KEY = "memory"  # the case's memory census (the candidate's in A/B mode)
 NUMERICS_KEY = "numerics"  # the case's numerics replay (the candidate's in A/B mode)
+POOL_SPLIT_KEY = "pool_split"  # the pools a case's rounds were split across (:func:`read_pool_split`)
 AB_KEY = "ab"  # an A/B case's verdict, its figures and the baseline's records
 # In extra_info["ab"]:
 BASELINE_CENSUS_KEY = "census_baseline"
@@ -650,14 +651,56 @@ EXTRA_INFO = Shape(Kind(lambda value: isinstance(value, dict), "not an object of
 
 
 @dataclass(frozen=True)
+class PoolSplit:
+    """The fresh pools a case was measured in, its rounds split across them in turn
+    (``extra_info["pool_split"]``): each pool's round count (the raw rounds hold pool 0's first)
+    and median round time."""
+
+    rounds: tuple[int, ...]
+    medians_s: tuple[float, ...]
+
+    def of_rounds(self, data: list[float] | None) -> list[list[float]] | None:
+        """The raw rounds cut into each pool's, or None when they are not those rounds (saved
+        without them, or another count)."""
+        if not data or sum(self.rounds) != len(data):
+            return None
+        out, start = [], 0
+        for n in self.rounds:
+            out.append(list(data[start:start + n]))
+            start += n
+        return out
+
+
+_POSITIVE_SECONDS = expect("a time in seconds above 0", lambda value: _number(value) and math.isfinite(value)
+                           and value > 0)
+POOL_SPLIT = Shape(expect("an object", lambda value: isinstance(value, dict)), (
+    Field("count", expect("a whole number of pools, 2 or more", lambda value: _whole(value) and value >= 2),
+          required=True),
+    Field("rounds", expect("a list", lambda value: isinstance(value, list)), required=True,
+          each=expect("a whole number of rounds above 0", lambda value: _whole(value) and value > 0)),
+    Field("medians_s", expect("a list", lambda value: isinstance(value, list)), required=True, each=_POSITIVE_SECONDS),
+))
+
+
+def read_pool_split(record: Any, where: str = POOL_SPLIT_KEY) -> PoolSplit:
+    """A case's pool split, checked: one round count and one median per pool."""
+    POOL_SPLIT.check(record, where)
+    if not len(record["rounds"]) == len(record["medians_s"]) == record["count"]:
+        raise RecordError(f"{where} holds {len(record['rounds'])} round counts and {len(record['medians_s'])} "
+                          f"medians for {record['count']} pools, expected one of each per pool")
+    return PoolSplit(tuple(record["rounds"]), tuple(float(m) for m in record["medians_s"]))
+
+
+@dataclass(frozen=True)
 class CaseRecords:
-    """What ddpbench recorded in a case's extra_info, read: its census, memory census, A/B record
-    and numerics record (None where it recorded none)."""
+    """What ddpbench recorded in a case's extra_info, read: its census, memory census, A/B record,
+    numerics record and pool split (None where it recorded none)."""
 
     census: Census | NotCounted | None = None
     memory: MemoryCensus | NotCounted | None = None
     ab: ABRecord | None = None
     numerics: Numerics | NotCounted | None = None
+    pool_split: PoolSplit | None = None
 
 
 def read_extra_info(info: dict) -> CaseRecords:
@@ -675,7 +718,7 @@ def read_extra_info(info: dict) -> CaseRecords:
             raise RecordError(f"extra_info {exc}", record=key) from None
 
     return CaseRecords(read(CENSUS_KEY, read_census), read(MEMORY_KEY, read_memory), read(AB_KEY, read_ab),
-                       read(NUMERICS_KEY, read_numerics))
+                       read(NUMERICS_KEY, read_numerics), read(POOL_SPLIT_KEY, read_pool_split))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import run_facts
 from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, \
-    Numerics, Ranks, RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
+    Numerics, PoolSplit, Ranks, RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
 from .writing import RUN_NAME, run_number, saved_run_files
 
 # commit_info branches that name no branch: a detached checkout (a CI job's pull request merge)
@@ -41,11 +41,18 @@ class Case:
     memory: MemoryCensus | Ranks | NotCounted | None = field(init=False)  # extra_info["memory"], read
     ab: ABRecord | None = field(init=False)  # extra_info["ab"], read
     numerics: Numerics | NotCounted | None = field(init=False)  # extra_info["numerics"], read
+    pool_split: PoolSplit | None = field(init=False)  # extra_info["pool_split"], read
 
     def __post_init__(self):
         records = read_extra_info(self.extra_info)
         self.census, self.memory, self.ab = records.census, records.memory, records.ab
-        self.numerics = records.numerics
+        self.numerics, self.pool_split = records.numerics, records.pool_split
+
+    @property
+    def pool_rounds(self) -> list[list[float]] | None:
+        """The raw rounds of each pool the case was measured in (two or more), or None: one pool, or
+        saved without its rounds."""
+        return None if self.pool_split is None else self.pool_split.of_rounds(self.data)
 
     @property
     def median(self) -> float:
@@ -385,3 +392,43 @@ def choose_runs(storage_dir: str | Path) -> Selection:
     if len(skipped) > _SHOWN_SKIPS:
         lines.append(f"passed over {len(skipped) - _SHOWN_SKIPS} more run(s)")
     return Selection(chosen, current, lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# A comparison's history: the saved runs its run-to-run component is read from
+# ----------------------------------------------------------------------------------------------
+
+# The most saved runs a comparison reads for its history (the newest before the current run).
+HISTORY_FILES = 31
+
+
+def _index(files: list[Path], path: Path) -> int | None:
+    try:
+        resolved = path.resolve()
+        return next((i for i, p in enumerate(files) if p.resolve() == resolved), None)
+    except OSError:
+        return None
+
+
+def history_runs(folder: str | Path | None, current: Path | None = None, through: Path | None = None,
+                 limit: int = HISTORY_FILES) -> tuple[list[Run], list[str]]:
+    """The saved runs of one machine folder before ``current`` (all of them when it is not one of
+    them), or up to and including ``through`` (a baseline, when the current run is not saved yet or
+    saved just now), oldest first, at most ``limit``, and one line per run left out as unreadable:
+    a history only widens intervals, so a damaged old run is named, not fatal."""
+    if folder is None or not Path(folder).is_dir():
+        return [], []
+    files = saved_run_files(Path(folder))
+    at = _index(files, current) if current is not None else None
+    if at is not None:
+        files = files[:at]
+    last = _index(files, through) if through is not None else None
+    if last is not None:
+        files = files[:last + 1]
+    runs, skipped = [], []
+    for path in files[-limit:]:
+        try:
+            runs.append(load_run(path))
+        except RunError as exc:
+            skipped.append(f"history: left out an unreadable saved run: {exc}")
+    return runs, skipped

@@ -101,19 +101,23 @@ def test_rounding_reads_rounding_a_scaled_loss_and_a_schedule_one_step_off_read_
     assert shifted.outcome == "changed" and "group 0 lr 0.00025 → 0.0005 at step 1" in shifted.line, shifted.line
 
 
-def test_a_clip_on_the_edge_of_firing_is_not_an_exact_figure():
-    base = _record(Step())
-    norm = None
-    for step in base["scalars"][0][1:]:
-        assert "workload clip fired" in step
-    # the clip at the first step's own gradient norm: rounding decides whether it fires
-    probe = Step(clip=1e9)
-    state = probe.setup(_Ctx())
-    loss = state["model"](state["x"]).float().square().mean()
-    loss.backward()
-    norm = float(torch.nn.utils.clip_grad_norm_(state["model"].parameters(), 1e9))
-    record = _record(Step(clip=norm))
-    assert "workload clip fired" in record.get("rounding_scalars", []) or record["band"] is not None
+class NamesItsNorm(Step):
+    """Names a figure rounding does move: the gradient's norm (as a clip on the edge of firing is)."""
+
+    def run_round(self, state):
+        loss = super().run_round(state)
+        state["norm"] = float(sum(p.detach().square().sum() for p in state["model"].parameters()))
+        return loss
+
+    def numerics_scalars(self, state):
+        return {**super().numerics_scalars(state), "norm": state["norm"]}
+
+
+def test_a_named_figure_the_perturbed_replays_move_is_not_compared_exactly():
+    record = _record(NamesItsNorm())
+    assert record["rounding_scalars"] == ["workload norm"]
+    nudged = compare_numerics(record, _record(NamesItsNorm(nudge=True)))
+    assert nudged.outcome == "rounding", nudged.line  # the norm moved, but rounding moves it too
 
 
 def test_bf16_autocast_widens_the_band_by_its_unit_in_the_last_place():

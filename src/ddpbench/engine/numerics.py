@@ -28,9 +28,10 @@ RANK_RECORD_VERSION = 1
 NUMERICS_SEED = 0
 #: Plain replays per run: two, so that each run measures its own determinism.
 REPLAYS = 2
-#: Perturbed replays per run (the band): each moves every parameter and floating input by one unit
-#: in the last place of the step's compute dtype, in a seeded random direction, after the set-up's
-#: fingerprint (docs/results.md, "Numerics: the band").
+#: Perturbed replays per run (the band): each moves every parameter and floating input after the
+#: set-up's fingerprint, and every gradient as each optimizer step receives it, by one unit in the
+#: last place of the step's compute dtype, in a seeded random direction (docs/results.md, "Numerics:
+#: the band": the gradients' move stands for a reduction summed in another order).
 BAND_REPLAYS = 2
 #: Hex digits kept of each tensor's digest (the step's digest over all of them keeps all 64).
 TENSOR_DIGEST_HEX = 16
@@ -427,7 +428,8 @@ class Fingerprint:
 
     def take(self, loss: Any = None, workload=None, state=None) -> tuple[str, dict[str, list], dict[str, Any]]:
         """(the step's digest, ``{name: figures}``, ``{name: exact figure}``) of the state now, the
-        gradients as the step's optimizers received them; then a new round begins."""
+        gradients as the step's optimizers received them; then a new round begins. The workload's
+        ``numerics_scalars`` are asked after a step (``state`` given), not at the set-up."""
         figures: dict[str, list] = dict(self._step_grads)
         fulls: dict[str, bytes] = dict(self._step_full)
         for name, tensor in self._named(loss):
@@ -553,7 +555,7 @@ def replay_once(workload, ctx, steps: int, seed: int = NUMERICS_SEED, perturbati
             with (_lowest_compute_dtype([m for _, m in taken.modules], watched) if watch else contextlib.nullcontext()):
                 for step in range(steps + 1):
                     loss = None if step == 0 else workload.run_round(state)
-                    digest, named, scalars = taken.take(loss, workload, state)
+                    digest, named, scalars = taken.take(loss, workload, state if step else None)
                     out.digests.append(digest)
                     out.figures.append(named)
                     out.scalars.append(scalars)
@@ -632,7 +634,7 @@ def take_numerics(workload, ctx, steps: int, replays: int = REPLAYS, band_replay
     tensors = any(first.figures[s] for s in range(len(first.figures)))
     if band_replays and steps and tensors and "not_reproducible" not in record:  # nothing to move: no band
         try:
-            perturbed = [replay(workload, ctx, steps, perturbation=Perturbation(k + 1, bits))
+            perturbed = [replay(workload, ctx, steps, perturbation=Perturbation(k + 1, bits, gradients=True))
                          for k in range(band_replays)]
         except Exception as exc:
             raise RuntimeError(f"the numerics band's replay of {type(workload).__name__} failed on rank {ctx.rank}: "

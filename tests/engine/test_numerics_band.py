@@ -127,3 +127,12 @@ def test_bf16_autocast_widens_the_band_by_its_unit_in_the_last_place():
     lossy = compare_numerics(bf16, _record(Step(bf16=True, scale=1 + 2**-11)))  # fp16 rounding of the loss
     assert lossy.outcome == "rounding", lossy.line
     assert compare_numerics(fp32, _record(Step(scale=1 + 2**-11))).outcome == "changed"
+
+
+def test_gradients_are_judged_as_the_backward_left_them_before_a_clip_hides_a_scale():
+    # A clip that fires at every step and Adam both cancel a constant scale of the gradient (a sum
+    # over the ranks instead of their mean): after the clip the step is the same up to rounding.
+    base = _record(Step(clip=1e-3))
+    doubled = compare_numerics(base, _record(Step(clip=1e-3, scale=2.0)))
+    assert doubled.outcome == "changed" and doubled.resolving_step == 1, doubled.line
+    assert "in grad " in doubled.line and "largest relative difference 1 (100%)" in doubled.line, doubled.line

@@ -278,10 +278,12 @@ class Fingerprint:
     """The trainable state of one replay, named once after set-up: per module (through its
     wrappers) its parameters, their gradients and its buffers; per optimizer each parameter's
     state; other tensors; the loss. Modules are named order-free: the one with the most
-    parameters without a prefix, the others by their class. While alive, a pre-hook on every
-    optimizer takes each step's gradients as the optimizer receives them, and the figures rounding
-    cannot move: each parameter group's hyperparameters, its parameter count and how many have a
-    gradient, the optimizer's steps."""
+    parameters without a prefix, the others by their class. While alive, hooks take each step's
+    gradients as the last backward before it left them (reduced, before a clip or the optimizer:
+    a clip that fires hides a gradient summed instead of averaged, and Adam cancels a constant
+    scale) or, where no backward ran through a hook, as the optimizer receives them; and, at each
+    optimizer step, the figures rounding cannot move: each parameter group's hyperparameters, its
+    parameter count and how many have a gradient, the optimizer's steps."""
 
     def __init__(self, targets: list[tuple[str | None, Any]], perturbation: Perturbation | None = None):
         import torch
@@ -330,6 +332,14 @@ class Fingerprint:
         self._round: dict[int, dict[str, Any]] = {}  # per optimizer: what its first step this round saw
         self._step_grads: dict[str, list] = {}
         self._step_full: dict[str, bytes] = {}
+        # The gradients as the last backward left them (reduced, before a clip): see _after_backward.
+        self._backward: dict[str, tuple[bytes, list]] | None = None
+        self._queued = False
+        self._params = [(name, p) for prefix, module in self.modules
+                        for name, p in ((prefix + canonical_name(n), p) for n, p in module.named_parameters())]
+        if hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+            self._hooks += [p.register_post_accumulate_grad_hook(self._on_grad)
+                            for _, p in self._params if p.requires_grad]
 
     def _first_param_name(self, optimizer) -> str:
         for group in optimizer.param_groups:
@@ -357,6 +367,26 @@ class Fingerprint:
             out[f"{prefix}group {i} with grad"] = sum(p.grad is not None for p in group["params"])
         return out
 
+    def _on_grad(self, param) -> None:
+        """A parameter's gradient was accumulated: once per backward, take the gradients when the
+        backward has finished, after the callbacks queued in it (DDP's and FSDP2's reductions)."""
+        if self._queued:
+            return
+        self._queued = True
+        from torch.autograd import Variable
+
+        Variable._execution_engine.queue_callback(
+            lambda: Variable._execution_engine.queue_callback(self._after_backward))
+
+    def _after_backward(self) -> None:
+        self._queued = False
+        self._backward = {}
+        seen: set[int] = set()
+        for name, param in self._params:
+            if param.grad is not None and id(param) not in seen:
+                seen.add(id(param))
+                self._backward[f"grad {name}"] = tensor_figures(f"grad {name}", param.grad)
+
     def _pre_step(self, optimizer, args, kwargs) -> None:
         seen = self._round.get(id(optimizer))
         if seen is not None:
@@ -372,9 +402,11 @@ class Fingerprint:
         for group in optimizer.param_groups:
             for param in group["params"]:
                 name = self.param_names.get(id(param))
-                if name is not None and param.grad is not None and f"grad {name}" not in self._step_grads:
-                    full, self._step_grads[f"grad {name}"] = tensor_figures(f"grad {name}", param.grad)
-                    self._step_full[f"grad {name}"] = full
+                if name is None or param.grad is None or f"grad {name}" in self._step_grads:
+                    continue
+                # as the backward left it (a clip after it does not hide a sum), else as the step receives it
+                taken = (self._backward or {}).get(f"grad {name}") or tensor_figures(f"grad {name}", param.grad)
+                self._step_full[f"grad {name}"], self._step_grads[f"grad {name}"] = taken
 
     # -- the perturbation ------------------------------------------------------------------------
 
@@ -450,7 +482,7 @@ class Fingerprint:
                     scalars[f"workload {key}"] = plain
         for key in sorted(scalars):
             step.update(f"{key}={scalars[key]!r}".encode())
-        self._round, self._step_grads, self._step_full = {}, {}, {}
+        self._round, self._step_grads, self._step_full, self._backward = {}, {}, {}, None
         return step.hexdigest(), figures, scalars
 
 

@@ -89,9 +89,10 @@ def _scalar_text(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _exact_change(base: Numerics, cur: Numerics, steps: int, label: str) -> str | None:
+def _exact_change(base: Numerics, cur: Numerics, steps: int, label: str) -> tuple[int, str] | None:
     """The first exact figure (a learning rate, a parameter count, what the workload names) that
-    differs, as a line's part, or None. Figures the baseline's perturbed replays moved are not exact."""
+    differs: (its step, a line's part), or None. Figures the baseline's perturbed replays moved are
+    not exact."""
     if base.scalars is None or cur.scalars is None:
         return None
     moved = set(base.rounding_scalars)
@@ -104,8 +105,8 @@ def _exact_change(base: Numerics, cur: Numerics, steps: int, label: str) -> str 
                 old = "absent" if name not in before else _scalar_text(before[name])
                 new = "absent" if name not in after else _scalar_text(after[name])
                 where = f"step {s}" if s else "the set-up"
-                return (f"{name} {old} → {new} at {where}" + (f" on rank {r}" if len(cur.ranks) > 1 else "")
-                        + " (exact: rounding cannot move it)")
+                return s, (f"{name} {old} → {new} at {where}" + (f" on rank {r}" if len(cur.ranks) > 1 else "")
+                           + " (exact: rounding cannot move it)")
     return None
 
 
@@ -172,6 +173,11 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
     first = differing[0]
     where = "the freshly set-up state" if first == 0 else f"step {first} of {steps - 1}"
     sets = _tensor_sets(base, cur, steps)
+    nondeterministic = [x for x in (base.first_nondeterministic_step, cur.first_nondeterministic_step) if x is not None]
+    exact = _exact_change(base, cur, min(nondeterministic, default=steps), current_label)
+    if exact is not None and (sets is None or exact[0] <= sets[0]):
+        return NumericsVerdict(Verdict.REGRESSION, f"{CHANGED} from {where}: {exact[1]}{note}", outcome=CHANGED,
+                               ratio=math.inf, resolving_step=exact[0], tensors=tensors)
     if sets is not None:
         step, only_base, only_cur = sets
         what = "; ".join(part for part in (only_base and f"only the baseline holds {_names(only_base)}",
@@ -182,7 +188,6 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
     # Steps whose replays differ within one run decide nothing: a band from a few replays of a step
     # that draws numbers no seed reaches (or runs nondeterministic kernels) cannot bound a change.
     cutoff = steps
-    nondeterministic = [x for x in (base.first_nondeterministic_step, cur.first_nondeterministic_step) if x is not None]
     if nondeterministic:
         cutoff = min(nondeterministic)
         spread = max(base.replay_spread, cur.replay_spread)
@@ -192,10 +197,6 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
         if first >= cutoff:
             return _not_counted(f"bits differ from {where}, but {why}; from there nothing is counted{note}", tensors)
         note += f"; steps from {cutoff} not counted ({why})"
-    exact = _exact_change(base, cur, cutoff, current_label)
-    if exact is not None:
-        return NumericsVerdict(Verdict.REGRESSION, f"{CHANGED} from {where}: {exact}{note}", outcome=CHANGED,
-                               ratio=math.inf, resolving_step=first, tensors=tensors)
     worst, at = 0.0, None  # the largest difference: (step, rank, tensor)
     first_worst, first_at = 0.0, None  # the largest at the first differing step
     per_group: dict[tuple[int, str], float] = {}

@@ -254,6 +254,9 @@ def test_exact_figures_are_changed_whatever_the_band_says():
     lr = compare_numerics(base, _banded(lr=2e-3))
     assert lr.verdict == "regression" and "group 0 lr 0.001 → 0.002 at the set-up" in lr.line
     assert "exact: rounding cannot move it" in lr.line
+    both = compare_numerics(base, _banded(lr=2e-3, scale=0.5))  # the tensors' own ratio beside the exact figure
+    assert both.exact.startswith("group 0 lr") and both.ratio > 10 and "; tensors: largest relative" in both.line
+    assert both.to_record()["numerics_exact"] == both.exact
     clip = compare_numerics(base, _banded(clip=False))
     assert clip.verdict == "regression" and "workload clip fired True → False at step 1" in clip.line
     # a figure the baseline's own perturbed replays moved is not exact: only the tensors decide

@@ -27,9 +27,10 @@ BAND_MARGIN = 4.0
 @dataclass(frozen=True)
 class NumericsVerdict(StructureVerdict):
     """The numerics verdict: ``outcome`` (same (bitwise), rounding, changed, not counted); where the
-    bits differ, the largest relative difference, the band at the step and tensor group that
-    decided, their ratio (difference / band: at most 1 is rounding), and the first step whose
-    difference the band resolves; the tensors and exact figures compared."""
+    bits differ, the tensors' largest relative difference, the band at the step and tensor group
+    that decided, their ratio (difference / band: at most 1 is rounding; inf where only an exact
+    figure moved), the first step whose difference the band resolves, and the exact figure that
+    moved (``exact``: changed whatever the ratio); the tensors compared."""
 
     outcome: str = NOT_COUNTED
     difference: float | None = None
@@ -37,13 +38,14 @@ class NumericsVerdict(StructureVerdict):
     ratio: float | None = None
     resolving_step: int | None = None
     tensors: int | None = None
+    exact: str | None = None  # the exact figure that moved, where one did
 
     def to_record(self) -> dict[str, Any]:
         """What a saved A/B record keeps beside ``numerics_verdict`` and ``numerics_line``."""
         out: dict[str, Any] = {"numerics_outcome": self.outcome}
         for key, value in (("numerics_difference", self.difference), ("numerics_band", self.band),
                            ("numerics_ratio", self.ratio), ("numerics_resolving_step", self.resolving_step),
-                           ("numerics_tensors", self.tensors)):
+                           ("numerics_tensors", self.tensors), ("numerics_exact", self.exact)):
             if value is not None:
                 out[key] = value if not isinstance(value, float) or math.isfinite(value) else None
         return out
@@ -175,10 +177,7 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
     sets = _tensor_sets(base, cur, steps)
     nondeterministic = [x for x in (base.first_nondeterministic_step, cur.first_nondeterministic_step) if x is not None]
     exact = _exact_change(base, cur, min(nondeterministic, default=steps), current_label)
-    if exact is not None and (sets is None or exact[0] <= sets[0]):
-        return NumericsVerdict(Verdict.REGRESSION, f"{CHANGED} from {where}: {exact[1]}{note}", outcome=CHANGED,
-                               ratio=math.inf, resolving_step=exact[0], tensors=tensors)
-    if sets is not None:
+    if sets is not None and (exact is None or sets[0] < exact[0]):
         step, only_base, only_cur = sets
         what = "; ".join(part for part in (only_base and f"only the baseline holds {_names(only_base)}",
                                            only_cur and f"only the {current_label} holds {_names(only_cur)}") if part)
@@ -194,9 +193,47 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
         why = (f"its replays differ from step {cutoff}, by up to {_relative(spread)}: the step draws numbers no "
                f"seed reaches (np.random.default_rng(), the clock) or runs nondeterministic kernels "
                f"(torch.use_deterministic_algorithms)")
-        if first >= cutoff:
+        if first >= cutoff and exact is None:
             return _not_counted(f"bits differ from {where}, but {why}; from there nothing is counted{note}", tensors)
         note += f"; steps from {cutoff} not counted ({why})"
+    judged = None if sets is not None else _judge_tensors(base, cur, first, cutoff, tolerance)
+    if exact is not None:  # changed whatever the band; the tensors' own ratio beside it
+        step, what = exact
+        line = f"{CHANGED} from {where}: {what}"
+        fields_: dict[str, Any] = dict(ratio=math.inf, resolving_step=step)
+        if judged is not None:
+            line += f"; tensors: {judged['largest']}, {_ratio(judged['ratio'])} ({judged['against']})"
+            fields_.update(difference=judged["difference"], band=judged["band"], ratio=judged["ratio"],
+                           resolving_step=min(step, judged["resolving"] if judged["resolving"] is not None else step))
+        return NumericsVerdict(Verdict.REGRESSION, line + note, outcome=CHANGED, exact=what, tensors=tensors,
+                               **fields_)
+    if judged is None:  # every figure equal, the bits not: elements moved
+        return NumericsVerdict(Verdict.REGRESSION, f"{CHANGED} from {where}: the bits differ, every figure is "
+                                                   f"equal (elements moved){note}", outcome=CHANGED,
+                               resolving_step=first, tensors=tensors)
+    fields_ = dict(difference=judged["difference"], band=judged["band"], ratio=judged["ratio"], tensors=tensors)
+    if judged["ratio"] <= 1:
+        return NumericsVerdict(Verdict.SAME, f"{ROUNDING}: bits differ from {where}, {judged['largest']}; at most "
+                                             f"{_ratio(judged['ratio'])} ({judged['against']}){note}",
+                               outcome=ROUNDING, **fields_)
+    line = f"{CHANGED} from {where}"
+    if judged["first_at"] is not None and judged["at"] != (first, judged["first_at"]):
+        line += f" (there most in {judged['first_at']}, {_relative(judged['first_worst'])})"
+    line += f": {judged['largest']}; {_ratio(judged['ratio'])} ({judged['against']})"
+    if judged["resolving"] is not None and judged["resolving"] != judged["band_step"]:
+        line += f", first past it at step {judged['resolving']}"
+    before_loss, after_loss = _loss(base.ranks, max(first, 1)), _loss(cur.ranks, max(first, 1))
+    if before_loss is not None and after_loss is not None and before_loss != after_loss:
+        line += f"; loss at step {max(first, 1)} {before_loss:.6g} → {after_loss:.6g}"
+    return NumericsVerdict(Verdict.REGRESSION, line + note, outcome=CHANGED, resolving_step=judged["resolving"],
+                           **fields_)
+
+
+def _judge_tensors(base: Numerics, cur: Numerics, first: int, cutoff: int, tolerance: float) -> dict[str, Any] | None:
+    """The tensors' differences from step ``first`` to before ``cutoff`` against the band, step by step
+    and per group: the largest difference (and where), the worst ratio (difference / band), the band
+    and what set it there, the first step past its band; None where no tensor's figures differ."""
+    ranks = len(cur.ranks)
     worst, at = 0.0, None  # the largest difference: (step, rank, tensor)
     first_worst, first_at = 0.0, None  # the largest at the first differing step
     per_group: dict[tuple[int, str], float] = {}
@@ -222,10 +259,8 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
             resolving = s
         if decided is None or ratio > decided[0]:
             decided = (ratio, s, group, diff, band, source)
-    if at is None or decided is None:  # every figure equal, the bits not: elements moved
-        return NumericsVerdict(Verdict.REGRESSION, f"{CHANGED} from {where}: the bits differ, every figure is "
-                                                   f"equal (elements moved){note}", outcome=CHANGED,
-                               resolving_step=first, tensors=tensors)
+    if at is None or decided is None:
+        return None
     ratio, s_band, group, diff_band, band, source = decided
     s, r, name = at
     largest = (f"largest relative difference {_relative(worst)} in {name} at step {s}"
@@ -239,17 +274,6 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
         against = f"{group} at step {s_band}: {_relative(diff_band)} against a band of {_relative(band)}"
     else:  # a record whose band is none at all
         against = f"{group} at step {s_band}: no band"
-    fields_ = dict(difference=worst, band=band, ratio=ratio, tensors=tensors)
-    if ratio <= 1:
-        return NumericsVerdict(Verdict.SAME, f"{ROUNDING}: bits differ from {where}, {largest}; at most "
-                                             f"{_ratio(ratio)} ({against}){note}", outcome=ROUNDING, **fields_)
-    line = f"{CHANGED} from {where}"
-    if first_at is not None and (s, name) != (first, first_at):
-        line += f" (there most in {first_at}, {_relative(first_worst)})"
-    line += f": {largest}; {_ratio(ratio)} ({against})"
-    if resolving is not None and resolving != s_band:
-        line += f", first past it at step {resolving}"
-    before_loss, after_loss = _loss(base.ranks, max(first, 1)), _loss(cur.ranks, max(first, 1))
-    if before_loss is not None and after_loss is not None and before_loss != after_loss:
-        line += f"; loss at step {max(first, 1)} {before_loss:.6g} → {after_loss:.6g}"
-    return NumericsVerdict(Verdict.REGRESSION, line + note, outcome=CHANGED, resolving_step=resolving, **fields_)
+    return {"difference": worst, "at": (s, name), "largest": largest, "first_at": first_at,
+            "first_worst": first_worst, "ratio": ratio, "band": band, "band_step": s_band, "against": against,
+            "resolving": resolving}

@@ -135,4 +135,5 @@ def test_gradients_are_judged_as_the_backward_left_them_before_a_clip_hides_a_sc
     base = _record(Step(clip=1e-3))
     doubled = compare_numerics(base, _record(Step(clip=1e-3, scale=2.0)))
     assert doubled.outcome == "changed" and doubled.resolving_step == 1, doubled.line
-    assert "in grad " in doubled.line and "largest relative difference 1 (100%)" in doubled.line, doubled.line
+    # the gradient as the backward left it (before the clip) moved by 100%; the clip hid it from the step
+    assert "in backward-grad " in doubled.line and "largest relative difference 1 (100%)" in doubled.line, doubled.line

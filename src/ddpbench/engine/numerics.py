@@ -65,6 +65,20 @@ def relative_difference(before: list, after: list) -> float:
     return worst
 
 
+#: The kind of a gradient as the last backward before the optimizer step left it, kept where it differs
+#: from the gradient the step received (``grad``): a clip that fires, or a hand-written reduction
+#: after the backward. Its digest is taken under the ``grad`` name, so equal values read equal.
+BACKWARD_GRAD = "backward-grad"
+
+
+def with_backward_grads(step: dict[str, list]) -> dict[str, list]:
+    """A step's figures with each ``backward-grad`` a record left out (equal to its ``grad``) filled
+    in: two sides compare the same tensors whichever of them kept it."""
+    missing = {f"{BACKWARD_GRAD} {name[5:]}": figures for name, figures in step.items()
+               if name.startswith("grad ") and f"{BACKWARD_GRAD} {name[5:]}" not in step}
+    return {**step, **missing} if missing else step
+
+
 def tensor_group(name: str) -> str:
     """The group a tensor's band is measured over: its kind (``param``, ``grad``, ``buffer``,
     ``tensor``, ``loss``), an optimizer state by its key (``opt exp_avg_sq``)."""
@@ -76,6 +90,7 @@ def group_differences(before: dict[str, list], after: dict[str, list]) -> dict[s
     """Per tensor group, (the largest relative difference, its tensor) over the tensors both steps
     hold whose digest differs."""
     out: dict[str, tuple[float, str]] = {}
+    before, after = with_backward_grads(before), with_backward_grads(after)
     for name, figures in after.items():
         base = before.get(name)
         if base is None or base[0] == figures[0]:
@@ -279,11 +294,12 @@ class Fingerprint:
     wrappers) its parameters, their gradients and its buffers; per optimizer each parameter's
     state; other tensors; the loss. Modules are named order-free: the one with the most
     parameters without a prefix, the others by their class. While alive, hooks take each step's
-    gradients as the last backward before it left them (reduced, before a clip or the optimizer:
-    a clip that fires hides a gradient summed instead of averaged, and Adam cancels a constant
-    scale) or, where no backward ran through a hook, as the optimizer receives them; and, at each
-    optimizer step, the figures rounding cannot move: each parameter group's hyperparameters, its
-    parameter count and how many have a gradient, the optimizer's steps."""
+    gradients as the optimizer receives them (``grad``: after a hand-written reduction) and, where
+    they differ, as the last backward before it left them (``backward-grad``: reduced by DDP or
+    FSDP2, before a clip: a clip that fires hides a gradient summed instead of averaged, as Adam
+    cancels a constant scale); and, at each optimizer step, the figures rounding cannot move: each
+    parameter group's hyperparameters, its parameter count and how many have a gradient, the
+    optimizer's steps."""
 
     def __init__(self, targets: list[tuple[str | None, Any]], perturbation: Perturbation | None = None):
         import torch
@@ -404,9 +420,13 @@ class Fingerprint:
                 name = self.param_names.get(id(param))
                 if name is None or param.grad is None or f"grad {name}" in self._step_grads:
                     continue
-                # as the backward left it (a clip after it does not hide a sum), else as the step receives it
-                taken = (self._backward or {}).get(f"grad {name}") or tensor_figures(f"grad {name}", param.grad)
-                self._step_full[f"grad {name}"], self._step_grads[f"grad {name}"] = taken
+                full, figures = tensor_figures(f"grad {name}", param.grad)  # as the step receives it
+                self._step_full[f"grad {name}"], self._step_grads[f"grad {name}"] = full, figures
+                # and as the backward left it, where that differs (a clip, a hand-written reduction after it)
+                backward = (self._backward or {}).get(f"grad {name}")
+                if backward is not None and backward[1][0] != figures[0]:
+                    key = f"{BACKWARD_GRAD} {name}"
+                    self._step_full[key], self._step_grads[key] = backward
 
     # -- the perturbation ------------------------------------------------------------------------
 

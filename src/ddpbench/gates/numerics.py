@@ -5,11 +5,12 @@ step and per tensor group, and the figures rounding cannot move compared exactly
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.numerics import relative_difference, tensor_group
+from ..engine.numerics import BACKWARD_GRAD, relative_difference, tensor_group, with_backward_grads
 from ..storage.records import NUMERICS_KEY, Numerics, read_numerics
 from .structure import NOT_COUNTED, StructureVerdict, read_both
 from .verdict_words import Verdict
@@ -132,7 +133,10 @@ def _band_at(base: Numerics, s: int, group: str, tolerance: float) -> tuple[floa
     # Never below one unit roundoff of the compute dtype: one rounding moves a figure that far, and the
     # few perturbed replays of a one-element group (the loss) may all land on the same value by chance.
     roundoff = 2.0 ** -(base.band_bits or 24)
-    measured = BAND_MARGIN * max(base.band[s].get(group, 0.0) if s < len(base.band) else 0.0, roundoff)
+    groups = base.band[s] if s < len(base.band) else {}
+    # a gradient as the backward left it, where the baseline's replays kept none apart: its grad's band
+    measured = BAND_MARGIN * max(groups.get(group, groups.get("grad", 0.0) if group == BACKWARD_GRAD else 0.0),
+                                 roundoff)
     return (tolerance, "tolerance") if tolerance > measured else (measured, "band")
 
 
@@ -152,14 +156,16 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
     if isinstance(read, StructureVerdict):
         outcome = CHANGED if read.verdict is Verdict.REGRESSION else NOT_COUNTED
         return NumericsVerdict(read.verdict, read.line, outcome=outcome)
-    base, cur = read
+    tensors = max(side.tensor_count for side in read)  # as recorded: a backward-grad left out is its grad
+    recorded = read
+    base, cur = (dataclasses.replace(side, ranks=[[with_backward_grads(step) for step in rank] for rank in side.ranks])
+                 for side in read)
     tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
     if len(base.ranks) != len(cur.ranks):
         return _not_counted(f"replayed on other ranks (baseline {len(base.ranks)}, {current_label} {len(cur.ranks)})")
     if base.seed is not None and cur.seed is not None and base.seed != cur.seed:
         return _not_counted(f"replayed from other seeds (baseline {base.seed}, {current_label} {cur.seed})")
     steps = min(len(base.digests), len(cur.digests))
-    tensors = max(base.tensor_count, cur.tensor_count)
     if steps < 2:
         return _not_counted("the replay ran no step (--dist-numerics-steps 0 or a record of none)", tensors)
     if not tensors:
@@ -174,7 +180,7 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
         return NumericsVerdict(Verdict.SAME, f"{SAME_BITWISE}: {of}{note}", outcome=SAME_BITWISE, tensors=tensors)
     first = differing[0]
     where = "the freshly set-up state" if first == 0 else f"step {first} of {steps - 1}"
-    sets = _tensor_sets(base, cur, steps)
+    sets = _tensor_sets(*recorded, steps)
     nondeterministic = [x for x in (base.first_nondeterministic_step, cur.first_nondeterministic_step) if x is not None]
     exact = _exact_change(base, cur, min(nondeterministic, default=steps), current_label)
     if sets is not None and (exact is None or sets[0] < exact[0]):
@@ -196,7 +202,7 @@ def compare_numerics(baseline: Any, current: Any, current_label: str = "current"
         if first >= cutoff and exact is None:
             return _not_counted(f"bits differ from {where}, but {why}; from there nothing is counted{note}", tensors)
         note += f"; steps from {cutoff} not counted ({why})"
-    judged = None if sets is not None else _judge_tensors(base, cur, first, cutoff, tolerance)
+    judged = _judge_tensors(base, cur, first, cutoff, tolerance)  # over the tensors both sides hold
     if exact is not None:  # changed whatever the band; the tensors' own ratio beside it
         step, what = exact
         line = f"{CHANGED} from {where}: {what}"
@@ -240,8 +246,8 @@ def _judge_tensors(base: Numerics, cur: Numerics, first: int, cutoff: int, toler
     for r in range(ranks):
         for s in range(first, cutoff):
             for name, figures in cur.ranks[r][s].items():
-                before = base.ranks[r][s][name]
-                if before[0] == figures[0]:
+                before = base.ranks[r][s].get(name)
+                if before is None or before[0] == figures[0]:  # one only the current holds: named elsewhere
                     continue
                 diff = relative_difference(before, figures)
                 key = (s, tensor_group(name))
@@ -252,7 +258,9 @@ def _judge_tensors(base: Numerics, cur: Numerics, first: int, cutoff: int, toler
                     first_worst, first_at = diff, name
     decided = None  # (ratio, step, group, difference, band, what set the band)
     resolving = None
-    for (s, group), diff in sorted(per_group.items()):
+    # step by step; at a tie the gradient the step received is named before the backward's copy of it
+    for (s, group), diff in sorted(per_group.items(), key=lambda item: (item[0][0], item[0][1] == BACKWARD_GRAD,
+                                                                        item[0][1])):
         band, source = _band_at(base, s, group, tolerance)
         ratio = diff / band if band else (math.inf if diff else 0.0)
         if ratio > 1 and resolving is None:

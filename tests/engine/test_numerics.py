@@ -195,10 +195,13 @@ def test_only_the_baseline_s_first_pool_measures_the_band():
     from ddpbench.engine.numerics import BAND_REPLAYS, numerics_band_plan
 
     plan = RoundPlan()
-    assert plan.numerics_band_replays == BAND_REPLAYS
+    assert (plan.numerics_band_replays, plan.numerics_replays) == (BAND_REPLAYS, 2)
     assert numerics_band_plan(plan, "baseline", 0) is plan
     assert {numerics_band_plan(plan, side, j).numerics_band_replays
             for side, j in (("baseline", 1), ("candidate", 0), ("candidate", 1))} == {0}
+    # a later pool replays once: its first pool's two tell determinism, it only tells another process
+    assert [numerics_band_plan(plan, side, j).numerics_replays
+            for side, j in (("baseline", 1), ("candidate", 0), ("candidate", 1))] == [1, 2, 1]
 
 
 def _marked(x):

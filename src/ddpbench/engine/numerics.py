@@ -199,6 +199,24 @@ def canonical_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
 
 
+def _own_values(tensor):
+    """The tensor's values on this rank as it is shaped there (a DTensor's local shard), detached."""
+    return (tensor.to_local() if hasattr(tensor, "to_local") else tensor).detach()
+
+
+def _same_values(copy, tensor) -> bool:
+    """Whether ``copy`` (a CPU copy taken earlier) still holds ``tensor``'s values, bit for bit."""
+    import torch
+
+    own = _own_values(tensor)
+    if own.shape != copy.shape or own.dtype != copy.dtype:
+        return False
+    if not own.numel():
+        return True
+    return bool(torch.equal(own.cpu().reshape(-1).contiguous().view(torch.uint8),
+                            copy.reshape(-1).contiguous().view(torch.uint8)))
+
+
 def _local(tensor):
     """The tensor's own values on this rank: a DTensor's local shard, detached, dense, flat."""
     if hasattr(tensor, "to_local"):
@@ -274,7 +292,8 @@ class Perturbation:
 
 def _nudge(tensor, generator, bits: int) -> None:
     """``tensor`` (its local values) moved in place by one unit in the last place of a ``bits``-bit
-    significand, each element up or down as ``generator`` draws; zeros and non-finite values stay."""
+    significand, each element up or down as ``generator`` draws; zeros stay zero (and an infinity
+    or NaN what it is)."""
     import torch
 
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
@@ -282,11 +301,10 @@ def _nudge(tensor, generator, bits: int) -> None:
         return
     with torch.no_grad():
         data = local.detach()
-        signs = torch.randint(0, 2, data.shape, generator=generator).to(data.device, data.dtype) * 2 - 1
-        _, exponent = torch.frexp(data.float())
-        ulp = torch.ldexp(torch.ones_like(data, dtype=torch.float32), exponent - bits).to(data.dtype)
-        step = torch.where((data != 0) & torch.isfinite(data), signs * ulp, torch.zeros_like(data))
-        data.add_(step)
+        signs = torch.randint(0, 2, data.shape, generator=generator, dtype=torch.int8).to(data.device)
+        signs = signs.to(torch.float32).mul_(2).sub_(1).mul_(data != 0)  # +-1, 0 where the value is 0
+        _, exponent = torch.frexp(data if data.dtype == torch.float32 else data.float())
+        data.add_(torch.ldexp(signs, exponent - bits).to(data.dtype))  # +-2^(e - bits): one unit
 
 
 class Fingerprint:
@@ -395,13 +413,15 @@ class Fingerprint:
             lambda: Variable._execution_engine.queue_callback(self._after_backward))
 
     def _after_backward(self) -> None:
+        """A copy of each gradient on the CPU (hashed only if the step receives another one: with no
+        clip and no reduction of its own, the common case, it is never hashed)."""
         self._queued = False
         self._backward = {}
         seen: set[int] = set()
         for name, param in self._params:
             if param.grad is not None and id(param) not in seen:
                 seen.add(id(param))
-                self._backward[f"grad {name}"] = tensor_figures(f"grad {name}", param.grad)
+                self._backward[f"grad {name}"] = _own_values(param.grad).to("cpu", copy=True)
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
         seen = self._round.get(id(optimizer))
@@ -410,23 +430,27 @@ class Fingerprint:
             return
         prefix = next(p for p, o in self.optimizers if o is optimizer)
         self._round[id(optimizer)] = {"steps": 1, "scalars": self._group_figures(prefix, optimizer)}
-        if self.perturbation is not None and self.perturbation.gradients:
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    if param.grad is not None:
-                        _nudge(param.grad, self.generator, self.perturbation.bits)
+        taken = []  # (name, param, its gradient as the backward left it where that differs)
         for group in optimizer.param_groups:
             for param in group["params"]:
                 name = self.param_names.get(id(param))
                 if name is None or param.grad is None or f"grad {name}" in self._step_grads:
                     continue
-                full, figures = tensor_figures(f"grad {name}", param.grad)  # as the step receives it
-                self._step_full[f"grad {name}"], self._step_grads[f"grad {name}"] = full, figures
-                # and as the backward left it, where that differs (a clip, a hand-written reduction after it)
+                # as the backward left it, where that differs (a clip, a hand-written reduction after it)
                 backward = (self._backward or {}).get(f"grad {name}")
-                if backward is not None and backward[1][0] != figures[0]:
-                    key = f"{BACKWARD_GRAD} {name}"
-                    self._step_full[key], self._step_grads[key] = backward
+                taken.append((name, param, None if backward is None or _same_values(backward, param.grad)
+                              else backward))
+        if self.perturbation is not None and self.perturbation.gradients:  # after that comparison
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        _nudge(param.grad, self.generator, self.perturbation.bits)
+        for name, param, backward in taken:
+            full, figures = tensor_figures(f"grad {name}", param.grad)  # as the step receives it
+            self._step_full[f"grad {name}"], self._step_grads[f"grad {name}"] = full, figures
+            if backward is not None:
+                key = f"{BACKWARD_GRAD} {name}"
+                self._step_full[key], self._step_grads[key] = tensor_figures(f"grad {name}", backward)
 
     # -- the perturbation ------------------------------------------------------------------------
 
@@ -834,13 +858,18 @@ def across_processes(records: list[dict[str, Any] | None]) -> dict[str, Any] | N
 
 def numerics_band_plan(plan, side: str, pool: int):
     """The round plan a side's pool runs an A/B case with: the band's perturbed replays on the
-    baseline's first pool only (the verdict judges against the baseline's band; the other pools'
-    plain replays tell whether two processes replay alike, :func:`across_processes`)."""
+    baseline's first pool only (the verdict judges against the baseline's band); a later pool one
+    plain replay (its first pool's two tell the side's own determinism; a later one only whether
+    two processes replay alike, :func:`across_processes`). A/B's numerics then cost what they did
+    before the band: 2 + 2 + 1 + 1 plain replays and 2 perturbed on two pools a side, where each
+    pool ran two."""
     import dataclasses
 
-    if side == "baseline" and pool == 0 or not hasattr(plan, "numerics_band_replays"):
+    if not hasattr(plan, "numerics_band_replays"):
         return plan
-    return dataclasses.replace(plan, numerics_band_replays=0)
+    if pool > 0:
+        return dataclasses.replace(plan, numerics_band_replays=0, numerics_replays=1)
+    return plan if side == "baseline" else dataclasses.replace(plan, numerics_band_replays=0)
 
 
 def mark_not_reproducible(rank_metrics: list[dict[str, Any]], combined: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ class NumericsPool(FakePool):
 
     def run(self, fn, *args, timeout_s=None):
         if fn is tasks.start:
-            self.plans.append(args[2].numerics_band_replays)
+            self.plans.append((args[2].numerics_replays, args[2].numerics_band_replays))
             return [{"estimate_s": ROUND_S, "ops_per_round": 1, "numerics": _rank(self.salt)} for _ in range(2)]
         if fn is tasks.finish:
             return [{"numerics": _rank(self.salt)} for _ in range(2)]
@@ -49,7 +49,8 @@ def _case(salts: dict[str, list[str]]):
 
 def test_only_the_baseline_s_first_pool_measures_the_band():
     outcome, plans = _case({"baseline": ["a", "a"], "candidate": ["a", "a"]})
-    assert plans == {"baseline": [BAND_REPLAYS, 0], "candidate": [0, 0]}
+    # (plain replays, perturbed ones) per pool: the band once, on the baseline's first pool
+    assert plans == {"baseline": [(2, BAND_REPLAYS), (1, 0)], "candidate": [(2, 0), (1, 0)]}
     assert outcome.stopped_by_numerics is None
 
 

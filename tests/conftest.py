@@ -41,7 +41,7 @@ def _child_pytest_runs_without_the_memory_census(request, monkeypatch):
         request.getfixturevalue("pytester")  # first: pytester clears PYTEST_ADDOPTS when it starts
     if request.node.get_closest_marker("memory_census") is None:
         addopts = os.environ.get("PYTEST_ADDOPTS", "")
-        monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-memory-census=off".strip())
+        monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-census=collectives".strip())
     if request.node.get_closest_marker("numerics") is None:  # likewise the numerics replay's two set-ups
         addopts = os.environ.get("PYTEST_ADDOPTS", "")
         monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-numerics-steps=0".strip())

@@ -105,7 +105,7 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     # ddpbench's own verdicts for the same pair under pytest-benchmark's table, said to be informational
     assert "machine_info is different" not in output
     verdicts = output.split("ddpbench: noise-aware verdicts for the same comparison")[1]
-    assert "current:  this session" in verdicts and "test_sleepy[gloo-2p]" in verdicts
+    assert "candidate: this session" in verdicts and "test_sleepy[gloo-2p]" in verdicts
     assert "`ddpbench compare` is the gate" in verdicts
 
     # a baseline saved when ddpbench kept its probe in machine_info: still no warning
@@ -142,7 +142,7 @@ def test_native_gate_and_ddpbench_compare_end_to_end(pytester, monkeypatch, caps
     assert cli.main(["compare", "--calibration", "never", "--allow-summary-stats"]) == 0
     assert "improvement" in capsys.readouterr().out
 
-    assert cli.main(["report", "slow.json", "--no-charts"]) == 0
+    assert cli.main(["report", "slow.json", "--no-chart"]) == 0
     assert "| test_sleepy[gloo-2p] |" in capsys.readouterr().out
 
 

@@ -94,7 +94,7 @@ def test_compare_reads_a_bare_ten_as_ten_percent_in_both_options(argv):
     assert getattr(args, argv[0][2:].replace("-", "_")) == pytest.approx(0.10)
 
 
-SECONDS_OPTIONS = ["--dist-timeout", "--dist-controller-wait", "--dist-min-time", "--dist-ab-max-time",
+SECONDS_OPTIONS = ["--dist-timeout", "--dist-controller-wait", "--dist-max-time", "--dist-ab-max-time",
                    "--dist-ab-block-time", "--dist-ab-run-budget"]
 
 

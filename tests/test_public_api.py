@@ -8,8 +8,8 @@ import sys
 
 import ddpbench
 
-PUBLIC = ["Workload", "FunctionWorkload", "RankContext", "CaseResult", "DistBenchmark",
-          "PackedTensorDataset", "pack_tensors", "__version__"]
+PUBLIC = ["Workload", "FunctionWorkload", "RankContext", "CaseResult", "DistBenchmark", "ModelTraining",
+          "LightningTraining", "PackedTensorDataset", "pack_tensors", "__version__"]
 
 
 def test_the_public_names_resolve_and_are_listed():
@@ -47,9 +47,9 @@ def test_import_ddpbench_the_plugin_and_the_api_do_not_import_torch():
     code = (
         "import sys, ddpbench, ddpbench.plugin, ddpbench.cli\n"
         "for name in ('Workload', 'FunctionWorkload', 'RankContext', 'CaseResult', 'DistBenchmark',\n"
-        "             '__version__'):\n"
+        "             'ModelTraining', 'LightningTraining', '__version__'):\n"
         "    getattr(ddpbench, name)\n"
-        "print('torch' in sys.modules)\n"
+        "print('torch' in sys.modules or 'pytorch_lightning' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

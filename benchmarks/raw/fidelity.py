@@ -7,7 +7,7 @@ sides alike), and each side reports its per-size median. Sides:
 * ``plain+loopback``: the same script with GLOO_SOCKET_IFNAME=lo (ddpbench's loopback set-up);
 * ``suite``: ``pytest benchmarks/test_collectives.py -k all_reduce`` with default options;
 * ``suite-pinned``: the same with ``--dist-pin-cores=auto``;
-* ``suite-fill``: the same with ``--dist-precision=0`` (rounds fill --dist-min-time, as the plain
+* ``suite-fill``: the same with ``--dist-precision=0`` (rounds fill --dist-max-time, as the plain
   script's do, instead of stopping once the median is known to 1%).
 
 Prints per size and side the median of the per-run medians with min-max, and the ratio to

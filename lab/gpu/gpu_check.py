@@ -13,7 +13,7 @@ install        the image's packages against pyproject's ranges (carried wheels f
 suite          ``pytest -m "gpu and not slow" benchmarks/ --dist-backend=nccl`` (less the transformer
                cases, run by ``transformer``, and the CPU dataloader family)
 suite_gates    a short slice (the collectives at 1 MB and 10 MB) run twice, ``ddpbench compare``
-               of the two, ``report --charts`` of the suite, ``history`` of the runs
+               of the two, ``report --chart`` of the suite, ``history`` of the runs
 transformer    ``benchmarks/test_transformer.py -m "gpu and not slow"``: tokens/s, MFU in (0, 1),
                peak memory, the census with kernel launches, exposed communication
 exposed_comm   lab/gpu/bench_exposed_comm.py: DDP's default buckets against one bucket
@@ -608,7 +608,7 @@ def suite_json(check: Check) -> Path:
 def part_suite(check: Check, part: dict, limit: float) -> None:
     command = check.pytest("-m", check.mode.markers, "benchmarks/", f"--dist-backend={check.mode.backend}",
                            f"--benchmark-json={suite_json(check)}", *check.keyword("suite", SUITE_DESELECT),
-                           f"--dist-min-time={check.args.suite_min_time}", f"--dist-timeout={SUITE_CASE_TIMEOUT_S}",
+                           f"--dist-max-time={check.args.suite_min_time}", f"--dist-timeout={SUITE_CASE_TIMEOUT_S}",
                            *([f"--dist-sizes={check.args.dist_sizes}"] if check.args.dist_sizes else []), "-v", "-rfEs")
     done, parsed = _pytest_part(check, part, limit, command, "suite")
     _pytest_outcome(part, done, parsed)
@@ -630,7 +630,7 @@ def part_suite_gates(check: Check, part: dict, limit: float) -> None:
         target = folder / f"run{index}.json"
         command = check.pytest("benchmarks/test_collectives.py", "-m", check.mode.markers,
                                f"--dist-backend={check.mode.backend}", f"--dist-sizes={TWICE_SIZES}",
-                               *check.keyword("suite_gates", None), f"--dist-min-time={check.args.suite_min_time}",
+                               *check.keyword("suite_gates", None), f"--dist-max-time={check.args.suite_min_time}",
                                f"--dist-timeout={SUITE_CASE_TIMEOUT_S}", f"--benchmark-json={target}", "-v", "-rfEs")
         done = check.run(part, command, (deadline - time.monotonic() - 15) * share, folder / f"run{index}.log")
         parsed = outputs.pytest_counts(_text(folder / f"run{index}.log"))
@@ -658,7 +658,7 @@ def part_suite_gates(check: Check, part: dict, limit: float) -> None:
     if check.args.dry_run:
         reported = suite_json(check)
     if reported is not None:
-        done = check.run(part, check.ddpbench("report", str(reported), "--charts", str(folder / "charts"),
+        done = check.run(part, check.ddpbench("report", str(reported), "--chart", str(folder / "charts"),
                                               "--output", str(folder / "report.md")),
                          max(1, deadline - time.monotonic()), log, stdout=folder / "report.stdout.md")
         if done["rc"]:
@@ -843,7 +843,7 @@ def part_memory(check: Check, part: dict, limit: float) -> None:
             part["findings"].append(f"census simulation {impl}: no time left")
             continue
         target = check.out / "memory" / f"census_{impl}.json"
-        done = check.run(part, check.ddpbench("census", "--size", "gpt2-124m", "--impl", impl, "--precision", "bf16",
+        done = check.run(part, check.ddpbench("census", "--size", "gpt2-124m", "--impl", impl, "--dtype", "bf16",
                                               "--world-sizes", "1", "--json", "--no-chart"), left, log, stdout=target)
         try:
             simulated = outputs.simulated_peak(json.loads(target.read_text()))
@@ -1145,7 +1145,7 @@ def parse_args(argv=None):
                         help="install nothing with pip: run ddpbench from src/ (PYTHONPATH, -p ddpbench.plugin)")
     parser.add_argument("--python", default=os.environ.get("PYTHON", "python3"),
                         help="the interpreter with torch and ddpbench (default $PYTHON or python3)")
-    parser.add_argument("--suite-min-time", default=SUITE_MIN_TIME, help=f"suite's --dist-min-time (default {SUITE_MIN_TIME})")
+    parser.add_argument("--suite-min-time", default=SUITE_MIN_TIME, help=f"suite's --dist-max-time (default {SUITE_MIN_TIME})")
     parser.add_argument("--nccl-repeats", type=int, default=1, help="side-by-side repeats (default 1)")
     parser.add_argument("--nccl-placements", default="out-of-place",
                         help="ddpbench's placements in the side by side (default out-of-place: at one GPU an "

@@ -72,7 +72,7 @@ def run_suite(size, min_time):
         path = os.path.join(tmp, "suite.json")
         subprocess.run([sys.executable, "-m", "pytest", "benchmarks/test_collectives.py", "-q", "-p", "no:cacheprovider",
                         "-k", "test_all_reduce and gloo", f"--dist-sizes={size}", "--dist-world-sizes=2",
-                        "--dist-precision=0", f"--dist-min-time={min_time}", f"--benchmark-json={path}"],
+                        "--dist-precision=0", f"--dist-max-time={min_time}", f"--benchmark-json={path}"],
                        check=True, cwd=ROOT, capture_output=True, text=True)
         with open(path) as fh:
             (case,) = json.load(fh)["benchmarks"]

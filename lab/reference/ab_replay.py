@@ -28,7 +28,7 @@ cases it decided (every verdict but inconclusive) and the median width of their 
 inconclusive and the case went on looking. Replayed from runs recorded under the current rule, a
 case that stopped at not-slower cannot be continued (as above). A run budget
 (--dist-ab-run-budget) cannot be replayed: the recorded pairs are the ones its caps allowed.
---stratify-placement (as --dist-ab-stratify-placement) needs runs that kept each round's placement
+--stratify-placement (as --dist-ab-stratify-cpu-sharing) needs runs that kept each round's placement
 (extra_info ab.baseline / ab.candidate ``shared_cpu_rounds``); a case recorded without it is
 replayed unstratified, and the line says how many were.
 Each look may end a case as same or not-slower only at its stop level (ABSettings.stop_level_per_look);
@@ -143,7 +143,7 @@ def replay_result(baseline, candidate, pools, threshold, levels, stage_size,
     looks'). ``blocks``: both sides'
     rounds and placements per block (baseline rounds, candidate rounds, baseline placements,
     candidate placements), to summarise each look's pairs by placement as
-    --dist-ab-stratify-placement does, instead of ``baseline`` / ``candidate``; ``scale``
+    --dist-ab-stratify-cpu-sharing does, instead of ``baseline`` / ``candidate``; ``scale``
     multiplies the candidate's summaries; ``before_not_slower``: a not-slower interval reads
     inconclusive and the looks go on, as before that verdict existed; ``stop_levels``: each look's
     stop level (ABSettings.stop_level_per_look), or None for the rule before 2026-11-26."""
@@ -186,7 +186,7 @@ def main(argv=None):
                              "threshold but whose lower end is not reads inconclusive, and the looks go on")
     parser.add_argument("--stratify-placement", action="store_true",
                         help="summarise each pair's blocks at the pair's own mix of placements (rounds where "
-                             "the ranks shared a CPU, rounds where they did not; --dist-ab-stratify-placement) "
+                             "the ranks shared a CPU, rounds where they did not; --dist-ab-stratify-cpu-sharing) "
                              "instead of by the block summary")
     parser.add_argument("--without-stop-levels", action="store_true",
                         help="replay the rule before 2026-11-26: same / not-slower whenever the interval allows, "

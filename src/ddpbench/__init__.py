@@ -7,6 +7,8 @@ _EXPORTS = {
     "RankContext": "ddpbench.pool",
     "CaseResult": "ddpbench.fixture",
     "DistBenchmark": "ddpbench.fixture",
+    "ModelTraining": "ddpbench.workloads.training.model_training",
+    "LightningTraining": "ddpbench.workloads.training.lightning_training",
     "PackedTensorDataset": "ddpbench.data.packed",
     "pack_tensors": "ddpbench.data.packed",
 }

@@ -67,6 +67,11 @@ USES: tuple[Use, ...] = (
     # Options ddpbench reads by their pytest-benchmark dest names, and a hook it calls itself.
     Use("option", "benchmark_compare", "read", "plugin"),
     Use("option", "benchmark_storage", "read", "plugin, gates.ab.run_plan"),
+    # Its timing options, read for ddpbench's cases (each read with its default where a release lacks it).
+    *(Use("option", dest, "read", "benchmark_options.given_values") for dest in (
+        "benchmark_min_rounds", "benchmark_max_time", "benchmark_min_time", "benchmark_precision",
+        "benchmark_confidence", "benchmark_timer", "benchmark_calibration_precision", "benchmark_warmup",
+        "benchmark_warmup_iterations", "benchmark_disable_gc", "benchmark_cprofile")),
     Use("hook", "pytest_benchmark_generate_json", "called", "plugin.SessionCompare",
         ("config", "benchmarks", "include_data", "machine_info", "commit_info")),
 )

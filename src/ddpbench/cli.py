@@ -14,6 +14,7 @@ import sys
 
 import ddpbench
 
+from . import option_table
 from .commands import COMMANDS
 from .commands import bisect as bisect_command
 
@@ -39,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if args.command == bisect_command.NAME:
         args.pytest_args = rest
+    for line in option_table.old_spelling_notices(args):
+        print(line, file=sys.stderr)
     return args
 
 

@@ -16,7 +16,8 @@ from .benchmark_internals import recorded_rounds, set_round_timer
 from .devices import cpu_count
 from .engine.modes import rank_aggregates, rounds_info
 from .engine.timing import CaseRounds, RoundPlan, combine_rank_metrics, measure_workload
-from .pool import PoolSpec
+from .engine.unchanged_parameters import unchanged_parameters
+from .pool import PoolSpec, TaskFailed
 from .workloads import case_extra_info
 
 
@@ -160,7 +161,12 @@ class DistBenchmark:
             pytest.skip(reason)
         if workload.group is not None and self.benchmark.group is None:
             self.benchmark.group = workload.group
-        rounds_ = self._measure(workload, plan, self.timeout_s if timeout_s is None else timeout_s)
+        try:
+            rounds_ = self._measure(workload, plan, self.timeout_s if timeout_s is None else timeout_s)
+        except TaskFailed as exc:  # a rank refused how the workload uses it: a usage error, exit 2
+            if exc.refusal() is None:
+                raise
+            pytest.exit(exc.refusal(), returncode=pytest.ExitCode.USAGE_ERROR)
         median_s = statistics.median(rounds_.round_times)
         info = self.benchmark.extra_info
         info.update({
@@ -174,6 +180,10 @@ class DistBenchmark:
             info["ranks_outnumber_cores"] = True
         rank_metrics = combine_rank_metrics(rounds_.rank_metrics)
         info.update(rank_metrics)
+        if getattr(workload, "updates_parameters", True):  # a training step that trains nothing is said
+            unchanged = unchanged_parameters(rank_metrics.get("numerics"))
+            if unchanged:
+                info["parameters_unchanged"] = unchanged
         info.update(rounds_info(rounds_.round_times, rounds_.rank_cpus, self.pool.nodes))
         info.update(rank_aggregates(rounds_.rank_round_times))
         info.update(case_extra_info(workload, self.spec.world_size, median_s, rank_metrics))

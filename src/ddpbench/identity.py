@@ -1,8 +1,9 @@
 """What a ddpbench process runs with: its torch, its engine (a hash of ddpbench's source) and the
-rank protocol it speaks. Two processes that drive one another must agree on these, or a case
-measures code other than what it names: A/B sides compare theirs (:mod:`ddpbench.gates.ab.side_environments`),
-and a multi-node controller refuses workers whose identity differs from its own
-(:mod:`ddpbench.pool.external`).
+rank protocol it speaks, collected here alone (:func:`identity`). Two processes that drive one
+another must agree on these, or a case measures code other than what it names: A/B sides compare
+theirs (:mod:`ddpbench.gates.ab.side_environments`), a multi-node controller refuses workers whose
+identity differs from its own (:mod:`ddpbench.pool.external`), and a saved run records them among
+its run facts (:mod:`ddpbench.storage.run_facts`).
 """
 
 from __future__ import annotations
@@ -44,16 +45,49 @@ def engine_digest() -> str:
     return source_digest(os.path.dirname(ddpbench.__file__))
 
 
-def identity() -> dict:
-    """This process's torch version, ddpbench version and source hash, and rank protocol; imports
-    torch (call it where torch is loaded anyway)."""
-    import torch
+def torch_version_without_import() -> str | None:
+    """``torch.__version__`` as a process that imports torch reports it (local tag included:
+    2.11.0+cu130), read from torch/version.py so the caller need not import torch; else the
+    distribution's version (whose metadata may lack the tag); None without torch."""
+    import importlib.util
+    import re
 
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        match = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if match:
+            return match.group(1)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def identity(import_torch: bool = True) -> dict:
+    """This process's torch version, ddpbench version and source hash, and rank protocol: the one
+    place they are collected. ``import_torch``: read the torch version from the imported module
+    (call it where torch is loaded anyway); else from torch's files, importing nothing."""
     import ddpbench
 
     from .rank_process import RANK_PROTOCOL
 
-    return {"torch_version": torch.__version__, "ddpbench_version": ddpbench.__version__,
+    if import_torch:
+        import torch
+
+        torch_version = torch.__version__
+    else:
+        torch_version = torch_version_without_import()
+    return {"torch_version": torch_version, "ddpbench_version": ddpbench.__version__,
             "ddpbench_source_sha256": engine_digest(), "rank_protocol": RANK_PROTOCOL}
 
 

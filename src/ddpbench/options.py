@@ -120,7 +120,7 @@ def parse_block_time(text: str) -> float:
 
 
 def parse_rounds(text: str) -> int:
-    """Recorded rounds per case; 0 means 'choose from --dist-min-time'."""
+    """Recorded rounds per case; 0 means 'choose from --dist-max-time'."""
     return _positive_number(int, text, "rounds", allow_zero=True, maximum=MAX_ROUNDS)
 
 
@@ -180,6 +180,27 @@ def parse_precision(text: str) -> float:
     if not 0 <= number < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: the precision must lie between 0 and 1 (0% and 100%)")
     return number
+
+
+# The censuses a case may take (--dist-census), in the order a list names them.
+CENSUSES = ("collectives", "memory")
+
+
+def parse_censuses(text: str) -> tuple[str, ...]:
+    """--dist-census: 'collectives,memory' -> ('collectives', 'memory') (the order is CENSUSES'),
+    'none' -> (). The words on and off, which named the collective census alone before the option
+    took a list, come back as ('on',) / ('off',) for :class:`ddpbench.option_table.CensusList`."""
+    words = [word.strip().lower() for word in text.split(",") if word.strip()]
+    if words in (["on"], ["off"]):
+        return (words[0],)
+    if words == ["none"]:
+        return ()
+    wrong = [word for word in words if word not in CENSUSES]
+    if not words or wrong:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: name the censuses to take, {' and '.join(CENSUSES)} (comma-separated), or none; "
+            f"e.g. --dist-census=collectives")
+    return tuple(census for census in CENSUSES if census in words)
 
 
 def parse_numerics_tolerance(text: str) -> float:

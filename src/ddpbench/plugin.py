@@ -68,6 +68,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    state = session_state(config)
+    for line in option_table.old_spelling_notices(config.option):
+        state.notice(line)
     if config.getoption("dist_controller", None):
         from .pool.external import SecretError, load_secret, parse_address
 
@@ -136,7 +139,7 @@ def _check_compare_target(config) -> None:
 
 
 def pin_cores(config) -> bool:
-    """--dist-pin-cores as given; unset: off, A/B mode included (docs/design/plugin-and-pool.md#placement)."""
+    """--dist-pin-cores as given; unset: off, A/B mode included (docs/design/plugin-and-pool.md#core-pinning)."""
     return config.getoption("dist_pin_cores", None) == "auto"
 
 
@@ -404,23 +407,48 @@ def dist_placement() -> str | None:
     return None
 
 
+#: The plan's fields set by a --dist- option that pytest-benchmark's own options may set too
+#: (ddpbench.benchmark_options), with the field each sets.
+_TIMING_OPTIONS = (("--dist-warmup", "warmup"), ("--dist-max-time", "min_time_s"), ("--dist-precision", "precision"))
+
+
 @pytest.fixture
 def dist_round_plan(request) -> RoundPlan:
-    """The options' round plan; ops_per_round None until a case resolves it for its device."""
+    """The options' round plan; ops_per_round None until a case resolves it for its device.
+    pytest-benchmark's timing options set what no --dist- option given sets; under
+    --benchmark-disable the workload runs once, and nothing more (no census, no replay)."""
+    import dataclasses
+
+    from . import benchmark_options
     from .engine.timing import RoundPlan
 
     config = request.config
-    return RoundPlan(
-        warmup=config.getoption("dist_warmup"),
+    censuses = tuple(config.getoption("dist_census", opts.CENSUSES) or ())
+    plan = RoundPlan(
         rounds=config.getoption("dist_rounds"),
-        min_time_s=config.getoption("dist_min_time"),
-        precision=config.getoption("dist_precision"),
         ops_per_round=config.getoption("dist_ops_per_round", None),
         cuda_graphs=config.getoption("dist_cuda_graphs", False),
-        census=config.getoption("dist_census", "on") == "on",
-        memory_census=config.getoption("dist_memory_census", "on") == "on",
+        census="collectives" in censuses,
+        memory_census="memory" in censuses,
         numerics_steps=config.getoption("dist_numerics_steps", 3),
     )
+    dist_given = {flag: config.getoption(flag[2:].replace("-", "_"), None) for flag, _ in _TIMING_OPTIONS}
+    dist_given = {flag: value for flag, value in dist_given.items() if value is not None}
+    mark = request.node.get_closest_marker("benchmark")
+    choice = benchmark_options.choose(benchmark_options.given_values(config, mark.kwargs if mark else None),
+                                      dist_given)
+    state = session_state(config)
+    for line in choice.notes:
+        state.notice(line)
+    chosen = {field: dist_given.get(flag, getattr(choice, field)) for flag, field in _TIMING_OPTIONS}
+    plan = dataclasses.replace(plan, **{field: value for field, value in chosen.items() if value is not None})
+    if choice.min_rounds is not None:
+        plan = dataclasses.replace(plan, min_rounds=choice.min_rounds,
+                                   max_rounds=max(plan.max_rounds, choice.min_rounds))
+    bench_session = benchmark_session(config)
+    if bench_session is not None and bench_session.disabled:
+        plan = dataclasses.replace(plan, census=False, memory_census=False, numerics_steps=0)
+    return plan
 
 
 @pytest.fixture
@@ -508,17 +536,23 @@ def _failed_cases(config) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """After pytest-benchmark's table: each case's memory peak, why cases were skipped, then the
-    A/B verdicts, whose last line (beside pytest's counts) says the run's exit status and why."""
+    """After pytest-benchmark's table: what the run says once about its options, each case's
+    census, memory and numerics on one line, why cases were skipped, then the A/B verdicts, whose
+    last line (beside pytest's counts) says the run's exit status and why."""
     state = session_state(config)
     if not state.uses_ddpbench:
+        old = [line for line in state.notices if "the old spelling" in line]
+        for line in old:  # an old spelling of a ddpbench option is worth a line in any session
+            terminalreporter.write_line(line, yellow=True)
         return
+    for line in state.notices:
+        terminalreporter.write_line(line, yellow=True)
     from . import run_summary
 
     bench_session = benchmark_session(config)
     cases = run_summary.case_lines(getattr(bench_session, "benchmarks", None) or [])
     if cases:
-        terminalreporter.write_sep("-", "ddpbench: each case's memory (the largest rank's, one step)")
+        terminalreporter.write_sep("-", run_summary.CASES_HEADING)
         for line in cases:
             terminalreporter.write_line(line)
     for line in run_summary.skip_lines(terminalreporter.stats.get("skipped", []), state.case_ids,
@@ -536,7 +570,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def pytest_benchmark_update_json(config, benchmarks, output_json):
     """Every run says whether it is complete (:func:`ddpbench.storage.records.run_record`); A/B runs list
     the cases the candidate lost: they have no benchmark entry of their own, and ``ddpbench compare
-    RUN.json`` must still see them; a session that uses ddpbench stores its calibration probe."""
+    RUN.json`` must still see them; a session that uses ddpbench stores its calibration."""
     state = session_state(config)
     if state.ab is not None:
         from .gates.verdicts import LOST_CASES_KEY
@@ -553,22 +587,22 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     if uses_ddpbench(config):
         from .storage.records import CALIBRATION_KEY
 
-        output_json[CALIBRATION_KEY] = calibration_probe(config)
+        output_json[CALIBRATION_KEY] = calibration(config)
 
 
 # ----------------------------------------------------------------------------------------------
 # What a saved run records about the machine: facts in machine_info (what pytest-benchmark compares
-# to warn of another machine), the calibration probe's measurement beside it
+# to warn of another machine), the calibration's measurement beside it
 # ----------------------------------------------------------------------------------------------
 
 def machine_facts(config, machine_info: dict) -> dict:
     """ddpbench's additions to a run's machine_info, worked out once per session: the GPUs and the
-    facts that decide what the cases measure (:mod:`ddpbench.gates.fingerprint`). Facts only: two
+    facts that decide what the cases measure (:mod:`ddpbench.storage.run_facts`). Facts only: two
     sessions on one machine with one install add the same, so pytest-benchmark's "machine_info is
     different" warning means what it says."""
     state = session_state(config)
     if state.machine_facts is None:
-        from .gates.fingerprint import FINGERPRINT_KEY, run_facts
+        from .storage.run_facts import RUN_FACTS_KEY, run_facts
 
         facts = {}
         try:
@@ -578,9 +612,9 @@ def machine_facts(config, machine_info: dict) -> dict:
         if gpus is not None:
             facts[GPU_INFO_KEY] = gpus
         try:
-            facts[FINGERPRINT_KEY] = run_facts(machine_info)
+            facts[RUN_FACTS_KEY] = run_facts(machine_info)
         except Exception as exc:  # never lose a run's results over it: compare then says it is unknown
-            facts[FINGERPRINT_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
+            facts[RUN_FACTS_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
         state.machine_facts = facts
     return state.machine_facts
 
@@ -588,7 +622,7 @@ def machine_facts(config, machine_info: dict) -> dict:
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config, machine_info):
     """A session that uses ddpbench saves its facts (:func:`machine_facts`) in machine_info; the
-    calibration probe, a measurement, goes beside it (:func:`pytest_benchmark_update_json`)."""
+    calibration, a measurement, goes beside it (:func:`pytest_benchmark_update_json`)."""
     if uses_ddpbench(config):
         machine_info.update(machine_facts(config, machine_info))
 
@@ -598,14 +632,14 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
     """--benchmark-compare: pytest-benchmark compares machine_info when the session is configured,
     before its tests are collected. Against a run that recorded ddpbench's facts, this session's
     machine_info gets them too (else the warning would fire on the same machine); a run saved when
-    ddpbench kept its probe in machine_info is compared without that measurement."""
+    ddpbench kept its calibration in machine_info is compared without that measurement."""
     from .storage.records import MACHINE_INFO_KEY
-    from .gates.fingerprint import FINGERPRINT_KEY
+    from .storage.run_facts import RUN_FACTS_KEY
 
     saved = compared_benchmark.get("machine_info") if isinstance(compared_benchmark, dict) else None
     if isinstance(saved, dict):
         saved.pop(MACHINE_INFO_KEY, None)  # the loaded copy only; the saved file is as it was
-        if FINGERPRINT_KEY in saved or GPU_INFO_KEY in saved:
+        if RUN_FACTS_KEY in saved or GPU_INFO_KEY in saved:
             machine_info.update(machine_facts(config, machine_info))
     session_state(config).compared_machine_info = machine_info
     yield
@@ -635,20 +669,22 @@ def _print_session_verdicts(terminalreporter, config, bench_session) -> None:
     doc = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bench_session.benchmarks,
                                                      include_data=True, machine_info=machine_info,
                                                      commit_info={})
-    print_verdicts(terminalreporter, bench_session, doc, probe=lambda: calibration_probe(config))
+    print_verdicts(terminalreporter, bench_session, doc, probe=lambda: calibration(config))
 
 
-def calibration_probe(config) -> dict:
-    """The machine-drift calibration probe (:mod:`ddpbench.gates.calibration`), run once per
-    session (a few hundred ms), for ``ddpbench compare`` to normalise a uniformly slower or faster
-    machine."""
+def calibration(config) -> dict:
+    """The machine-drift calibration (:mod:`ddpbench.gates.calibration`), run once per session (a
+    few hundred ms), for ``ddpbench compare`` to normalise a uniformly slower or faster machine."""
     state = session_state(config)
     if state.calibration is None:
         from .gates.calibration import run_probe
 
         try:
-            probe = run_probe()
-        except Exception as exc:  # never lose a run's results over the probe
-            probe = {"error": f"{type(exc).__name__}: {exc}"}
-        state.calibration = probe
+            measured = run_probe()
+        except Exception as exc:  # never lose a run's results over the calibration
+            measured = {"error": f"{type(exc).__name__}: {exc}"}
+        state.calibration = measured
     return state.calibration
+
+
+calibration_probe = calibration  # its old name, kept importable

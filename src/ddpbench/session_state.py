@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pytest
@@ -28,11 +28,18 @@ class SessionState:
     run_end: tuple[pytest.Session, int] | None = None
     #: machine_facts, once: ddpbench's additions to the run's machine_info.
     machine_facts: dict | None = None
-    #: calibration_probe, once: the machine-drift probe's measurement.
+    #: plugin.calibration, once: the machine-drift calibration's measurement.
     calibration: dict | None = None
     #: pytest_benchmark_compare_machine_info: this machine's machine_info as --benchmark-compare
     #: compared it.
     compared_machine_info: dict | None = None
+    #: pytest_configure and each case's round plan: what the run says once about the options it
+    #: was given (an old spelling, a pytest-benchmark option not read), in the order first said.
+    notices: list[str] = field(default_factory=list)
+
+    def notice(self, line: str) -> None:
+        if line not in self.notices:
+            self.notices.append(line)
 
 
 _KEY = pytest.StashKey[SessionState]()

@@ -4,7 +4,7 @@ subprocess runner; where git itself matters (worktrees, folders, untracked files
 repository, and where pytest matters (a collection or a run that hangs) a tiny project whose
 conftest sleeps.
 
-* a probe is read as the gate that ran it read it (--dist-ab-accept-structure-change);
+* a probe is read as the gate that ran it read it (--dist-accept-structure-change);
 * every case BAD judged must be judged at each probe, or the probe is a skip; a missing case is a
   skip with its reason, bad only with --missing-is-bad;
 * a hung collection or A/B run, a failed ``git worktree add``, a folder missing at an old commit
@@ -97,12 +97,12 @@ def subjects(monkeypatch):
 
 
 def test_a_probe_is_read_with_the_structural_acceptance_its_gate_ran_with(tmp_path, subjects):
-    # Each commit adds an all_reduce on purpose; the gate ran with --dist-ab-accept-structure-change
+    # Each commit adds an all_reduce on purpose; the gate ran with --dist-accept-structure-change
     # and passed every probe (its saved verdict `same`, the structure accepted): nothing to bisect.
     accepted = _ab("same", census_baseline=BASE, timing_verdict="same", structure_verdict="regression",
                    structure_accepted=True)
     docs = [_doc((A, accepted, GREW))] * 3
-    search = _canned(tmp_path, docs, ["--dist-ab-accept-structure-change"])
+    search = _canned(tmp_path, docs, ["--dist-accept-structure-change"])
     assert search.search() == 0
     assert "no regression between GOOD" in search.out.getvalue() and search.runs == [2]
     # The same runs made without the option fail by structure, and are read so.
@@ -123,10 +123,10 @@ def _memory_doc(ab, memory):
 
 
 def test_a_probe_is_read_with_the_memory_acceptance_its_gate_ran_with(tmp_path, subjects):
-    # The gate ran with --dist-ab-accept-memory-change and passed every probe (exit 0, its saved
+    # The gate ran with --dist-accept-memory-change and passed every probe (exit 0, its saved
     # verdict `same`); before the fix bisect judged the memory anew without it and read BAD `bad`.
     passed = _ab("same", timing_verdict="same", memory_verdict="regression", memory_accepted=True)
-    search = _canned(tmp_path, [_memory_doc(passed, MORE_MEMORY)] * 3, ["--dist-ab-accept-memory-change"])
+    search = _canned(tmp_path, [_memory_doc(passed, MORE_MEMORY)] * 3, ["--dist-accept-memory-change"])
     assert search.search() == 0, search.out.getvalue()
     assert "no regression between GOOD" in search.out.getvalue() and search.runs == [2]
     # Without the option the same memory is a regression, and is read so.
@@ -136,7 +136,7 @@ def test_a_probe_is_read_with_the_memory_acceptance_its_gate_ran_with(tmp_path, 
     assert "memory: regression: peak +1.0 MiB" in search.out.getvalue(), search.out.getvalue()[-600:]
 
 
-@pytest.mark.parametrize("option", [["--dist-ab-memory-tolerance=1%"], ["--dist-ab-memory-tolerance", "1"]])
+@pytest.mark.parametrize("option", [["--dist-memory-tolerance=1%"], ["--dist-memory-tolerance", "1"]])
 def test_a_probe_is_read_with_the_memory_tolerance_its_gate_ran_with(tmp_path, subjects, option):
     # The gate judged the measured max allocated with a 1% tolerance: +5% failed it (exit 1). Before
     # the fix bisect read the figure as not judged and found nothing to bisect.
@@ -150,8 +150,8 @@ def test_a_probe_is_read_with_the_memory_tolerance_its_gate_ran_with(tmp_path, s
 def test_a_memory_tolerance_bisect_cannot_read_is_bad_input(tmp_path):
     repo = tmp_path / "project"
     shas = _repo(repo, [{"README": "0"}, {"README": "1"}])
-    with pytest.raises(BisectError, match="--dist-ab-memory-tolerance among the pytest arguments: 'lots'"):
-        check_input(repo, shas[0], shas[1], Options(pytest_args=["--dist-ab-memory-tolerance=lots"]))
+    with pytest.raises(BisectError, match="--dist-memory-tolerance among the pytest arguments: 'lots'"):
+        check_input(repo, shas[0], shas[1], Options(pytest_args=["--dist-memory-tolerance=lots"]))
 
 
 def _numerics(grad: float) -> dict:
@@ -162,16 +162,16 @@ def _numerics(grad: float) -> dict:
 
 def test_a_probe_is_read_with_the_numerics_acceptance_and_tolerance_its_gate_ran_with(tmp_path, subjects):
     # Each commit changes what the steps compute (gradients x2) on purpose; the gate ran with
-    # --dist-ab-accept-numerics-change and passed every probe: nothing to bisect.
+    # --dist-accept-numerics-change and passed every probe: nothing to bisect.
     changed = _ab("same", numerics_baseline=_numerics(1.0), timing_verdict="same")
 
     def doc(ab, grad):
         return run_doc([bench("test_a", [0.001] * 3, {"ab": ab, "numerics": _numerics(grad)})])
 
     docs = [doc(changed, 2.0)] * 3
-    search = _canned(tmp_path, docs, ["--dist-ab-accept-numerics-change"])
+    search = _canned(tmp_path, docs, ["--dist-accept-numerics-change"])
     assert search.search() == 0 and "no regression between GOOD" in search.out.getvalue()
-    search = _canned(tmp_path / "tolerated", docs, ["--dist-ab-numerics-tolerance=150%"])
+    search = _canned(tmp_path / "tolerated", docs, ["--dist-numerics-tolerance=150%"])
     assert search.search() == 0 and "no regression between GOOD" in search.out.getvalue()
     # Without either, the change is read as the regression its gate failed on.
     search = _canned(tmp_path / "unaccepted", [doc(changed, 1.0)] + [doc(changed, 2.0)] * 2)
@@ -347,3 +347,14 @@ def test_a_hanging_collection_or_ab_run_is_stopped_and_named(tmp_path, monkeypat
         assert time.monotonic() - started < 30 and not search.children.running
     finally:
         search.worktrees.remove_all()
+
+
+def test_a_gate_option_is_read_in_either_spelling_the_plugin_takes():
+    # --dist-accept-...: the spelling now; --dist-ab-...: the one before, which pytest still reads.
+    for prefix in ("--dist-", "--dist-ab-"):
+        options = Options(pytest_args=[f"{prefix}accept-structure-change", f"{prefix}accept-memory-change",
+                                       f"{prefix}memory-tolerance=5%", f"{prefix}accept-numerics-change",
+                                       f"{prefix}numerics-tolerance", "1%"])
+        assert options.accept_structure_change and options.accept_memory_change
+        assert options.gate_reading() == {"accept_memory_change": True, "memory_tolerance": pytest.approx(0.05),
+                                          "accept_numerics_change": True, "numerics_tolerance": pytest.approx(0.01)}

@@ -201,7 +201,7 @@ FRESH = textwrap.dedent("""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     ctx = RankContext(rank=0, world_size=1, backend="gloo", device_type="cpu")
     plan = RoundPlan(warmup=2, rounds=1, census=False)
-    # --dist-memory-census=off: no record, and torch's trackers are not even imported
+    # --dist-census without memory: no record, and torch's trackers are not even imported
     off = measure_workload(ctx, Training("mlp", "manual", batch_size=8), RoundPlan(warmup=1, rounds=1, census=False,
                                                                                  memory_census=False))
     out = {"off": ["memory" in off.metrics, "torch.distributed._tools" in sys.modules]}
@@ -268,7 +268,7 @@ def test_an_ab_run_whose_candidate_keeps_64_mb_alive_fails_naming_it(pytester):
     pytester.makepyfile(test_bench=KEEPER)
     result = pytester.runpytest_subprocess(
         "--dist-candidate-env", "KEEP=1", "--dist-ab-pools-per-side=1", "--dist-ab-block-time=0.02",
-        "--dist-ab-max-time=8", "--dist-ab-profile=off", "--dist-census=off", "--benchmark-json=ab.json",
+        "--dist-ab-max-time=8", "--dist-ab-profile=off", "--dist-census=memory", "--benchmark-json=ab.json",
         "-m", "not gpu", "-p", "no:cacheprovider", timeout=300)
     assert result.ret == 1, result.stdout.str()
     result.stdout.fnmatch_lines(["*test_step*regression (memory; timing*",

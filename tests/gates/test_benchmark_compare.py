@@ -40,7 +40,7 @@ def test_the_verdicts_for_the_pair_and_the_gate_line(tmp_path):
     benchmark_compare.print_verdicts(terminal, session, slower, probe=lambda: probes.append(1) or {"min_s": 0.001})
     text = "\n".join(terminal.lines)
     assert terminal.lines[0] == f"--- {benchmark_compare.TITLE} ---"
-    assert "current:  this session" in text and "test_a" in text and "regression" in text
+    assert "candidate: this session" in text and "test_a" in text and "regression" in text
     assert terminal.lines[-1] == benchmark_compare.GATE_LINE and probes == [1]  # the stored run has a probe
 
 

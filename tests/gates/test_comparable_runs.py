@@ -148,12 +148,12 @@ def test_a_new_hostname_or_python_patch_release_is_not_a_difference(tmp_path, ca
     assert "note: kernel 6.0 -> 6.5 (compared)" in out
 
 
-def test_runs_without_a_fingerprint_are_compared_on_what_they_record(tmp_path, capsys):
+def test_runs_without_run_facts_are_compared_on_what_they_record(tmp_path, capsys):
     b, c = _pair(tmp_path, base_facts=None, cur_facts={})  # the baseline: an older ddpbench
     rc, out, _ = run_cli(capsys, "compare", b, c)
     assert rc == 0
-    assert ("WARNING: base.json recorded no fingerprint (saved by an older ddpbench or another tool): "
-            "torch, cuda, nccl, engine, cpu_cores cannot be checked") in out
+    assert ("WARNING: base.json recorded no run facts (saved by an older ddpbench or another tool): "
+            "torch, cuda, nccl, engine, cpu_cores cannot be checked") in " ".join(out.split())
     # what an older run does record is still checked: its CPU, and the versions of a GPU run
     b, c = _pair(tmp_path / "gpu", base_facts=None, cur_facts={"torch": "2.13.0+cu128", "gpus": ["NVIDIA H100"]},
                  base_machine=dict(MACHINE, ddpbench_gpus={"devices": ["NVIDIA H100"], "torch": "2.12.0+cu126",
@@ -223,8 +223,8 @@ def test_the_default_baseline_skips_incomplete_runs_and_says_so(tmp_path, capsys
     monkeypatch.chdir(tmp_path)
     rc, out, _ = run_cli(capsys, "compare")
     assert rc == 0
-    assert f"baseline: {folder / '0001_run.json'}".replace(str(tmp_path) + "/", "") in out
-    assert "current:  .benchmarks/Linux-CPython-3.11-64bit/0003_run.json" in out
+    assert f"baseline:  {folder / '0001_run.json'}".replace(str(tmp_path) + "/", "") in out
+    assert "candidate: .benchmarks/Linux-CPython-3.11-64bit/0003_run.json" in out
     assert "baseline chosen: the newest complete run of this machine on branch main" in out
     assert ("passed over 0002_run.json: incomplete: 1 failed or erroring case(s) (benchmarks/test_x.py::b); "
             "stopped early (stopping after 1 failures)") in out
@@ -233,7 +233,7 @@ def test_the_default_baseline_skips_incomplete_runs_and_says_so(tmp_path, capsys
     # the incomplete run as the current one: compared, said so, its lost case fails the gate
     (folder / "0003_run.json").unlink()
     rc, out, _ = run_cli(capsys, "compare")
-    assert rc == 1 and "the current run 0002_run.json is incomplete" in out and "missing" in out
+    assert rc == 1 and "the candidate 0002_run.json is incomplete" in out and "missing" in out
 
 
 def test_the_default_baseline_is_of_the_same_machine_and_branch(tmp_path, capsys, monkeypatch):

@@ -27,13 +27,13 @@ def test_the_decision_names_what_fails_and_each_allowance_lets_its_own_cause_thr
 def test_the_words_follow_the_decision_in_each_spelling():
     report = _report(Verdict.MISSING, Verdict.INCONCLUSIVE)
     decision = decide_exit(report, fail_on_inconclusive=True)
-    for prefix in ("--", "--dist-ab-"):
+    for prefix in ("--", "--dist-"):  # ddpbench compare's spelling, then the plugin's
         lines = exit_lines(decision, prefix, "candidate")
         assert lines == [f"1 case(s) the baseline has were lost by the candidate run (t.py::t0): crashed, hung or "
                          f"removed. Exit status 1 ({prefix}allow-missing accepts them)",
                          f"1 inconclusive case(s): exit status 1 ({prefix}fail-on-inconclusive)"]
     allowed = exit_lines(decide_exit(report, allow_missing=True), "--")
-    assert allowed == ["1 case(s) the baseline has were lost by the current run (t.py::t0): crashed, hung or removed; "
+    assert allowed == ["1 case(s) the baseline has were lost by the candidate run (t.py::t0): crashed, hung or removed; "
                        "allowed by --allow-missing",
                        "1 inconclusive case(s): not a failure (--fail-on-inconclusive makes them one)"]
 

@@ -38,7 +38,7 @@ def test_a_drift_within_the_tolerance_or_outside_the_band_is_not_corrected(tmp_p
     assert gate.plan_drift(base, cur, "always").normalised  # asked for: divided even so
     base, cur = _runs(tmp_path, cur_probe=0.002)  # 2x: past the band a probe may correct
     refused = gate.plan_drift(base, cur, "auto").correction
-    assert refused.factor == 1.0 and refused.refused == "probe 2.00x, outside 0.80-1.25"
+    assert refused.factor == 1.0 and refused.refused == "calibration 2.00x, outside 0.80-1.25"
     assert gate.plan_drift(base, cur, "never").correction.refused is None  # raw, with a warning
 
 

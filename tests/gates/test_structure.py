@@ -303,8 +303,9 @@ def test_compare_fails_on_a_structural_regression_whatever_the_timing_says(tmp_p
     row, under = _row_and_details(out)
     assert row.endswith("regression (structure; timing same)  <<")
     assert f"    structure: regression: {GREW_LINE}" in under  # on its own line under the case's row
-    assert out.splitlines()[-1] == (
-        f"1 structural regression(s) (benchmarks/test_x.py::{NAME}): what one step launches grew or changed, a "
+    last = out.rsplit("\n1 structural regression(s)", 1)[1]  # the last exit line, wrapped at 160 columns
+    assert " ".join(last.split()) == (
+        f"(benchmarks/test_x.py::{NAME}): what one step launches grew or changed, a "
         f"regression whatever the timing says (--accept-structure-change accepts a change made on purpose)")
     title = " ".join(out.split("\ncase ", 1)[0].split())  # the summary wraps at 120 columns
     assert "structure: 1 regression" in title
@@ -384,7 +385,7 @@ def test_every_command_that_reads_the_run_names_its_malformed_census_alike(tmp_p
     _, c = _runs(tmp_path, BASE, dict(GREW, ddp_buckets="four"))
     message = (f"{c}: benchmarks/test_x.py::{NAME}: extra_info census.ddp_buckets is 'four', expected a list of "
                f"byte counts or null. The file is damaged or was edited: restore it or rerun the case")
-    for command in (["report", c, "--no-charts"], ["history", c, "--storage", str(tmp_path / "none"),
+    for command in (["report", c, "--no-chart"], ["history", c, "--storage", str(tmp_path / "none"),
                                                    "--output", str(tmp_path / "history.html")]):
         rc, out, err = run_cli(capsys, *command)
         assert rc == 2 and message in err, command
@@ -473,16 +474,16 @@ def test_the_ab_sessions_results_read_the_candidates_census_when_the_report_is_m
     report = verdicts.ab_report(verdicts.ab_verdicts(results))
     decision = decide_exit(report, allow_missing=True)
     assert decision.structural == (NAME,) and decision.status == 1
-    lines = exit_lines(decision, "--dist-ab-", report.current_label)
+    lines = exit_lines(decision, "--dist-", report.current_label)
     assert ("1 structural regression(s) (test_step[gloo-2p]): what one step launches grew or "
-                            "changed, a regression whatever the timing says (--dist-ab-accept-structure-change "
-                            "accepts a change made on purpose)") in lines
+                            "changed, a regression whatever the timing says (--dist-accept-structure-change "
+                            "accepts a change made on purpose)") in " ".join(" ".join(lines).split())
     lost = next(c for c in report.cases if c.name == "test_lost")
     assert lost.structure is None  # nothing to compare: no structural verdict
     accepted = verdicts.ab_report(verdicts.ab_verdicts(results, accept_structure_change=True))
     decision = decide_exit(accepted, allow_missing=True)
-    lines = exit_lines(decision, "--dist-ab-", accepted.current_label)
-    assert decision.status == 0 and decision.structural_accepted == (NAME,) and any("accepted by --dist-ab-accept-structure-change" in line for line in lines)
+    lines = exit_lines(decision, "--dist-", accepted.current_label)
+    assert decision.status == 0 and decision.structural_accepted == (NAME,) and any("accepted by --dist-accept-structure-change" in line for line in lines)
     assert f"regression, accepted: {GREW_LINE}" in verdicts.format_text(accepted)
 
 
@@ -526,8 +527,8 @@ def test_the_ab_run_exits_1_on_a_structural_regression_and_compare_accepts_it_wh
     # The case's short row, the structural change on a line of its own under it.
     result.stdout.fnmatch_lines(["*test_step*regression (structure; timing *)*<<",
                                  f"    structure: regression: {GREW_LINE}",
-                                 "*ddpbench A/B: 1 structural regression(s) (*test_step*)*"
-                                 "--dist-ab-accept-structure-change accepts a change made on purpose)"])
+                                 "*ddpbench A/B: 1 structural regression(s) (*test_step*)*",
+                                 "*(--dist-accept-structure-change accepts a change made on purpose)"])
     (case,) = json.loads((pytester.path / "ab.json").read_text())["benchmarks"]
     # The saved verdict is the run's (it exited 1 on it); the timing's and the census's beside it.
     ab = case["extra_info"]["ab"]
@@ -546,7 +547,7 @@ def test_the_pytest_option_reaches_the_ab_session(pytester, monkeypatch, accept)
     from ddpbench.gates.ab.side_environments import local_facts
 
     monkeypatch.setattr(run_sides, "probe", lambda side, protocol: dataclasses.replace(side, facts=local_facts()))
-    args = ["--dist-candidate-env", "UNUSED=1"] + (["--dist-ab-accept-structure-change"] if accept else [])
+    args = ["--dist-candidate-env", "UNUSED=1"] + (["--dist-accept-structure-change"] if accept else [])
     ab = session.ABSession.from_options(pytester.parseconfig(*args))
     ab.results.append((NAME, dict(AB, census_baseline=BASE), 0.001, {"census": GREW}))
     assert ab.plan.accept_structure_change is accept and ab.exit_status() == (0 if accept else 1)
@@ -559,9 +560,9 @@ def test_the_pytest_option_reaches_the_ab_session(pytester, monkeypatch, accept)
     assert saved.get("structure_accepted", False) is accept
     # An accepted change is timed in full; otherwise a structural regression ends its case early.
     assert ab.settings.stop_on_structural_regression is not accept
-    lines = [line for line, _ in ab.summary_lines()]
-    assert any(("accepted by --dist-ab-accept-structure-change" if accept else
-                "--dist-ab-accept-structure-change accepts a change made on purpose") in line for line in lines)
+    said = " ".join(" ".join(line for line, _ in ab.summary_lines()).replace("ddpbench A/B:   ", " ").split())
+    assert ("accepted by --dist-accept-structure-change" if accept else
+            "--dist-accept-structure-change accepts a change made on purpose") in said
 
 
 @pytest.mark.parametrize("timing", ["same", "not-slower", "inconclusive", "improvement"])

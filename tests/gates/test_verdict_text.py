@@ -66,7 +66,7 @@ def test_the_ratio_is_named_as_what_it_is():
             "of the two medians), > 1 is slower") in _ab_report().summary()
     stored = verdicts.GateReport("ddpbench compare", [verdicts.CaseVerdict(
         "x", "same", ratio=1.0, ci_low=0.99, ci_high=1.01, method="bootstrap+mann-whitney")], 0.05)
-    assert "ratio = current / baseline median, > 1 is slower" in stored.summary()
+    assert "ratio = candidate / baseline median, > 1 is slower" in stored.summary()  # one word for both gates
 
 
 def test_an_inconclusive_case_says_why_it_rules_out_more_than_its_interval_shows():
@@ -86,6 +86,54 @@ def test_an_inconclusive_case_says_why_it_rules_out_more_than_its_interval_shows
 def test_the_last_ab_line_says_the_exit_status_and_why():
     report = _ab_report()
     assert exit_line(1, report) == (f"ddpbench A/B: exit status 1: 1 regression, 1 inconclusive ({NAME}), whatever "
-                                    f"pytest's count of passed tests says")
+                                    f"pytest counts as passed")
     same = verdicts.ab_report([verdicts.CaseVerdict("z", "same", ratio=1.0, ci_low=0.99, ci_high=1.01)], {})
     assert exit_line(0, same) == "ddpbench A/B: exit status 0: no case fails the gate (1 same)"
+
+
+def _everything_regressed(name: str) -> verdicts.CaseVerdict:
+    """An A/B case whose structure, memory and numerics all regressed, stopped at its first look
+    with its timing inconclusive there."""
+    case = verdicts.CaseVerdict(name, "inconclusive", baseline_median_s=0.01, current_median_s=0.0102, ratio=1.01,
+                                ci_low=0.9, ci_high=1.2, p_value=0.3, method="paired-blocks",
+                                details={"stopped_by_structure": True, "pairs": 6, "wall_s": 3.0})
+    case.judge_structure(StructureVerdict("regression", "all_reduce float32 in a group of 2: 1 → 2 per step, +4.0 KiB"))
+    case.judge_memory(StructureVerdict("regression", MEMORY_LINE))
+    case.judge_numerics(StructureVerdict("regression", "changed from step 1 of 3: 1 of 4 tensors differ, first "
+                                                       "grad 0.weight (max relative difference 3.1e-02)"))
+    return case
+
+
+def test_a_row_with_every_exact_regression_fits_120_columns_and_names_what_failed_it():
+    # Was 142 columns: `regression (structure and memory and numerics; timing inconclusive at its
+    # first look)  <<`. The row keeps the verdict and what failed it; the timing's word goes under it.
+    long_name = "benchmarks/test_transformer.py::test_transformer_step[gloo-2p-cpu-large-ddp-cap100-bf16]"
+    for name in (NAME, long_name):
+        report = verdicts.ab_report([_everything_regressed(name)], {})
+        text = verdicts.format_text(report)
+        assert max(len(line) for line in text.splitlines()) <= verdicts.TEXT_WIDTH, text
+        row = next(line for line in text.splitlines() if "regression (" in line)
+        assert row.endswith("regression (structure, memory and numerics)  <<"), text
+        block = case_blocks(text, {name})[name]
+        assert "    why: structure, memory and numerics; timing inconclusive at its first look" in block
+
+
+def test_every_line_of_both_gates_exit_text_fits_160_columns():
+    from ddpbench.gates.ab.run_report import summary_lines
+    from ddpbench.gates.exit_decision import LINE_WIDTH, decide_exit, exit_lines
+
+    names = [f"benchmarks/test_transformer.py::test_transformer_step[gloo-2p-cpu-large-ddp-variant{i}]"
+             for i in range(6)]
+    report = verdicts.ab_report([_everything_regressed(name) for name in names], {})
+    report.warnings.append("the candidate run is partial: " + ", ".join(names))
+    decision = decide_exit(report)
+    for prefix in ("--", "--dist-"):
+        lines = exit_lines(decision, prefix)
+        assert lines and max(len(line) for line in lines) <= LINE_WIDTH, lines
+        assert any(f"({prefix}accept-memory-change accepts a change made on purpose)" in line
+                   for line in [" ".join(lines)])
+    said = [line for line, _ in summary_lines(report, decision, 7, [])]
+    assert max(len(line) for line in said) <= LINE_WIDTH, said
+    assert said[-1] == ("ddpbench A/B: exit status 1: 6 regression (the cases marked << above), whatever pytest "
+                        "counts as passed")
+    assert max(len(line) for line in verdicts.format_text(report).splitlines()) <= LINE_WIDTH

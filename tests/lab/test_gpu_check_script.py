@@ -413,7 +413,7 @@ def test_the_suite_and_its_gates_count_cases_and_verdicts(tmp_path, monkeypatch)
         if "compare" in command:
             return 1, "", json.dumps({"counts": {"regression": 2, "same": 5, "new": 0}, "cases": []}), {}
         if "report" in command:
-            charts = pathlib.Path(command[command.index("--charts") + 1])
+            charts = pathlib.Path(command[command.index("--chart") + 1])
             return 0, "", "", {charts / "run" / "a.png": "", charts / "run" / "b.png": ""}
         return 0, "", json.dumps({"runs": 2, "series": 103, "steps": [{}]}), {}  # history --json
 

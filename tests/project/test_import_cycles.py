@@ -173,3 +173,30 @@ def test_a_package_whose_imports_run_one_way_passes(tmp_path):
     assert graph["planted.sub.helpers"] == {"planted.models"}
     assert graph["planted"] == {"planted.workload"}
     assert find_cycle(graph) is None
+
+
+def test_saved_runs_import_nothing_from_the_gates():
+    # storage/ sits below the gates: what both need (the verdict words, a run's facts) lives in
+    # ddpbench.verdict_words and ddpbench.storage.run_facts; the gates' old module paths re-export it.
+    graph = import_graph(SRC / "ddpbench", "ddpbench")
+    upward = {module: sorted(edge for edge in edges if edge.startswith("ddpbench.gates"))
+              for module, edges in graph.items() if module.startswith("ddpbench.storage")}
+    assert {module: edges for module, edges in upward.items() if edges} == {}
+    assert "ddpbench.verdict_words" in graph["ddpbench.storage.records"]
+    from ddpbench.gates import fingerprint, verdict_words
+    from ddpbench.storage import run_facts
+
+    assert verdict_words.Verdict.REGRESSION == "regression" and fingerprint.run_facts is run_facts.run_facts
+
+
+def test_the_torch_version_and_engine_hash_are_collected_in_one_place():
+    # ddpbench.identity.identity: what a worker reports, an A/B controller's own facts and a saved
+    # run's facts all take their torch version and engine hash from it (three collectors before).
+    import inspect
+
+    from ddpbench.gates.ab.side_environments import local_facts
+    from ddpbench.storage.run_facts import run_facts
+
+    for collector in (local_facts, run_facts):
+        text = inspect.getsource(collector)
+        assert "identity(" in text and "source_digest" not in text and "torch.__version__" not in text

@@ -168,8 +168,11 @@ def test_the_readme_example_runs_in_a_fresh_project(pytester):
                                            "--dist-rounds=3", "--dist-warmup=1",
                                            "--benchmark-json=out.json", timeout=300)
     result.assert_outcomes(passed=1, deselected=2)
-    # The run's own summary gives the case's memory peak and where it fell (the model DDP wraps, by its class).
-    result.stdout.fnmatch_lines(["test_my_ddp_step[[]gloo-2p[]]  memory peak * at Linear *, * kept after the step"])
+    # The run's own summary: per case what one step sends, holds (the peak, where it fell: the model
+    # DDP wraps, by its class) and computes, on one line under a heading that says so.
+    result.stdout.fnmatch_lines(["*ddpbench: what each case*s step sends (census), holds (memory*) and computes (numerics)*",
+                                 "test_my_ddp_step[[]gloo-2p[]]  sends *all_reduce* per step; memory peak * at Linear *, "
+                                 "* kept after the step; *numerics*"])
     (case,) = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
     assert case["name"] == "test_my_ddp_step[gloo-2p]" and case["stats"]["rounds"] == 3
     assert case["extra_info"]["workload"] == f"{pathlib.Path(filename).stem}.train_step"

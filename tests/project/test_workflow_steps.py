@@ -215,7 +215,7 @@ def _ab_step(name: str):
     (("numerics-changed", "memory-changed", "structure-changed"), {"structure", "memory", "numerics"}),
 ])
 @pytest.mark.parametrize("name, command, prefix", [
-    ("A/B gate (collectives and one training case)", "pytest", "--dist-ab-"),
+    ("A/B gate (collectives and one training case)", "pytest", "--dist-"),
     ("Verdict table", "ddpbench", "--"),
 ])
 def test_ab_change_labels_pass_their_accepting_options(tmp_path, labels, accepted, name, command, prefix):

@@ -210,7 +210,7 @@ def test_charts_are_valid_pngs(tmp_path):
 def test_cli_report_prints_tables_and_says_where_the_charts_are(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path = _fixture_run(tmp_path)
-    rc = cli.main(["report", str(path), "--charts", str(tmp_path / "out"), "--output", str(tmp_path / "r.md")])
+    rc = cli.main(["report", str(path), "--chart", str(tmp_path / "out"), "--output", str(tmp_path / "r.md")])
     out, err = capsys.readouterr()
     assert rc == 0
     assert "| gloo | 2 | 1MB |" in out
@@ -227,7 +227,7 @@ def test_cli_report_defaults_to_the_newest_saved_run(tmp_path, capsys, monkeypat
     (tmp_path / ".benchmarks" / "m").mkdir(parents=True)
     (tmp_path / ".benchmarks" / "m" / "0001_a.json").write_text(doc)
     (tmp_path / ".benchmarks" / "m" / "0002_b.json").write_text(doc.replace("test_something_else", "test_newest"))
-    rc = cli.main(["report", "--no-charts"])
+    rc = cli.main(["report", "--no-chart"])
     out = capsys.readouterr().out
     assert rc == 0 and "test_newest" in out and "0002_b.json" in out
 
@@ -249,13 +249,13 @@ def test_missing_matplotlib_is_a_clear_message(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     path = _fixture_run(tmp_path, families=("collectives",))
-    rc = cli.main(["report", str(path), "--charts", str(tmp_path / "out")])
+    rc = cli.main(["report", str(path), "--chart", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert rc == 2
     assert "| gloo | 2 | 1MB |" in out  # the tables still come
-    assert "charts need matplotlib" in err and "ddpbench[plot]" in err and "--no-charts" in err
+    assert "charts need matplotlib" in err and "ddpbench[plot]" in err and "--no-chart" in err
     assert "Traceback" not in err
-    assert cli.main(["report", str(path), "--no-charts"]) == 0
+    assert cli.main(["report", str(path), "--no-chart"]) == 0
 
 
 def test_gpu_runs_name_their_gpus_and_ranks_sharing_a_gpu_get_their_own_rows(tmp_path):
@@ -348,36 +348,36 @@ COLLECTIVE = {"backend": "gloo", "world_size": 2, "device": "cpu", "op": "all_re
     (dict(COLLECTIVE, backend={"name": "gloo"}), "extra_info.backend is dict {'name': 'gloo'}, expected one plain value"),
 ])
 def test_malformed_extra_info_is_named_with_the_case_and_field(tmp_path, capsys, extra_info, message):
-    err = _report_error(capsys, _one_case(tmp_path, extra_info), "--no-charts")
+    err = _report_error(capsys, _one_case(tmp_path, extra_info), "--no-chart")
     assert "test_all_reduce[gloo-2p-1MB]: " + message in err and "damaged or was edited" in err
 
 
 def test_zero_medians_and_extra_info_that_is_not_an_object_are_named(tmp_path, capsys):
-    err = _report_error(capsys, _one_case(tmp_path, COLLECTIVE, data=[0.0, 0.0, 0.0], median=0.0), "--no-charts")
+    err = _report_error(capsys, _one_case(tmp_path, COLLECTIVE, data=[0.0, 0.0, 0.0], median=0.0), "--no-chart")
     assert "stats.data is not a list of round times (seconds, each above 0)" in err
-    err = _report_error(capsys, _one_case(tmp_path, COLLECTIVE, data=None, median=0.0), "--no-charts")
+    err = _report_error(capsys, _one_case(tmp_path, COLLECTIVE, data=None, median=0.0), "--no-chart")
     assert "its median round time is 0 s, and a round cannot take no time" in err
     path = _one_case(tmp_path, COLLECTIVE)
     doc = json.loads(path.read_text())
     doc["benchmarks"][0]["extra_info"] = ["op", "all_reduce"]
     path.write_text(json.dumps(doc))
-    assert "extra_info is list, not an object of keys" in _report_error(capsys, path, "--no-charts")
+    assert "extra_info is list, not an object of keys" in _report_error(capsys, path, "--no-chart")
 
 
 def test_output_and_chart_folders_that_do_not_exist_are_named_and_nothing_is_created(tmp_path, capsys):
     path = _fixture_run(tmp_path, families=("collectives",))
     missing = tmp_path / "no-such-folder"
-    err = _report_error(capsys, path, "--no-charts", "--output", missing / "r.md")
+    err = _report_error(capsys, path, "--no-chart", "--output", missing / "r.md")
     assert (f"--output {missing / 'r.md'}: the folder {missing} does not exist; create it (mkdir -p {missing}) "
             f"or give --output a path in an existing folder") in err
-    err = _report_error(capsys, path, "--charts", missing / "charts")
-    assert f"--charts {missing / 'charts'}: the folder {missing} does not exist" in err
+    err = _report_error(capsys, path, "--chart", missing / "charts")
+    assert f"--chart {missing / 'charts'}: the folder {missing} does not exist" in err
     (tmp_path / "a-file").write_text("")
-    assert "is a file, not a folder" in _report_error(capsys, path, "--charts", tmp_path / "a-file")
-    assert "is a folder; name a file in it" in _report_error(capsys, path, "--no-charts", "--output", tmp_path)
+    assert "is a file, not a folder" in _report_error(capsys, path, "--chart", tmp_path / "a-file")
+    assert "is a folder; name a file in it" in _report_error(capsys, path, "--no-chart", "--output", tmp_path)
     assert not missing.exists()
     # The default charts folder is still created on a fresh checkout (make bench relies on it).
-    assert cli.main(["report", str(path), "--no-charts", "--output", str(tmp_path / "r.md")]) == 0
+    assert cli.main(["report", str(path), "--no-chart", "--output", str(tmp_path / "r.md")]) == 0
 
 
 def test_transformer_cases_get_their_own_table(tmp_path):
@@ -443,7 +443,7 @@ def test_the_memory_table_shows_each_case_s_peak_and_what_held_it(tmp_path):
 ])
 def test_a_damaged_memory_census_is_named(tmp_path, capsys, memory, message):
     path = write(tmp_path / "run.json", run_doc([bench("test_x", [0.01], {"memory": memory})]))
-    assert cli.main(["report", str(path), "--no-charts"]) == 2
+    assert cli.main(["report", str(path), "--no-chart"]) == 2
     assert "test_x: extra_info " + message in capsys.readouterr().err
 
 
@@ -464,7 +464,7 @@ def test_the_numerics_table_shows_each_case_s_replay_and_leaves_out_what_is_not_
     assert rows == [["test_exact", "1", "1", "2", "bitwise", "1e-06", "bbbbbbbbbbbb", "2.5"],  # 4 x 2.5e-7
                     ["test_noisy", "1", "1", "2", "from step 1, up to 2e-07", "-", "bbbbbbbbbbbb", "2.5"]]
     damaged = write(tmp_path / "bad.json", run_doc([bench("test_x", [0.01], {"numerics": record(digests="x")})]))
-    assert cli.main(["report", str(damaged), "--no-charts"]) == 2
+    assert cli.main(["report", str(damaged), "--no-chart"]) == 2
     assert "test_x: extra_info numerics.digests is 'x'" in capsys.readouterr().err
 
 

@@ -61,7 +61,7 @@ def test_a_family_that_is_not_one_plain_value_is_named(tmp_path, capsys):
     from ddpbench import cli
 
     path = write(tmp_path / "bad.json", run_doc([bench("test_x", [0.01], dict(COLLECTIVE, family=["a"]))]))
-    assert cli.main(["report", str(path), "--no-charts"]) == 2
+    assert cli.main(["report", str(path), "--no-chart"]) == 2
     assert "test_x: extra_info.family is list ['a'], expected one plain value" in capsys.readouterr().err
 
 
@@ -101,6 +101,6 @@ def test_a_case_without_a_key_its_family_s_table_needs_is_named(tmp_path, capsys
 
     info = {k: v for k, v in COLLECTIVE.items() if k != "size_bytes"}
     path = write(tmp_path / "bad.json", run_doc([bench("test_x", [0.01], dict(info, family="collectives"))]))
-    assert cli.main(["report", str(path), "--no-charts"]) == 2
+    assert cli.main(["report", str(path), "--no-chart"]) == 2
     assert ("test_x: extra_info has no size_bytes, which every case of the collectives family records"
             in capsys.readouterr().err)

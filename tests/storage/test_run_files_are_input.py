@@ -50,7 +50,7 @@ def test_a_module_name_in_a_run_file_cannot_drive_the_terminal_in_compare(tmp_pa
 def test_report_shows_a_run_files_strings_literally(tmp_path, capsys):
     memory = dict(MEMORY, peak_at={"module": INJECTED, "phase": "backward"})
     run = write(tmp_path / "run.json", run_doc([bench("test_step", ROUNDS, {"memory": memory})]))
-    rc, out, _ = run_cli(capsys, "report", str(run), "--no-charts")
+    rc, out, _ = run_cli(capsys, "report", str(run), "--no-chart")
     assert rc == 0, out
     assert not any(line.startswith("# Pwned") for line in out.splitlines()) and "\x1b" not in out
     assert "@&#8203;octocat" in out and "](https" not in out
@@ -70,5 +70,5 @@ def test_every_memory_field_is_checked_on_reading(tmp_path, capsys, field, value
     base, cur = _runs(tmp_path, broken)
     rc, out, err = run_cli(capsys, "compare", base, cur)
     assert rc == 2 and message in out + err, out + err
-    rc, out, err = run_cli(capsys, "report", cur, "--no-charts")
+    rc, out, err = run_cli(capsys, "report", cur, "--no-chart")
     assert rc == 2 and message in out + err, out + err

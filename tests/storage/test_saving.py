@@ -90,7 +90,7 @@ def test_failed_and_stopped_runs_are_marked_incomplete_and_skipped_as_baseline(p
     out = _compare(pytester)
     assert out.returncode == 0, out.stdout + out.stderr
     rel = lambda path: str(path.relative_to(pytester.path))
-    assert f"baseline: {rel(first)}" in out.stdout and f"current:  {rel(last)}" in out.stdout
+    assert f"baseline:  {rel(first)}" in out.stdout and f"candidate: {rel(last)}" in out.stdout
     assert f"passed over {stopped.name}: incomplete: 1 failed or erroring case(s) (test_cases.py::test_b); " \
            f"stopped early (stopping after 1 failures)" in out.stdout
     assert f"passed over {failed.name}: incomplete: 1 failed or erroring case(s)" in out.stdout
@@ -283,7 +283,7 @@ def test_runs_are_numbered_and_read_past_9999(pytester):
     out = _compare(pytester)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "/10000_" in out.stdout.split("baseline:")[1].splitlines()[0]
-    assert "/10001_" in out.stdout.split("current:")[1].splitlines()[0]
+    assert "/10001_" in out.stdout.split("candidate:")[1].splitlines()[0]
     # pytest-benchmark's own search sees four digits only: it would compare against 9999
     result = pytester.runpytest_subprocess("--benchmark-compare", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -12,14 +12,36 @@ from .terminal import printable
 
 DEFAULT_MAX_TIME = 60.0
 DEFAULT_COLLECT_TIMEOUT = 300.0  # --collect-timeout: GOOD's and BAD's pytest --collect-only
-ACCEPT_STRUCTURE_OPTION = "--dist-ab-accept-structure-change"
-ACCEPT_MEMORY_OPTION = "--dist-ab-accept-memory-change"
-MEMORY_TOLERANCE_OPTION = "--dist-ab-memory-tolerance"
-ACCEPT_NUMERICS_OPTION = "--dist-ab-accept-numerics-change"
-NUMERICS_TOLERANCE_OPTION = "--dist-ab-numerics-tolerance"
+ACCEPT_STRUCTURE_OPTION = "--dist-accept-structure-change"
+ACCEPT_MEMORY_OPTION = "--dist-accept-memory-change"
+MEMORY_TOLERANCE_OPTION = "--dist-memory-tolerance"
+ACCEPT_NUMERICS_OPTION = "--dist-accept-numerics-change"
+NUMERICS_TOLERANCE_OPTION = "--dist-numerics-tolerance"
 # Options bisect sets itself on every A/B run; given among the pytest args they are refused.
 OWN_OPTIONS = ("--dist-baseline-path", "--dist-baseline-python", "--benchmark-json", "--dist-ab-max-time",
-               "--dist-ab-fail-on-inconclusive")
+               "--dist-fail-on-inconclusive", "--dist-ab-fail-on-inconclusive")
+
+
+def spellings(option: str) -> tuple[str, ...]:
+    """A gate option as the pytest args may spell it: now, and as before (``--dist-ab-...``), which
+    the plugin still reads for one more release (ddpbench.option_table.PYTEST_OLD_SPELLINGS)."""
+    return (option, option.replace("--dist-", "--dist-ab-", 1))
+
+
+def _given(option: str, args: list[str]) -> bool:
+    return any(arg in spellings(option) for arg in args)
+
+
+def _value(option: str, args: list[str]) -> str | None:
+    """The last value the pytest args give ``option`` (``--opt=V`` or ``--opt V``), or None."""
+    found = None
+    for i, arg in enumerate(args):
+        for spelled in spellings(option):
+            if arg.startswith(spelled + "="):
+                found = arg.split("=", 1)[1]
+            elif arg == spelled and i + 1 < len(args):
+                found = args[i + 1]
+    return found
 
 
 class BisectError(Exception):
@@ -54,26 +76,21 @@ class Options:
     @property
     def accept_structure_change(self) -> bool:
         """Each probe's run is read as its gate did: a structural change it accepted is accepted here."""
-        return ACCEPT_STRUCTURE_OPTION in self.pytest_args
+        return _given(ACCEPT_STRUCTURE_OPTION, self.pytest_args)
 
     @property
     def accept_memory_change(self) -> bool:
         """A memory change the probe's gate accepted is accepted here (as the structure's)."""
-        return ACCEPT_MEMORY_OPTION in self.pytest_args
+        return _given(ACCEPT_MEMORY_OPTION, self.pytest_args)
 
     @property
     def memory_tolerance(self) -> float | None:
-        """The probe's gate's --dist-ab-memory-tolerance (None: not set), parsed as the gate parses it;
+        """The probe's gate's --dist-memory-tolerance (None: not set), parsed as the gate parses it;
         ``argparse.ArgumentTypeError`` when it cannot be read (check_input refuses that first)."""
         from ..options import parse_memory_tolerance
 
-        args = self.pytest_args
-        for i, arg in enumerate(args):
-            if arg.startswith(MEMORY_TOLERANCE_OPTION + "="):
-                return parse_memory_tolerance(arg.split("=", 1)[1])
-            if arg == MEMORY_TOLERANCE_OPTION and i + 1 < len(args):
-                return parse_memory_tolerance(args[i + 1])
-        return None
+        value = _value(MEMORY_TOLERANCE_OPTION, self.pytest_args)
+        return None if value is None else parse_memory_tolerance(value)
 
     def gate_reading(self) -> dict:
         """The rest of how each probe's gate read its run: the memory and numerics changes it
@@ -83,19 +100,14 @@ class Options:
         from ..options import parse_numerics_tolerance
 
         tolerance = None
-        for i, arg in enumerate(self.pytest_args):
-            value = None
-            if arg.startswith(NUMERICS_TOLERANCE_OPTION + "="):
-                value = arg.partition("=")[2]
-            elif arg == NUMERICS_TOLERANCE_OPTION and i + 1 < len(self.pytest_args):
-                value = self.pytest_args[i + 1]
-            if value is not None:
-                try:
-                    tolerance = parse_numerics_tolerance(value)
-                except ArgumentTypeError:  # the probe's own pytest refuses it, naming the problem
-                    tolerance = None
+        value = _value(NUMERICS_TOLERANCE_OPTION, self.pytest_args)
+        if value is not None:
+            try:
+                tolerance = parse_numerics_tolerance(value)
+            except ArgumentTypeError:  # the probe's own pytest refuses it, naming the problem
+                tolerance = None
         return {"accept_memory_change": self.accept_memory_change, "memory_tolerance": self.memory_tolerance,
-                "accept_numerics_change": ACCEPT_NUMERICS_OPTION in self.pytest_args,
+                "accept_numerics_change": _given(ACCEPT_NUMERICS_OPTION, self.pytest_args),
                 "numerics_tolerance": tolerance}
 
     def sets(self, option: str) -> bool:

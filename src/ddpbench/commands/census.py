@@ -4,10 +4,15 @@ Exit 0, or 2 on bad input."""
 
 from __future__ import annotations
 
+from .. import option_table
 from ..scale import command as scale_command
 from .errors import error, output_problem
 
 NAME = "census"
+#: Its options as they were spelled before: --precision, which --dist-precision (a stopping rule)
+#: also names, is the step's compute dtype.
+OLD_SPELLINGS = (option_table.OldSpelling("--precision", "--dtype", "precision",
+                                          {"choices": scale_command.PRECISIONS}),)
 
 
 def add_parser(subparsers) -> None:
@@ -20,6 +25,7 @@ def add_parser(subparsers) -> None:
                     "over the step with its breakdown (--device-memory: where it fits); a table (or --json) "
                     "and a chart. Counts and bytes, no timing. Exit 0, or 2 on bad input.")
     scale_command.add_arguments(parser)
+    option_table.add_command_options(parser, (), OLD_SPELLINGS)
 
 
 def run(args) -> int:

@@ -15,7 +15,7 @@ from ..gates import stored_run_gate as cmp
 from ..gates import verdicts
 from ..gates.ab.profiling import CaseProfile
 from ..gates.exit_decision import decide_exit, exit_lines
-from ..gates.fingerprint import parse_allowed
+from ..storage.run_facts import parse_allowed
 from ..storage import runs as stored
 from .errors import error, output_problem
 
@@ -30,17 +30,18 @@ def add_parser(subparsers) -> None:
                     "2: bad input.")
     parser.add_argument("baseline", nargs="?", help="baseline run: a JSON file, or a saved run's number "
                         "(e.g. 0003). Default: the newest complete run (no failed cases, not stopped early) "
-                        "of the current run's machine and branch. A single A/B run "
+                        "of the candidate's machine and branch. A single A/B run "
                         "(--dist-baseline-* / --dist-candidate-env) prints its own verdicts")
-    parser.add_argument("current", nargs="?", help="current run (file or number). Default: the newest run")
+    parser.add_argument("candidate", nargs="?", help="the run judged against the baseline (file or number). "
+                        "Default: the newest run")
     option_table.add_command_options(parser, [option_table.STORAGE])
     parser.add_argument("--threshold", type=opts.parse_percent_or_zero, default=cmp.DEFAULT_THRESHOLD,
                         help="smallest slowdown reported as a regression (default 10%%)")
     parser.add_argument("--confidence", type=opts.parse_confidence, default=cmp.DEFAULT_CONFIDENCE,
                         help="confidence of the intervals and the rank test (default 0.95)")
     parser.add_argument("--calibration", choices=("auto", "always", "never"), default="auto",
-                        help="normalise by the runs' calibration probes: auto (when they differ by more "
-                             f"than {cmp.DRIFT_TOLERANCE * 100:g}%%), always, never (default auto); a probe "
+                        help="normalise by the runs' calibrations: auto (when they differ by more "
+                             f"than {cmp.DRIFT_TOLERANCE * 100:g}%%), always, never (default auto); a calibration "
                              f"ratio beyond 0.8-1.25 is never corrected (those cases are inconclusive)")
     parser.add_argument("--allow-different", type=opts.argument_type(parse_allowed), action="append", default=[], metavar="FACTS",
                         help="compare although these facts differ between the runs (comma list; all: any): "
@@ -63,9 +64,9 @@ def run(args) -> int:
         return error(NAME, problem)
     try:
         base = None
-        if args.baseline and args.current:
+        if args.baseline and args.candidate:
             base_path = stored.resolve_run(args.baseline, args.storage)
-            cur_path = stored.resolve_run(args.current, args.storage)
+            cur_path = stored.resolve_run(args.candidate, args.storage)
         elif args.baseline:  # one run given: an A/B run's own verdicts, or compared with the newest run
             base_path = stored.resolve_run(args.baseline, args.storage)
             base_doc = stored.read_doc(base_path)
@@ -91,7 +92,7 @@ def run(args) -> int:
                                   memory_tolerance=args.memory_tolerance,
                                   accept_numerics_change=args.accept_numerics_change,
                                   numerics_tolerance=args.numerics_tolerance)
-        if not (args.baseline or args.current):
+        if not (args.baseline or args.candidate):
             result.selection = selection.lines
             result.preamble += selection.lines
     except stored.RunError as exc:

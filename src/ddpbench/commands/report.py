@@ -12,6 +12,9 @@ from .errors import error, output_problem
 
 NAME = "report"
 DEFAULT_CHARTS = "reports"
+#: Its chart options as they were spelled before census, report and compare shared --chart.
+OLD_SPELLINGS = (option_table.OldSpelling("--charts", "--chart", "chart", {"metavar": "DIR"}),
+                 option_table.OldSpelling("--no-charts", "--no-chart", "no_chart", {"action": "store_true"}))
 
 
 def add_parser(subparsers) -> None:
@@ -20,16 +23,16 @@ def add_parser(subparsers) -> None:
         description="Markdown tables in the shape of the reports this suite reproduces, and PNG charts, "
                     "from a saved run or a --benchmark-json file.")
     parser.add_argument("run", nargs="?", help="a JSON file or a saved run's number. Default: the newest saved run")
-    option_table.add_command_options(parser, [option_table.STORAGE])
-    parser.add_argument("--charts", default=DEFAULT_CHARTS, metavar="DIR",
-                        help="folder for the PNG charts; a sub-folder per run (default reports/)")
-    parser.add_argument("--no-charts", action="store_true", help="tables only (no matplotlib needed)")
+    option_table.add_command_options(parser, [option_table.STORAGE], OLD_SPELLINGS)
+    parser.add_argument("--chart", default=DEFAULT_CHARTS, metavar="DIR",
+                        help="folder for the PNG charts (one per table); a sub-folder per run (default reports/)")
+    parser.add_argument("--no-chart", action="store_true", help="tables only (no matplotlib needed)")
     parser.add_argument("--output", metavar="MD", help="also write the markdown to this file")
 
 
 def run(args) -> int:
     problem = ((args.output and output_problem("--output", args.output))
-               or (not args.no_charts and output_problem("--charts", args.charts, DEFAULT_CHARTS, folder=True)))
+               or (not args.no_chart and output_problem("--chart", args.chart, DEFAULT_CHARTS, folder=True)))
     if problem:
         return error(NAME, problem)
     try:
@@ -52,15 +55,15 @@ def run(args) -> int:
         except OSError as exc:
             return error(NAME, f"cannot write the markdown to {args.output} ({exc.strerror or exc})")
         print(f"markdown written to {args.output}", file=sys.stderr)
-    if args.no_charts:
+    if args.no_chart:
         return 0
     try:
-        charts = report.write_charts(saved, Path(args.charts) / saved.path.stem)
+        charts = report.write_charts(saved, Path(args.chart) / saved.path.stem)
     except report.MatplotlibMissing as exc:
         return error(NAME, str(exc))
     except OSError as exc:
-        return error(NAME, f"cannot write the charts into {args.charts} ({exc.strerror or exc}); "
-                           f"give another --charts")
+        return error(NAME, f"cannot write the charts into {args.chart} ({exc.strerror or exc}); "
+                           f"give another --chart")
     if charts:
         print(f"charts written to {charts[0].parent}/: {', '.join(p.name for p in charts)}")
     else:

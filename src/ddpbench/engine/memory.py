@@ -477,7 +477,7 @@ def take_memory_census_round(workload, state, ctx, census: dict[str, Any] | None
                                     incomplete=(census or {}).get("incomplete"), steps=steps)
     except Exception as exc:
         raise RuntimeError(f"the memory census of {type(workload).__name__}'s step failed on rank {ctx.rank}: "
-                           f"{type(exc).__name__}: {exc} (--dist-memory-census=off runs the case without it)") from exc
+                           f"{type(exc).__name__}: {exc} (--dist-census=collectives runs the case without it)") from exc
     if census is None:  # steps on threads the tracker cannot see
         incomplete = workload_census_details(workload, state).get("incomplete")
         if incomplete:

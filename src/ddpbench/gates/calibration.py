@@ -1,4 +1,4 @@
-"""Machine-drift calibration: a short, fixed local probe recorded with every saved run, by which
+"""Machine-drift calibration: a short, fixed local benchmark recorded with every saved run, by which
 ``ddpbench compare`` corrects a uniformly slower machine (docs/design/gates.md#machine-drift)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from .verdict_words import Verdict
 
 # The A/B stoppers a change accepted after the run leaves unmeasured: (the case detail that names
-# it, what it was, the word of its --...-accept-...-change option).
+# it, what it was, the word of its --dist-accept-...-change option).
 STOPPERS = (("stopped_by_structure", "a structural change", "structure"),
             ("stopped_by_memory", "a memory change", "memory"),
             ("stopped_by_numerics", "a numerics change", "numerics"))
@@ -72,10 +72,29 @@ def _shown(names: tuple[str, ...]) -> str:
     return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
 
 
-def exit_lines(decision: ExitDecision, option_prefix: str = "--", current_label: str = "current") -> list[str]:
-    """The lines that say why ``decision`` exits as it does. ``option_prefix``: how the options are
-    spelled ("--" for ddpbench compare, "--dist-ab-" in pytest); ``current_label``: the run judged
-    against the baseline ("candidate" in A/B mode)."""
+#: No exit line is longer (a case name that cannot break is the one exception): it wraps, the
+#: lines after its first indented.
+LINE_WIDTH = 160
+
+
+def _wrapped(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``; an option stays with the words before it ("allowed by
+    --allow-missing", "(--allow-missing accepts them)")."""
+    import re
+    import textwrap
+
+    text = re.sub(r"\b(allowed|accepted) by (--\S+)", "\\1\u00a0by\u00a0\\2", text)
+    text = re.sub(r"\((--\S+) (accepts|makes)", "(\\1\u00a0\\2", text)
+    lines = textwrap.wrap(text, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+    return [line.replace("\u00a0", " ") for line in lines]
+
+
+def exit_lines(decision: ExitDecision, option_prefix: str = "--", candidate_label: str = "candidate",
+               width: int = LINE_WIDTH) -> list[str]:
+    """The lines that say why ``decision`` exits as it does, each at most ``width`` columns.
+    ``option_prefix``: how the gate's options begin ("--" for ddpbench compare, "--dist-" in pytest:
+    ddpbench.option_table spells them so); ``candidate_label``: how the run judged against the
+    baseline is named."""
     allow, fail = f"{option_prefix}allow-missing", f"{option_prefix}fail-on-inconclusive"
     allow_failed = f"{option_prefix}allow-baseline-failure"
     accept_change = f"{option_prefix}accept-structure-change"
@@ -92,9 +111,9 @@ def exit_lines(decision: ExitDecision, option_prefix: str = "--", current_label:
         lines.append(f"{len(decision.structural_accepted)} structural change(s) accepted by {accept_change} "
                      f"({_shown(decision.structural_accepted)}): shown, not failing")
     if decision.memory:
-        lines.append(f"{len(decision.memory)} memory regression(s) ({_shown(decision.memory)}): the peak of live "
-                     f"tensor bytes in one step (or what held it, or what stays after the step) grew, a regression "
-                     f"whatever the timing says ({accept_memory} accepts a change made on purpose)")
+        lines.append(f"{len(decision.memory)} memory regression(s) ({_shown(decision.memory)}): one step's peak of "
+                     f"live tensor bytes (or what held it, or what stays after it) grew, a regression whatever the "
+                     f"timing says ({accept_memory} accepts a change made on purpose)")
     if decision.memory_accepted:
         lines.append(f"{len(decision.memory_accepted)} memory change(s) accepted by {accept_memory} "
                      f"({_shown(decision.memory_accepted)}): shown, not failing")
@@ -112,13 +131,13 @@ def exit_lines(decision: ExitDecision, option_prefix: str = "--", current_label:
         if unmeasured:
             lines.append(f"{len(unmeasured)} case(s) stopped at their first look by {what} that was "
                          f"accepted after the run ({_shown(unmeasured)}): their timing was not measured, so they "
-                         f"cannot pass. Run the A/B gate again with --dist-ab-accept-{option}-change to time them "
+                         f"cannot pass. Run the A/B gate again with --dist-accept-{option}-change to time them "
                          f"in full")
     for cases, allowed, option, cause in (
             (decision.missing, decision.missing_allowed, allow,
-             f"the baseline has were lost by the {current_label} run ({{names}}): crashed, hung or removed"),
+             f"the baseline has were lost by the {candidate_label} run ({{names}}): crashed, hung or removed"),
             (decision.baseline_failed, decision.baseline_failure_allowed, allow_failed,
-             f"failed on the baseline side ({{names}}): nothing to compare the {current_label} with, "
+             f"failed on the baseline side ({{names}}): nothing to compare the {candidate_label} with, "
              f"and a broken baseline is not a new case")):
         if not cases:
             continue
@@ -128,4 +147,4 @@ def exit_lines(decision: ExitDecision, option_prefix: str = "--", current_label:
         lines.append(f"{decision.inconclusive} inconclusive case(s): exit status 1 ({fail})"
                      if decision.inconclusive_fails
                      else f"{decision.inconclusive} inconclusive case(s): not a failure ({fail} makes them one)")
-    return lines
+    return [wrapped for line in lines for wrapped in _wrapped(line, width)]

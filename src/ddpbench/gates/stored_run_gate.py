@@ -57,7 +57,7 @@ ROUNDS_COLUMN = Column("rounds", lambda c: "-" if c.baseline_rounds is None else
 def _calibration_cell(case: CaseVerdict) -> str:
     if case.baseline_median_s is None or case.current_median_s is None:
         return "-"  # missing or new: nothing compared
-    return f"probe ÷{case.calibration_factor:.3f}" if case.calibrated else "raw"
+    return f"÷{case.calibration_factor:.3f}" if case.calibrated else "raw"
 
 
 CALIBRATION_COLUMN = Column("calibration", _calibration_cell, own_line=False)
@@ -84,9 +84,9 @@ def _check_comparable(result: Comparison, base: Run, cur: Run, allowed: set[str]
         result.warnings.append("compared although " + "; ".join(d.describe() for d in diffs.differ)
                                + " (--allow-different): ratios mix that change with the code's")
     if diffs.unrecorded:
-        labels = {"baseline": base.label, "current": cur.label}
+        labels = {"baseline": base.label, "candidate": cur.label}
         which = " and ".join(labels[side] for side in diffs.unrecorded)
-        result.warnings.append(f"{which} recorded no fingerprint (saved by an older ddpbench or another "
+        result.warnings.append(f"{which} recorded no run facts (saved by an older ddpbench or another "
                                f"tool): {', '.join(diffs.unknown) or 'nothing'} cannot be checked; compared "
                                f"on the facts recorded")
     result.notes.extend(diffs.notes)
@@ -97,7 +97,7 @@ def _check_complete(result: Comparison, base: Run, cur: Run) -> None:
         result.warnings.append(f"the baseline {base.label} is {base.completeness.describe()}: cases it "
                                f"lacks read as new")
     if not cur.completeness.complete:
-        result.warnings.append(f"the current run {cur.label} is {cur.completeness.describe()}: cases it "
+        result.warnings.append(f"the candidate {cur.label} is {cur.completeness.describe()}: cases it "
                                f"lost read as missing")
 
 
@@ -147,39 +147,39 @@ def plan_drift(base: Run, cur: Run, calibration: str) -> DriftPlan:
         if calibration == "never":
             return DriftPlan(warnings=warnings)
         missing = [r.label for r in (base, cur) if r.calibration is None]
-        why = (f"no calibration probe in {', '.join(missing)}" if missing
-               else "the runs' calibration probes differ in kind")
+        why = (f"no calibration in {', '.join(missing)}" if missing
+               else "the runs' calibrations differ in kind")
         return DriftPlan(notes=(f"not normalised for machine drift: {why}",), warnings=warnings)
     if not within_correction(drift):
         if calibration == "never":
             return DriftPlan(drift, warnings=warnings + (
-                f"the calibration probe ran {drift:.3f}x the baseline's time, outside the {band} a probe "
+                f"the calibration ran {drift:.3f}x the baseline's time, outside the {band} it "
                 f"may correct: the machine changed; the CPU cases are compared raw (--calibration never)",))
-        return DriftPlan(drift, Correction(refused=f"probe {drift:.2f}x, outside {band}"), warnings=warnings + (
-            f"the calibration probe ran {drift:.3f}x the baseline's time, outside the {band} it may "
-            f"correct: another machine, or one under load that one short probe cannot describe; the CPU "
+        return DriftPlan(drift, Correction(refused=f"calibration {drift:.2f}x, outside {band}"), warnings=warnings + (
+            f"the calibration ran {drift:.3f}x the baseline's time, outside the {band} it may "
+            f"correct: another machine, or one under load that one short calibration cannot describe; the CPU "
             f"cases measured on it are inconclusive (compare runs from one machine, or --calibration "
             f"never for raw verdicts)",))
     if noisy and calibration == "auto":
         return DriftPlan(drift, notes=(
-            f"not normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's time "
+            f"not normalised for machine drift: the calibration ran {drift:.3f}x the baseline's time "
             f"but was unsteady (median/min " + ", ".join(f"{v:.2f} in {k}" for k, v in noisy.items())
             + f", limit {MAX_PROBE_SPREAD}): a busy machine, whose load cannot be told from drift",), warnings=warnings)
     if calibration == "always" or (calibration == "auto" and abs(drift - 1) > DRIFT_TOLERANCE):
         direction = "slower" if drift > 1 else "faster"
         raw_cases = sum(1 for c in cur.cases.values() if c.fullname in base.cases and not c.calibrated_by_probe)
         return DriftPlan(drift, Correction(factor=drift), warnings=warnings, normalised=True, notes=(
-            f"normalised for machine drift: the calibration probe ran {drift:.3f}x the baseline's "
-            f"time (current machine's CPU {abs(drift - 1) * 100:.1f}% {direction}); the CPU cases' ratios "
+            f"normalised for machine drift: the calibration ran {drift:.3f}x the baseline's "
+            f"time (the candidate machine's CPU {abs(drift - 1) * 100:.1f}% {direction}); the CPU cases' ratios "
             f"are divided by {drift:.3f} (column 'calibration'), never so far as to reverse what was "
             f"measured"
-            + (f"; {raw_cases} CUDA or multi-node case(s) are compared raw (the probe times this "
+            + (f"; {raw_cases} CUDA or multi-node case(s) are compared raw (the calibration times this "
                f"machine's CPU only)" if raw_cases else ""),))
     if calibration == "auto":
-        note = (f"calibration probe {drift:.3f}x the baseline's, within +-"
+        note = (f"calibration {drift:.3f}x the baseline's, within +-"
                 f"{DRIFT_TOLERANCE * 100:.0f}% of it: not normalised")
     else:
-        note = f"calibration probe {drift:.3f}x the baseline's: not normalised (--calibration never)"
+        note = f"calibration {drift:.3f}x the baseline's: not normalised (--calibration never)"
     return DriftPlan(drift, notes=(note,), warnings=warnings)
 
 
@@ -200,7 +200,7 @@ def _corrected(verdict: CaseVerdict, ratio: float, lo: float, hi: float, p: floa
     verdict.details.update(raw_ratio=ratio, raw_ci=[lo, hi])
     measured = "slower" if lo > 1 else "faster" if hi < 1 else None
     if (measured, verdict.verdict) in (("slower", Verdict.IMPROVEMENT), ("faster", Verdict.REGRESSION)):
-        verdict.reason = (f"measured {measured} (raw {ratio:.3f} [{lo:.3f}, {hi:.3f}]); the probe's "
+        verdict.reason = (f"measured {measured} (raw {ratio:.3f} [{lo:.3f}, {hi:.3f}]); the calibration's "
                           f"÷{factor:.3f} would read {verdict.verdict}")
         verdict.verdict = Verdict.INCONCLUSIVE
 
@@ -292,10 +292,11 @@ def compare_case(fullname: str, bcase, ccase, correction: Correction,
 
 def judge_components(verdict: CaseVerdict, bcase, ccase, judging: Judging) -> None:
     """The exact verdicts beside the timing: structure, memory, numerics (each may fail the case)."""
-    verdict.judge_structure(compare_census(bcase.census, ccase.census), judging.accept_structure_change)
-    verdict.judge_memory(compare_memory(bcase.memory, ccase.memory, tolerance=judging.memory_tolerance),
+    verdict.judge_structure(compare_census(bcase.census, ccase.census, "candidate"), judging.accept_structure_change)
+    verdict.judge_memory(compare_memory(bcase.memory, ccase.memory, "candidate", tolerance=judging.memory_tolerance),
                          judging.accept_memory_change)
-    verdict.judge_numerics(compare_numerics(bcase.numerics, ccase.numerics, tolerance=judging.numerics_tolerance),
+    verdict.judge_numerics(compare_numerics(bcase.numerics, ccase.numerics, "candidate",
+                                            tolerance=judging.numerics_tolerance),
                            judging.accept_numerics_change)
 
 
@@ -353,7 +354,7 @@ def compare_runs(base: Run, cur: Run, threshold: float = DEFAULT_THRESHOLD,
                       accept_memory_change, memory_tolerance, accept_numerics_change, numerics_tolerance)
     check_settings(judging)
     result = Comparison("ddpbench compare", [], threshold, confidence, columns=_columns(base, cur),
-                        preamble=[f"baseline: {base.path}", f"current:  {cur.path}"],
+                        preamble=[f"baseline:  {base.path}", f"candidate: {cur.path}"],
                         baseline=str(base.path), current=str(cur.path))
     _check_comparable(result, base, cur, set(judging.allowed))
     _check_complete(result, base, cur)

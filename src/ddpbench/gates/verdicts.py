@@ -20,10 +20,9 @@ from .structure import STRUCTURE_VERDICTS, StructureVerdict, accept, compare_cen
 from .stats import slowdown_ruled_out
 from .verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
 
-# Most urgent first: the order of a report's rows and counts.
+# Old names, kept importable: CASE_VERDICTS (most urgent first: the order of a report's rows and
+# counts) and TIMING_VERDICTS (only a case so timed gets a structural verdict too) say which.
 VERDICTS = CASE_VERDICTS
-# The verdicts a timing comparison gives (not-slower included): only a case so judged gets a
-# structural verdict too.
 TIMED = TIMING_VERDICTS
 
 
@@ -33,7 +32,8 @@ class VerdictError(ValueError):
 
 @dataclass
 class CaseVerdict:
-    """One case's verdict, with the figures behind it (``current`` is A/B's candidate)."""
+    """One case's verdict, with the figures behind it (``current_...``: the candidate's, the run
+    judged against the baseline)."""
 
     name: str
     verdict: Verdict
@@ -48,7 +48,7 @@ class CaseVerdict:
     current_rounds: int | None = None
     method: str | None = None  # "bootstrap+mann-whitney", "summary-stats", "paired-blocks"
     calibrated: bool = False  # the ratio was divided by the machine-drift factor (stored runs)
-    calibration_factor: float | None = None  # what it was divided by (the probe ratio), when calibrated
+    calibration_factor: float | None = None  # what it was divided by (the calibration ratio), when calibrated
     reason: str | None = None  # why a case is missing or new
     details: dict[str, Any] = field(default_factory=dict)  # the gate's own figures (A/B: extra_info["ab"])
     structure: StructureVerdict | None = None  # the census compared (ddpbench.gates.structure)
@@ -72,8 +72,8 @@ class CaseVerdict:
         return slowdown_ruled_out(max(self.ci_high, stop_bound))
 
     def __post_init__(self):
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
+        if self.verdict not in CASE_VERDICTS:
+            raise ValueError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(CASE_VERDICTS)}")
         self.verdict = Verdict(self.verdict)  # a saved word as its member
         if self.timing_verdict is not None:
             self.timing_verdict = Verdict(self.timing_verdict)
@@ -221,7 +221,7 @@ class GateReport:
     cases: list[CaseVerdict]
     threshold: float | None = None
     confidence: float = 0.95
-    current_label: str = "current"  # "candidate" in A/B mode
+    current_label: str = "candidate"  # the run judged against the baseline, as the report names it
     preamble: list[str] = field(default_factory=list)  # e.g. which files were compared
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -232,7 +232,7 @@ class GateReport:
         return sum(1 for case in self.cases if case.verdict == verdict)
 
     def counts(self) -> dict[str, int]:
-        return {v: self.count(v) for v in VERDICTS}
+        return {v: self.count(v) for v in CASE_VERDICTS}
 
     @property
     def regressions(self) -> list[CaseVerdict]:
@@ -264,7 +264,7 @@ class GateReport:
                 and c.numerics.verdict is Verdict.REGRESSION and c.numerics.accepted == accepted]
 
     def sorted_cases(self) -> list[CaseVerdict]:
-        order = {v: i for i, v in enumerate(VERDICTS)}
+        order = {v: i for i, v in enumerate(CASE_VERDICTS)}
         return sorted(self.cases, key=lambda c: (order[c.verdict], c.fullname or c.name))
 
     def summary(self) -> str:
@@ -349,15 +349,33 @@ def _verdict_note(case: CaseVerdict) -> str:
     stopper = stopped_by(case.details)
     first_look = " at its first look" if stopper else ""
     notes = [case.reason] if case.reason else []
-    by = [name for name in (STRUCTURE_FAILS, MEMORY_FAILS, NUMERICS_FAILS) if name in case.failed_by]
+    by = _failed_components(case)
     if by and case.timing_verdict != case.verdict:
-        notes.append(f"{' and '.join(by)}; timing {case.timing_verdict}{first_look}")
+        notes.append(f"{_joined(by)}; timing {case.timing_verdict}{first_look}")
     if TIMING_UNMEASURED in case.failed_by:
         what = {"structure": "structural"}.get(stopper, stopper)
         name = {"structure": "structure", "memory": "memory census"}.get(stopper, "numerics replay")
         notes.append(f"{what} change accepted after the run; timing not measured: {case.timing_verdict} at "
                      f"its first look, where the {name} stopped it")
     return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _failed_components(case: CaseVerdict) -> list[str]:
+    return [name for name in (STRUCTURE_FAILS, MEMORY_FAILS, NUMERICS_FAILS) if name in case.failed_by]
+
+
+def _joined(words: list[str]) -> str:
+    """'structure', 'structure and memory', 'structure, memory and numerics'."""
+    return " and ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _short_verdict(case: CaseVerdict) -> str:
+    """A verdict cell that fits a row: the word and what failed it (the components, or a timing
+    not measured), or what an inconclusive case rules out; the rest of its note goes under the row."""
+    failed = _failed_components(case) or [name for name in case.failed_by if name == TIMING_UNMEASURED]
+    if failed:
+        return f"{case.verdict} ({_joined(failed)})"
+    return case.verdict + _resolution(case)
 
 
 def _resolution(case: CaseVerdict) -> str:
@@ -386,9 +404,12 @@ def _row(report: GateReport, case: CaseVerdict) -> list[str]:
             + [column.cell(case) for column in report.columns] + [verdict])
 
 
-# The text form: a short row per case (case, ratio and interval, verdict), its details indented
-# under it as pytest prints a failure's, every line wrapped to fit a terminal of this width.
+# The text form: a short row per case (case, ratio and interval, verdict and what failed it) of at
+# most TEXT_WIDTH columns, its details indented under it as pytest prints a failure's, wrapped to
+# that width too; no line of a gate's output is longer than LINE_WIDTH (a path or a name that
+# cannot break is the one exception).
 TEXT_WIDTH = 120
+LINE_WIDTH = 160
 DETAIL_INDENT = "    "
 
 
@@ -397,10 +418,10 @@ DETAIL_INDENT = "    "
 _KEEP_TOGETHER = re.compile(r" (?=[+\-−×÷]?\d)|(?<=\d) (?=(?:[KMGT]i)?B\b|ms\b|s\b)")
 
 
-def wrap_text(text: str, indent: str = "", more: str = "  ") -> list[str]:
+def wrap_text(text: str, indent: str = "", more: str = "  ", width: int = TEXT_WIDTH) -> list[str]:
     import textwrap
 
-    lines = textwrap.wrap(_KEEP_TOGETHER.sub("\u00a0", text.strip()), TEXT_WIDTH, initial_indent=indent,
+    lines = textwrap.wrap(_KEEP_TOGETHER.sub("\u00a0", text.strip()), width, initial_indent=indent,
                           subsequent_indent=indent + more, break_long_words=False, break_on_hyphens=False)
     return [line.replace("\u00a0", " ") for line in lines] or [indent.rstrip()]
 
@@ -435,24 +456,38 @@ def _details(report: GateReport, case: CaseVerdict) -> list[str]:
 def format_text(report: GateReport) -> str:
     """The report for a terminal: every line and cell printable (a run file's strings are input,
     and a newline or an escape sequence in one must not reach the terminal as such)."""
-    # The title wraps; the preamble, notes and warnings stay one line each (a message, found whole).
-    lines = wrap_text(f"{report.title} ({report.summary()})") + [printable(line) for line in report.preamble]
-    lines += [f"note: {printable(n)}" for n in report.notes]
-    lines += [f"WARNING: {printable(w)}" for w in report.warnings]
+    # The title wraps at the rows' width; the preamble, notes and warnings at LINE_WIDTH.
+    lines = wrap_text(f"{report.title} ({report.summary()})")
+    for prefix, texts in (("", report.preamble), ("note: ", report.notes), ("WARNING: ", report.warnings)):
+        lines += [line for text in texts for line in wrap_text(prefix + printable(text), width=LINE_WIDTH)]
     footer = [line for text in report.footer
               for line in wrap_text(printable(text), " " * (len(text) - len(text.lstrip())))]
     if not report.cases:
         return "\n".join(lines + ["no cases to compare"] + footer)
     cases = report.sorted_cases()
-    rows = [["case", f"ratio [{report.confidence * 100:g}% interval]", "verdict"]]
-    rows += [[printable(case.name), _ratio(case), printable(case.verdict + _resolution(case) + _verdict_note(case))]
-             for case in cases]
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    lines.append(f"{rows[0][0].ljust(widths[0])}  {rows[0][1].ljust(widths[1])}  {rows[0][2]}")
-    for row, case in zip(rows[1:], cases):
-        flag = "  <<" if case.verdict.fails else ""
-        lines.append(f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}{flag}")
-        lines += _details(report, case)
+    ratio_width = max([len(f"ratio [{report.confidence * 100:g}% interval]")] + [len(_ratio(c)) for c in cases])
+
+    def fits(name: str, verdict: str, flag: str) -> bool:
+        return len(name) + 2 + ratio_width + 2 + len(verdict) + len(flag) <= TEXT_WIDTH
+
+    flags = ["  <<" if case.verdict.fails else "" for case in cases]
+    # The case column is as wide as the longest name whose row fits; a longer one stands on a line
+    # of its own, the rest of its row under it.
+    name_width = max([len("case")] + [len(printable(c.name)) for c, flag in zip(cases, flags)
+                                      if fits(printable(c.name), printable(_short_verdict(c)), flag)])
+    lines.append(f"{'case'.ljust(name_width)}  {f'ratio [{report.confidence * 100:g}% interval]'.ljust(ratio_width)}"
+                 f"  verdict")
+    for case, flag in zip(cases, flags):
+        name = printable(case.name)
+        verdict, why = printable(case.verdict + _resolution(case) + _verdict_note(case)), []
+        if not fits(name.ljust(name_width), verdict, flag):  # the row keeps what failed it, the rest goes under it
+            verdict, note = printable(_short_verdict(case)), _verdict_note(case).strip(" ()")
+            why = wrap_text(f"why: {printable(note)}", DETAIL_INDENT) if note else []
+        if len(name) > name_width:
+            lines.append(name)
+            name = DETAIL_INDENT.ljust(name_width)
+        lines.append(f"{name.ljust(name_width)}  {_ratio(case).ljust(ratio_width)}  {verdict}{flag}")
+        lines += why + _details(report, case)
     return "\n".join(lines + footer)
 
 
@@ -516,7 +551,7 @@ def ab_verdict(name: str, ab: dict[str, Any] | ABRecord, candidate_median_s: flo
                            current_median_s=candidate_median_s, ratio=summary.get("ratio"), ci_low=low, ci_high=high,
                            p_value=summary.get("p_value"), method="paired-blocks" if "pairs" in summary else None,
                            reason=summary.get("reason"), details=summary)
-        if case.verdict in TIMED:  # both sides ran it: their structures compare too
+        if case.verdict in TIMING_VERDICTS:  # both sides ran it: their structures compare too
             case.judge_structure(compare_census(record.baseline_census, census, "candidate",
                                                 (f"ab.{BASELINE_CENSUS_KEY}", CENSUS_KEY)), accept_structure_change)
             case.judge_memory(compare_memory(record.baseline_memory, memory, "candidate",

@@ -7,7 +7,7 @@ Run by the controller: :mod:`.base`, :mod:`.local` (pools on this machine), :mod
 """
 
 from .base import (FAILURE_GRACE_S, SIGNAL_POLL_S, PoolBase, PoolError, PoolSpec, PoolStartError, RankContext,
-                   SendRefused, TaskError, TaskFailed, sticky_device_error)
+                   SendRefused, TaskError, TaskFailed, WorkloadRefused, sticky_device_error)
 from .local import PoolRegistry, RankPool
 from .pinning import cores_available, set_process_affinity, should_pin
 from .rank_launch import RANK_BOOTSTRAP, RankLaunch, project_folders
@@ -15,5 +15,5 @@ from .task_loop import serve_tasks
 
 __all__ = ["FAILURE_GRACE_S", "SIGNAL_POLL_S", "PoolBase", "PoolError", "PoolRegistry", "PoolSpec",
            "PoolStartError", "RANK_BOOTSTRAP", "RankContext", "RankLaunch", "RankPool", "SendRefused",
-           "TaskError", "TaskFailed", "cores_available", "project_folders", "serve_tasks", "set_process_affinity",
-           "should_pin", "sticky_device_error"]
+           "TaskError", "TaskFailed", "WorkloadRefused", "cores_available", "project_folders", "serve_tasks",
+           "set_process_affinity", "should_pin", "sticky_device_error"]

@@ -51,7 +51,8 @@ class RankContext:
     device_type: str
     # Per-rank storage that survives between tasks of the same pool (e.g. cached datasets).
     scratch: dict = field(default_factory=dict)
-    # The rank's index on its node (torchrun's LOCAL_RANK); None for single-node pools.
+    # The rank's index on its node: torchrun's LOCAL_RANK, and ``rank`` itself in a local pool (every
+    # rank on this machine), CPU or CUDA. None only where a caller made a context without one.
     local_rank: int | None = None
     # The CPU the engine pins this rank to while it measures (None: not pinned); see
     # ddpbench.engine.timing.measure_workload and --dist-pin-cores.
@@ -80,6 +81,12 @@ class TaskError(Exception):
     the rank sends back that message alone, without a traceback through ddpbench's own code."""
 
 
+class WorkloadRefused(TaskError):
+    """Raised on a rank when a workload uses the rank in a way that cannot measure what it claims
+    (a Lightning Trainer that would launch processes or train as another rank inside it): a usage
+    error, so the run stops with exit status 2 and this message (:meth:`TaskFailed.refusal`)."""
+
+
 class SendRefused(RuntimeError):
     """Raised while a task is being pickled by an object that refuses to be sent, with its own
     reason and fix (e.g. a dataset whose handover would exceed the open-file limit).
@@ -95,6 +102,12 @@ class TaskFailed(PoolError):
         self.dead: dict[int, int | None] = dict(dead or {})
         self.stuck: dict[int, str] = dict(stuck or {})
         self.pool_torn_down = pool_torn_down
+
+    def refusal(self) -> str | None:
+        """The message of a :class:`WorkloadRefused` a rank raised (a usage error), or None."""
+        prefix = f"{WorkloadRefused.__name__}: "
+        return next((text.removeprefix(prefix) for _, text in sorted(self.errors.items())
+                     if isinstance(text, str) and text.startswith(prefix)), None)
 
 
 

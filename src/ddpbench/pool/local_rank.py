@@ -70,7 +70,7 @@ def run_local_rank(spec: PoolSpec, rank: int, store_dir: str, conn, parent_pid: 
     if spec.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     rendezvous.init_loopback_process_group(spec.backend, rank, spec.world_size, store_dir, pg_timeout_s)
-    ctx = RankContext(rank, spec.world_size, spec.backend, spec.device,
+    ctx = RankContext(rank, spec.world_size, spec.backend, spec.device, local_rank=rank,
                       core=cores_available()[rank] if pin_cores else None)
     conn.send(("ready", rank, os.getpid()))
     try:

@@ -28,8 +28,9 @@ from .base import PoolSpec, PoolStartError
 #
 # With DDPBENCH_IMPORT_GUARD set (foreign launches, :meth:`RankLaunch.environment`), it then
 # installs the import guard: a meta-path finder, first in line, that asks the other finders and,
-# when the module they found lives inside the controller's environment (``roots``) or in a source
-# folder the controller's environment installs editable (``editable``), and not in one of this
+# when the module they found lives inside the controller's environment (``roots``), in a source
+# folder the controller's environment installs editable (``editable``) or, for a side with a copy
+# of the project of its own, in the controller's project folder (``project``), and not in one of this
 # interpreter's own folders, its own editable source folders or the project folders each task
 # appends (the longest matching folder decides; on a tie, its own), appends a JSON line naming it
 # to the ``log`` file. It only records: the controller reads the log (see
@@ -93,6 +94,7 @@ if _guard is not None:
                *((plan or {}).get("append") or [])]
         roots = ([(folder(p), False, "environment") for p in guard["roots"]]
                  + [(folder(p), False, "editable") for p in guard.get("editable", [])]
+                 + [(folder(p), False, "project") for p in guard.get("project", [])]
                  + [(folder(p), True, "") for p in own if p])
         def foreign(file):
             if not isinstance(file, str) or not os.path.isabs(file):
@@ -229,6 +231,11 @@ class RankLaunch:
     # Where a foreign launch's import guard records imports from the controller's environment
     # (None: the guard is off). The A/B session reads it after each case.
     import_guard_log: str | None = None
+    # (the controller's project folder, this side's own copy of it): each of the controller's
+    # import folders inside the first becomes the same folder inside the second (dropped where the
+    # copy lacks it), so that a side with a checkout of its own never imports the controller's
+    # test modules or source (ddpbench.gates.ab.baseline_checkout).
+    project_map: tuple[str, str] | None = None
 
     def environment(self, controller_sys_path: list[str] | None = None) -> dict[str, str]:
         """The environment of a process this launch starts (``controller_sys_path``: the
@@ -240,8 +247,10 @@ class RankLaunch:
             for name in CONTROLLER_PATH_VARIABLES:
                 env.pop(name, None)
             if self.import_guard_log is not None:
-                env[IMPORT_GUARD_ENV] = json.dumps({"roots": environment_roots(), "editable": editable_sources(),
-                                                    "log": self.import_guard_log})
+                env[IMPORT_GUARD_ENV] = json.dumps({
+                    "roots": environment_roots(), "editable": editable_sources(), "log": self.import_guard_log,
+                    # a side with a copy of the project of its own never imports the controller's
+                    "project": [self.project_map[0]] if self.project_map is not None else []})
         env.update(dict(self.env))
         env[SYS_PATH_ENV] = json.dumps(self.sys_path_plan(controller_sys_path))
         return env
@@ -252,10 +261,23 @@ class RankLaunch:
         task adds after them (serve_tasks), listed for probes that must see what a task sees."""
         entries = [os.path.abspath(p) if p else os.getcwd()
                    for p in (sys.path if controller_sys_path is None else controller_sys_path)]
+        if self.project_map is not None:
+            entries = [mapped for mapped in map(self._own_copy, entries) if mapped is not None]
         paths = list(self.paths)
         if not self.foreign_interpreter:
             return {"exact": _unique(paths + entries), "prepend": [], "append": []}
         return {"exact": None, "prepend": paths, "append": [p for p in project_folders(entries) if p not in paths]}
+
+    def _own_copy(self, entry: str) -> str | None:
+        """``entry`` of the controller's import path as this launch's ranks get it: inside the
+        controller's project folder, the same folder in the side's own copy (None where the copy
+        has none); elsewhere unchanged."""
+        theirs, ours = self.project_map
+        real = os.path.realpath(entry)
+        if real != theirs and not real.startswith(theirs.rstrip(os.sep) + os.sep):
+            return entry
+        mapped = os.path.join(ours, os.path.relpath(real, theirs)) if real != theirs else ours
+        return os.path.normpath(mapped) if os.path.isdir(mapped) else None
 
     def command(self, code: str, *args: str) -> list[str]:
         """``python -c`` running RANK_BOOTSTRAP, then ``code`` (sys.argv[1:] == args)."""

@@ -8,11 +8,13 @@ import sys
 import traceback
 
 from .base import RankContext, TaskError
+from .lightning_guard import guard_lightning_trainers
 from .picklecheck import LoadFailure, TaskUnpickler, load_failure_message
 
 
 def serve_tasks(conn, ctx: RankContext) -> None:
     """The rank's task loop: receive a task, run it, send back its result or traceback."""
+    guard_lightning_trainers()  # a Trainer made in a task must not launch processes or play another rank
     while True:
         try:
             message = conn.recv()

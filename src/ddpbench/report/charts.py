@@ -24,7 +24,7 @@ def pyplot():
     except ImportError:
         raise MatplotlibMissing(
             "charts need matplotlib, which is not installed: pip install 'ddpbench[plot]' "
-            "(or pass --no-charts for the tables only)") from None
+            "(or pass --no-chart for the tables only)") from None
     return plt
 
 

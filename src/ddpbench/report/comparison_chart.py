@@ -11,7 +11,7 @@ from .charts import pyplot
 
 
 def compare_chart(result: Comparison, path: str | Path) -> Path:
-    """Ratios (current / baseline median) with their intervals, one row per compared case."""
+    """Ratios (candidate / baseline median) with their intervals, one row per compared case."""
     plt = pyplot()
     # An unbounded interval (too few rounds to tell) has no bar to draw.
     cases = [c for c in result.cases if c.ratio is not None and c.ci_high is not None and math.isfinite(c.ci_high)]
@@ -26,7 +26,7 @@ def compare_chart(result: Comparison, path: str | Path) -> Path:
     ax.axvline(1.0, color="black", lw=0.8)
     ax.axvline(1 + result.threshold, color="tab:red", ls="--", lw=0.8, label=f"+{result.threshold * 100:g}%")
     ax.axvline(1 / (1 + result.threshold), color="tab:green", ls="--", lw=0.8)
-    ax.set_xlabel("current / baseline median" + (" (CPU cases drift-normalised)" if result.normalised else ""))
+    ax.set_xlabel("candidate / baseline median" + (" (CPU cases drift-normalised)" if result.normalised else ""))
     ax.set_title(f"{result.confidence * 100:g}% intervals; red = regression")
     ax.invert_yaxis()
     fig.tight_layout()

@@ -20,7 +20,7 @@ class Chart:
 class FamilyTable:
     """A family's section of the report: its cases are those whose ``extra_info["family"]`` is
     ``name``; ``tables`` writes their markdown (one table, or ``### `` sub-tables), every table of
-    it followed by the line naming the run and machine; ``charts`` are drawn with ``--charts``;
+    it followed by the line naming the run and machine; ``charts`` are drawn with ``--chart``;
     ``required`` names the extra_info keys the tables cannot do without (a case of the family
     lacking one is named as damaged before any table is written)."""
 

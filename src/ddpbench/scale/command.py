@@ -83,8 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--impl", choices=TRANSFORMER_IMPLS, default="ddp", help="DDP or FSDP2 (default ddp)")
     parser.add_argument("--world-sizes", type=parse_world_sizes, default=parse_world_sizes(DEFAULT_WORLD_SIZES),
                         metavar="N,N,...", help=f"simulated world sizes (default {DEFAULT_WORLD_SIZES})")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="bf16: DDP autocast; FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)")
+    parser.add_argument("--dtype", dest="precision", choices=PRECISIONS, default="fp32",
+                        help="the step's compute dtype (default fp32); bf16: DDP autocast, FSDP2 "
+                             "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)")
     parser.add_argument("--grad-accum", type=_positive_int, default=1, metavar="K",
                         help="micro-batches per step, all but the last without gradient sync (default 1)")
     parser.add_argument("--bucket-cap-mb", type=_megabytes, default=None, metavar="MB",

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..gates.verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
+from ..verdict_words import CASE_VERDICTS, TIMING_VERDICTS, Verdict
 from . import per_rank
 
 # Where each record is kept. In a case's extra_info:
@@ -23,10 +23,12 @@ BASELINE_NUMERICS_KEY = "numerics_baseline"
 # At the run's top level:
 RUN_KEY = "ddpbench_run"  # whether the run measured everything it set out to (:func:`run_record`)
 LOST_CASES_KEY = "ddpbench_ab_lost"  # the cases an A/B candidate lost: they have no benchmark entry
-CALIBRATION_KEY = "ddpbench_calibration"  # the machine-drift probe (ddpbench.gates.calibration)
+CALIBRATION_KEY = "ddpbench_calibration"  # the machine-drift calibration (ddpbench.gates.calibration)
 # In machine_info:
-MACHINE_INFO_KEY = CALIBRATION_KEY  # where runs saved before the probe moved out kept it
-FINGERPRINT_KEY = "ddpbench_fingerprint"  # what decides the cases' measurements (ddpbench.gates.fingerprint)
+MACHINE_INFO_KEY = CALIBRATION_KEY  # where runs saved before the calibration moved out kept it
+# The run's facts, what decides its cases' measurements (ddpbench.storage.run_facts); the key keeps
+# the name it was first saved under.
+RUN_FACTS_KEY = FINGERPRINT_KEY = "ddpbench_fingerprint"
 
 READABLE_CENSUS_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
 MEMORY_VERSION = 1
@@ -34,7 +36,7 @@ NUMERICS_VERSION = 3
 # version 1: each rank's steps as {name: [figures]}, names at every step; version 2: no exact figures, band
 # or spread per group (its replays' spread is its band)
 READABLE_NUMERICS_VERSIONS = (1, 2, 3)
-FINGERPRINT_VERSION = 1
+RUN_FACTS_VERSION = FINGERPRINT_VERSION = 1
 
 
 class RecordError(ValueError):

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..gates import fingerprint
+from . import run_facts
 from .records import AB_KEY, LOST_CASES_KEY, ABRecord, Census, Completeness, Field, MemoryCensus, NotCounted, \
     Numerics, Ranks, RecordError, Shape, completeness_of, expect, probe_of, read_ab, read_extra_info
 from .writing import RUN_NAME, run_number, saved_run_files
@@ -332,7 +332,7 @@ _SHOWN_SKIPS = 10
 
 def choose_runs(storage_dir: str | Path) -> Selection:
     """The newest saved run, and as its baseline the newest older run that is complete, of the
-    same machine (:data:`ddpbench.gates.fingerprint.MACHINE_FACTS`) and of the same branch; when
+    same machine (:data:`ddpbench.storage.run_facts.MACHINE_FACTS`) and of the same branch; when
     the current run names no branch (a detached CI checkout) or no run of its branch qualifies,
     the newest complete run of that machine on any branch, said so. :class:`RunError` when
     none qualifies, naming what was passed over."""
@@ -355,8 +355,8 @@ def choose_runs(storage_dir: str | Path) -> Selection:
         if not status.complete:
             skipped.append((path, f"{path.name}: {status.describe()}"))
             continue
-        machine = fingerprint.run_differences(doc.get("machine_info"), cur_doc.get("machine_info"),
-                                              facts=fingerprint.MACHINE_FACTS).differ
+        machine = run_facts.run_differences(doc.get("machine_info"), cur_doc.get("machine_info"),
+                                              facts=run_facts.MACHINE_FACTS).differ
         if machine:
             skipped.append((path, f"{path.name}: another machine ({'; '.join(d.describe() for d in machine)})"))
             continue

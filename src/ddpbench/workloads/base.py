@@ -37,6 +37,10 @@ class Workload:
     #: state, whose check already verifies every result (the dataset family), sets False: its replay
     #: would only cost set-ups and rounds, and its case then has no numerics record (never `same`).
     numerics_replay: bool = True
+    #: Whether a round is a training step, meant to change the parameters in its state: when the
+    #: numerics replay shows it changed none, the run says so beside the case (extra_info
+    #: ``parameters_unchanged``). A round of forward and backward alone (SyncBN's) sets False.
+    updates_parameters: bool = True
 
     def setup(self, ctx) -> Any:
         """Build this rank's state (tensors, models...) outside the timed rounds."""

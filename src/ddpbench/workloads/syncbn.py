@@ -8,7 +8,7 @@ untimed round, the input, upstream gradient, parameters and buffers included); o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -104,6 +104,8 @@ class SyncBNCase(Workload):
     variant: str
     batch_size: int
     hidden_dim: int
+    # Forward and backward only: no optimizer step moves the layer's parameters.
+    updates_parameters: ClassVar[bool] = False
 
     def __post_init__(self):
         if self.variant not in VARIANTS:

@@ -169,7 +169,7 @@ def test_ab_yml_flow_with_two_venvs_of_one_python_flags_a_planted_slowdown(tmp_p
     run = subprocess.run([str(head / ".venv" / "bin" / "python"), "-m", "pytest", "benchmarks/test_collectives.py",
                           "-k", "test_all_reduce and 1MB", "-m", "not gpu and not slow", "-p", "no:cacheprovider",
                           "--dist-baseline-python=../base/.venv/bin/python", "--dist-ab-pools-per-side=1",
-                          "--dist-ab-block-time=0.02", "--dist-ab-max-time=20", "--dist-census=off",
+                          "--dist-ab-block-time=0.02", "--dist-ab-max-time=20", "--dist-census=none",
                           "--benchmark-json=ab.json"],
                          cwd=head, env=env, capture_output=True, text=True, timeout=400)
     out = run.stdout + run.stderr
@@ -240,7 +240,7 @@ def test_bisect_with_a_venv_per_commit_times_each_commits_own_packages(tmp_path)
     run = subprocess.run([sys.executable, "-m", "ddpbench.cli", "bisect", good, bad, "-k", "test_step",
                           "--max-time", "3", "--setup", setup, "--python", ".venv/bin/python", "--",
                           "-p", "no:cacheprovider", "-m", "not gpu", "--dist-ab-block-time=0.02",
-                          "--dist-ab-threshold=50%", "--dist-ab-pools-per-side=1", "--dist-census=off"],
+                          "--dist-ab-threshold=50%", "--dist-ab-pools-per-side=1", "--dist-census=none"],
                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"first bad commit: {bad} vendor tinypkg 2" in run.stdout, run.stdout + run.stderr
@@ -253,7 +253,7 @@ def test_bisect_with_a_venv_per_commit_times_each_commits_own_packages(tmp_path)
 README_EXAMPLE = re.search(r"<!-- readme-example: test_my_step.py -->\n```python\n(.*?)```",
                            (Path(__file__).resolve().parents[3] / "README.md").read_text(), re.S).group(1)
 QUICK_AB = ["-p", "no:cacheprovider", "-m", "not gpu", "--dist-ab-pools-per-side=1", "--dist-ab-block-time=0.02",
-            "--dist-ab-max-time=8", "--dist-census=off", "--dist-memory-census=off", "--dist-ab-threshold=25%"]
+            "--dist-ab-max-time=8", "--dist-census=none", "--dist-ab-threshold=25%"]
 
 
 def _pytest(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -265,23 +265,26 @@ def _pytest(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.pool
 def test_the_readme_example_gated_as_the_readme_shows_times_each_sides_own_file(tmp_path):
     """README's first benchmark, a flat test file, in a base and a head checkout (the head's batch
-    4x larger), a venv for the base with its own copy of this ddpbench. With only
-    --dist-baseline-python both sides import the head's file and nothing else differs: before the
-    fix the run compared it with itself (`same on both sides`, exit 0); now it stops with exit 2
-    naming --dist-baseline-path, with which (README's command) each side times its own file."""
+    4x larger), a venv for the base (in the base checkout) with its own copy of this ddpbench. With
+    only --dist-baseline-python both sides would import the head's file, while the checkout the
+    baseline's venv lives in holds another: the run stops with exit 2 naming --dist-baseline-path,
+    with which (README's command) each side times its own file."""
     for name, batch in (("base", 32), ("head", 128)):
         (tmp_path / name).mkdir()
         text = README_EXAMPLE.replace("torch.randn(32, 256", f"torch.randn({batch}, 256")
         (tmp_path / name / "test_my_step.py").write_text(text)
     assert "randn(128, 256" in (tmp_path / "head" / "test_my_step.py").read_text()
-    _venv(tmp_path / "base" / ".venv", str(_checkout(tmp_path / "base-ddpbench")), SHARED_PACKAGES)
+    base_python = _venv(tmp_path / "base" / ".venv", str(_checkout(tmp_path / "base-ddpbench")), SHARED_PACKAGES)
+    _unrelated_distribution(base_python)  # before: any distribution that differed let the run through
     head = tmp_path / "head"
     python = _venv(head / ".venv", str(SRC.parent), SHARED_PACKAGES)
     run = _pytest(python, head, "test_my_step.py", "--dist-baseline-python=../base/.venv/bin/python")
     out = run.stdout + run.stderr
     assert run.returncode == 2, out
-    assert f"both sides import test_my_step -> {head / 'test_my_step.py'}" in out, out[-1500:]
-    assert "nothing else differs between the sides in content" in out and "--dist-baseline-path=../base" in out
+    assert (f"the baseline's interpreter {tmp_path / 'base' / '.venv' / 'bin' / 'python'} lives in the checkout "
+            f"{tmp_path / 'base'}, which holds its own copy of test_my_step") in out, out[-1500:]
+    assert f"would import test_my_step from {head / 'test_my_step.py'}" in out
+    assert "--dist-baseline-path=../base so that" in out
     run = _pytest(python, head, "test_my_step.py", "--dist-baseline-python=../base/.venv/bin/python",
                   "--dist-baseline-path=../base", "--benchmark-json=ab.json")
     out = run.stdout + run.stderr
@@ -368,16 +371,24 @@ def test_a_flat_project_installed_editable_in_two_venvs_is_refused_not_compared_
     assert run.returncode in (0, 1) and "inside the candidate" not in out, out  # timed, not refused
 
 
-def _sides(tmp_path, base_facts=None, base_env=(), base_paths=(), **modules):
+def _sides(tmp_path, base_facts=None, base_env=(), base_paths=(), base_packages=None, **modules):
     """A baseline naming another interpreter and the candidate, each with the facts and modules
-    given (name -> (baseline file, candidate file))."""
+    given (name -> (baseline file, candidate file)); each module under test named torch or numpy
+    comes from the distribution of that name (the baseline's versions: ``base_packages``)."""
     from ddpbench.gates.ab.side_environments import Side
 
     facts = {"python_version": "3.11.7", "torch_version": "2.13.0+cpu", "ddpbench_source_sha256": "e" * 64,
              "distributions": {"torch": "2.13.0", "numpy": "2.1.0"}}
+    versions = {"torch": "2.13.0", "numpy": "2.1.0"}
+
+    def packages(own):
+        return {n: ({n: own[n]} if n in own else {}) for n in modules}
+
     base = Side("baseline", python=str(tmp_path / "other" / "python"), env=tuple(base_env), paths=tuple(base_paths),
-                facts={**facts, **(base_facts or {})}, modules={n: b for n, (b, _) in modules.items()})
-    cand = Side("candidate", facts=facts, modules={n: c for n, (_, c) in modules.items()})
+                facts={**facts, **(base_facts or {})}, modules={n: b for n, (b, _) in modules.items()},
+                module_packages=packages({**versions, **(base_packages or {})}))
+    cand = Side("candidate", facts=facts, modules={n: c for n, (_, c) in modules.items()},
+                module_packages=packages(versions))
     return base, cand
 
 
@@ -399,8 +410,16 @@ def test_one_file_on_both_sides_is_refused_unless_something_else_differs_in_cont
                                  torch=torch_files))
     # Another numpy, another environment variable, another package's bytes, a module through the
     # baseline's paths: each is a difference that one test file may be timed against.
+    numpy_files = ("/base/.venv/numpy/__init__.py", "/head/.venv/numpy/__init__.py")
     check_modules_differ(*_sides(tmp_path, {"distributions": {"torch": "2.13.0", "numpy": "2.0.0"}},
-                                 test_step=(test, test), torch=torch_files))
+                                 base_packages={"numpy": "2.0.0"}, test_step=(test, test), torch=torch_files,
+                                 numpy=numpy_files))
+    # ...but not a distribution that no module under test imports (before: any one at all passed,
+    # so two venvs differing in matplotlib timed the candidate's file against itself).
+    with pytest.raises(SameCodeError, match="nothing else differs between the sides in content"):
+        check_modules_differ(*_sides(tmp_path, {"distributions": {"torch": "2.13.0", "numpy": "2.1.0",
+                                                                  "matplotlib": "3.9.0"}},
+                                     test_step=(test, test), torch=torch_files, numpy=numpy_files))
     check_modules_differ(*_sides(tmp_path, base_env=(("OMP_NUM_THREADS", "2"),), test_step=(test, test),
                                  torch=torch_files))
     other = str(tmp_path / "other" / "mypkg" / "__init__.py")
@@ -412,3 +431,49 @@ def test_one_file_on_both_sides_is_refused_unless_something_else_differs_in_cont
     with pytest.raises(SameCodeError):
         check_modules_differ(*_sides(tmp_path, {"distributions": {"torch": "2.13.0", "numpy": "2.1.0", "pip": "9"}},
                                      test_step=(test, test), mypkg=copies))
+
+
+def _unrelated_distribution(python: Path) -> None:
+    """An installed distribution in ``python``'s venv that no module under test imports."""
+    site_packages = next((python.parent.parent / "lib").glob("python3*/site-packages"))
+    info = site_packages / "unrelated_plotting-3.9.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: unrelated-plotting\nVersion: 3.9.0\n")
+    (site_packages / "unrelated_plotting.py").write_text("")
+
+
+SRC_LAYOUT_TEST = '''
+import ddpbench
+import mypkg
+
+
+def test_step(dist_benchmark):
+    dist_benchmark(ddpbench.FunctionWorkload(mypkg.setup, mypkg.step))
+'''
+
+
+@pytest.mark.pool
+def test_a_src_layout_on_pythonpath_without_the_baseline_path_is_refused(tmp_path):
+    """A src-layout project run as `PYTHONPATH=src pytest ...` with the base's venv in the base
+    checkout and --dist-baseline-path forgotten: the baseline's ranks imported the head's src/ (the
+    project folders the candidate's tasks append) and the gate compared the head with itself. Now
+    the checkout the baseline's venv lives in holds another copy of mypkg: exit 2 naming
+    --dist-baseline-path=../base/src."""
+    for name, seconds in (("base", 0.001), ("head", 0.004)):
+        (tmp_path / name / "src" / "mypkg").mkdir(parents=True)
+        (tmp_path / name / "src" / "mypkg" / "__init__.py").write_text(MYLIB.format(seconds=seconds))
+        (tmp_path / name / "tests").mkdir()
+        (tmp_path / name / "tests" / "test_bench.py").write_text(SRC_LAYOUT_TEST)
+        (tmp_path / name / "pytest.ini").write_text("[pytest]\n")
+    base_python = _venv(tmp_path / "base" / ".venv", str(_checkout(tmp_path / "base-ddpbench")), SHARED_PACKAGES)
+    _unrelated_distribution(base_python)  # before: any distribution that differed let the run through
+    head = tmp_path / "head"
+    python = _venv(head / ".venv", str(SRC.parent), SHARED_PACKAGES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTHONPATH"))}
+    run = subprocess.run([str(python), "-m", "pytest", "tests/test_bench.py", "--dist-baseline-python=../base/.venv/bin/python",
+                          *QUICK_AB], cwd=head, env={**env, "PYTHONPATH": "src"}, capture_output=True, text=True,
+                         timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 2, out[-3000:]
+    assert f"which holds its own copy of mypkg ({tmp_path / 'base' / 'src' / 'mypkg' / '__init__.py'})" in out, out
+    assert "--dist-baseline-path=../base/src so that" in out

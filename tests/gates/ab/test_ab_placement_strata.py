@@ -1,4 +1,4 @@
-"""gates/ab/placement_strata.py (--dist-ab-stratify-placement): pairs compared placement by placement, on
+"""gates/ab/placement_strata.py (--dist-ab-stratify-cpu-sharing): pairs compared placement by placement, on
 synthetic rounds whose time is set by where the ranks ran (1 ms on one CPU, 3 ms apart), the share
 moving from block to block as 1 MB rounds do on a 2-vCPU VM."""
 

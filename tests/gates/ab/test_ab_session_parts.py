@@ -21,9 +21,9 @@ pytest_plugins = ["pytester"]
 
 
 def test_the_plan_is_read_from_the_options_alone(pytester):
-    config = pytester.parseconfig("--dist-ab-seed", "11", "--dist-ab-threshold", "10%", "--dist-ab-allow-missing",
+    config = pytester.parseconfig("--dist-ab-seed", "11", "--dist-ab-threshold", "10%", "--dist-allow-missing",
                                   "--dist-ab-run-budget", "40", "--dist-ab-max-time", "8",
-                                  "--dist-ab-accept-memory-change")
+                                  "--dist-accept-memory-change")
     plan = plan_from_options(config)  # no side is made or probed for it
     assert (plan.seed, plan.settings.threshold, plan.allow_missing, plan.fail_on_inconclusive) == (11, 0.1, True, False)
     assert plan.accept_memory_change and not plan.settings.stop_on_memory_regression
@@ -67,8 +67,8 @@ def test_the_run_exits_on_what_the_plan_allows(plan, failing):
 def test_the_last_line_follows_the_decision_it_is_given():
     report = _report(Verdict.SAME, Verdict.INCONCLUSIVE)
     lines = run_report.summary_lines(report, ExitDecision(inconclusive=1, inconclusive_fails=True), 3, [])
-    assert lines[-1] == ("ddpbench A/B: exit status 1: 1 inconclusive, 1 same; --dist-ab-fail-on-inconclusive, "
-                         "whatever pytest's count of passed tests says", True)
+    assert lines[-1] == ("ddpbench A/B: exit status 1: 1 inconclusive, 1 same; --dist-fail-on-inconclusive, "
+                         "whatever pytest counts as passed", True)
     assert ("ddpbench A/B: block order seed 3 (--dist-ab-seed 3 repeats it)", False) in lines
     passing = run_report.summary_lines(report, ExitDecision(inconclusive=1), 3, [])
     assert passing[-1] == ("ddpbench A/B: exit status 0: no case fails the gate (1 inconclusive, 1 same)", False)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddpbench.pool import PoolRegistry, PoolSpec, RankPool, TaskFailed
-from ddpbench.engine.timing import RoundPlan, measure_workload
+from ddpbench.engine.timing import RoundPlan, combine_rank_metrics, measure_workload
 from ddpbench.workloads import training
 from ddpbench.workloads.training import lightning, loops
 from ddpbench.testing import train_steps
@@ -211,6 +211,21 @@ def test_benchmark_check_passes_lightning(pool):
     # so the data cursor runs ahead) and the gradients it leaves until the next step's backward.
     workload = Training("mlp", "lightning", batch_size=8, grad_accum=4)
     pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
+
+
+@pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
+def test_the_census_counts_lightnings_step_whole(pool):
+    """Its Trainer steps on a thread of its own, under the round's dispatch modes: the census sees
+    one all-reduce of every gradient a step, as for ``ddp``, and beside it only Lightning's own
+    per-batch broadcast of its SIGTERM flag (one int64); no parameter broadcast, no barrier."""
+    plan = RoundPlan(warmup=2, rounds=2, memory_census=False, numerics_steps=0)
+    ranks = pool.run(measure_workload, Training("mlp", "lightning", batch_size=8), plan, timeout_s=180)
+    census = combine_rank_metrics([r.metrics for r in ranks])["census"]
+    gradients = 4 * sum(p.numel() for p in training.build_model("mlp").parameters())
+    assert census.get("incomplete") is None and not census.get("other_ranks")
+    assert [(e["kind"], e["dtype"], e["count"], e["bytes"]) for e in census["collectives"]] == [
+        ("all_reduce", "float32", 1, gradients), ("broadcast", "int64", 1, 8)]
+    assert census["ddp_buckets"] == [gradients]
 
 
 def _lightning_attachment(ctx):

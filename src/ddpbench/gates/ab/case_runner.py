@@ -13,6 +13,7 @@ import pytest
 
 from ...engine.timing import CaseRounds, measure_workload
 from ..verdict_words import Verdict
+from .baseline_workloads import BaselineBuilds, BaselineCase
 from .budget import RunBudget
 from .pairs_loop import ABSettings, SideFailed, run_case
 from .profiling import MIN_PROFILED_ROUNDS, CaseProfile, case_folder, profile_case, profiled_plan, should_profile
@@ -30,6 +31,9 @@ class CaseRunner:
     budget: RunBudget | None = None
     results: list = field(default_factory=list)
     profiles: list[CaseProfile] = field(default_factory=list)
+    # The baseline's own workload per case, built by its own code (gates/ab/baseline_workloads.py);
+    # None: not built (a run that only lists its cases, tests that drive the runner directly).
+    baseline_builds: BaselineBuilds | None = None
 
     def plan_cases(self, items) -> None:
         """The run's A/B cases (the collected tests that use dist_benchmark), for the run budget's
@@ -52,13 +56,24 @@ class CaseRunner:
         """The case on both sides, interleaved; returns the candidate's rounds (the case's own) and
         puts the verdict's figures in ``extra_info["ab"]``. ``pool_for(side, launch, index)``
         gives a side's pools: each side owns its own, even when both sides launch alike (A/A)."""
+        baseline_workload = workload
+        if self.baseline_builds is not None:
+            built = self.baseline_builds.case(case_id)
+            if built.workload is None:  # nothing of the baseline's own to run: new, or baseline-failed
+                if self.budget is not None:
+                    self.budget.finish(case_id)
+                return self._without_baseline(own_pool, workload, plan, timeout_s, case_id, extra_info, built)
+            baseline_workload = built.workload
         pools = {name: [pool_for(name, side.launch, j) for j in range(self.plan.settings.pools_per_side)]
                  for name, side in self.sides.named()}
+        workloads = {"baseline": baseline_workload, "candidate": workload}
         try:
             outcome = run_case(pools, workload, plan, self.case_settings(case_id), timeout_s, case_id,
-                               self.plan.seed)
+                               self.plan.seed, baseline_workload=baseline_workload)
         except SideFailed as failure:
             enforce_import_isolation(self.sides)  # a failure of ranks that ran the wrong code says nothing
+            if getattr(failure.error, "refusal", lambda: None)() is not None:
+                raise failure.error  # a rank refused how the workload uses it: the fixture stops the run (exit 2)
             if failure.side == "candidate":
                 self._lost(case_id, failure)
             return self._alone(own_pool, workload, plan, timeout_s, case_id, extra_info, failure)
@@ -70,7 +85,7 @@ class CaseRunner:
         extra_info["ab"] = summary
         self.results.append((case_id, summary, statistics.median(outcome.candidate.round_times), extra_info))
         if should_profile(self.plan.profile, summary["verdict"]):  # the verdict and rounds are final here
-            self._profile(pools, workload, plan, outcome, timeout_s, case_id, summary)
+            self._profile(pools, workloads, plan, outcome, timeout_s, case_id, summary)
         candidate = outcome.candidate
         return CaseRounds(candidate.round_times, outcome.candidate_metrics, candidate.rank_cpus,
                           candidate.rank_round_times)
@@ -84,8 +99,8 @@ class CaseRunner:
         summary["pool_pids"] = {name: [p.pids for p in side_pools] for name, side_pools in pools.items()}
         return summary
 
-    def _profile(self, pools, workload, plan, outcome, timeout_s: float, case_id: str, summary: dict) -> None:
-        profile = profile_case({name: side_pools[0] for name, side_pools in pools.items()}, workload,
+    def _profile(self, pools, workloads, plan, outcome, timeout_s: float, case_id: str, summary: dict) -> None:
+        profile = profile_case({name: side_pools[0] for name, side_pools in pools.items()}, workloads,
                                profiled_plan(plan, outcome.candidate_metrics),
                                max(MIN_PROFILED_ROUNDS, outcome.rounds_per_block),
                                case_folder(self.plan.profile_root, case_id), case_id, summary["verdict"], timeout_s)
@@ -94,20 +109,34 @@ class CaseRunner:
 
     def _lost(self, case_id: str, failure: SideFailed) -> None:
         """The candidate lost a case the baseline ran (crashed, hung): a verdict of its own that
-        fails the run, or skips the case with --dist-ab-allow-missing."""
+        fails the run, or skips the case with --dist-allow-missing."""
         summary = {"verdict": Verdict.MISSING, "reason": f"candidate pool {failure.pool} failed",
                    "error": str(failure), "seed": self.plan.seed, "sides": self.sides.describe()}
         self.results.append((case_id, summary, None, None))
         message = f"ddpbench A/B: the candidate lost this case (the baseline ran it): {failure}"
         if self.plan.allow_missing:
-            pytest.skip(f"{message.splitlines()[0]} (allowed by --dist-ab-allow-missing)")
+            pytest.skip(f"{message.splitlines()[0]} (allowed by --dist-allow-missing)")
         pytest.fail(message, pytrace=False)
+
+    def _without_baseline(self, own_pool, workload, plan, timeout_s, case_id, extra_info,
+                          built: BaselineCase) -> CaseRounds:
+        """The baseline's own build of this case gave no workload: it lacks or skips the case
+        (``new``), or its test fails before handing one over (``baseline-failed``, which fails the
+        run unless --dist-ab-allow-baseline-failure). The candidate is measured alone."""
+        lacks = built.status in ("absent", "skipped")
+        summary = {"verdict": Verdict.NEW if lacks else Verdict.BASELINE_FAILED,
+                   "reason": built.detail.splitlines()[0] if built.detail else built.status,
+                   "error": built.detail, "seed": self.plan.seed, "sides": self.sides.describe()}
+        extra_info["ab"] = summary
+        rounds = CaseRounds.of(own_pool.run(measure_workload, workload, plan, timeout_s=timeout_s))
+        self.results.append((case_id, summary, statistics.median(rounds.round_times), extra_info))
+        return rounds
 
     def _alone(self, own_pool, workload, plan, timeout_s, case_id, extra_info, failure) -> CaseRounds:
         """The baseline side failed this case: nothing to compare with, so the candidate is
         measured alone. The verdict is ``new`` when the baseline lacks the case's code (its ranks
         cannot import what the case names), else ``baseline-failed``, which fails the run unless
-        --dist-ab-allow-baseline-failure: a baseline that crashes, hangs or computes a wrong result
+        --dist-allow-baseline-failure: a baseline that crashes, hangs or computes a wrong result
         must not let every change pass as new."""
         lacks = baseline_lacks_case(failure.error)
         summary = {"verdict": Verdict.NEW if lacks else Verdict.BASELINE_FAILED,

@@ -75,20 +75,20 @@ class ABSettings:
     # Summarise both blocks of a pair at the pair's own mix of placements (rounds where the ranks
     # shared a CPU, rounds where they did not: gates/ab/placement_strata.py) instead of by their plain means.
     # Off: it hides a change in how often the ranks share a CPU, and no recorded run has shown yet
-    # that it narrows the intervals (docs/design/ab.md#placement-strata).
+    # that it narrows the intervals (docs/design/ab.md#cpu-sharing-strata).
     stratify_placement: bool = False
     # A case whose two censuses, taken at set-up, already show a structural regression stops after
     # its first look: that verdict stands whatever the timing says (docs/design/gates.md#the-structural-verdict),
     # so more pairs would only spend the run's time; the first look still gives the
-    # timing's ratio. Off when the gate accepts structural changes (--dist-ab-accept-structure-change).
+    # timing's ratio. Off when the gate accepts structural changes (--dist-accept-structure-change).
     stop_on_structural_regression: bool = True
     # Likewise a case whose two memory censuses at set-up show a memory regression (exact too, so
-    # decided there). Off when the gate accepts memory changes (--dist-ab-accept-memory-change).
+    # decided there). Off when the gate accepts memory changes (--dist-accept-memory-change).
     stop_on_memory_regression: bool = True
     # Likewise a case whose two numerics replays at set-up show a change (exact too). Off when the
-    # gate accepts numerics changes (--dist-ab-accept-numerics-change).
+    # gate accepts numerics changes (--dist-accept-numerics-change).
     stop_on_numerics_regression: bool = True
-    numerics_tolerance: float | None = None  # --dist-ab-numerics-tolerance, as the stop reads the replays
+    numerics_tolerance: float | None = None  # --dist-numerics-tolerance, as the stop reads the replays
 
     def stage_sizes(self, pool_pairs: int) -> list[int]:
         """The pairs each stage adds, first to last, if every stage is run."""
@@ -129,7 +129,7 @@ EXTRA_LOOK_LEVEL = 0.0
 
 
 # How a block of rounds becomes the one number a pair compares (SideRounds.block_means), and what
-# extra_info["ab"]["block_summary"] says when --dist-ab-stratify-placement applied (gates/ab/placement_strata.py).
+# extra_info["ab"]["block_summary"] says when --dist-ab-stratify-cpu-sharing applied (gates/ab/placement_strata.py).
 BLOCK_SUMMARY = "mean"
 STRATIFIED_BLOCK_SUMMARY = "mean per placement, at the pair's mix of placements"
 
@@ -328,14 +328,14 @@ class _Case:
     def _run(self, name: str, j: int, fn, *args):
         return _on(name, j, self.pools[name][j], fn, *args, timeout_s=self.timeout_s)
 
-    def start(self, workload, plan) -> int:
-        """Set the workload up on every pool and warm it up; returns the rounds per block."""
+    def start(self, workloads: dict[str, Any], plan) -> int:
+        """Set each side's own workload up on its pools and warm it up; returns the rounds per block."""
         estimates = []
         replays: dict[str, list] = {name: [] for name in _SIDES}  # per side, each pool's numerics replay
         for j in range(self.pool_pairs):
             for name in _SIDES:
                 self.live.append(self.pools[name][j])
-                replies = self._run(name, j, tasks.start, self.key, workload, numerics_band_plan(plan, name, j))
+                replies = self._run(name, j, tasks.start, self.key, workloads[name], numerics_band_plan(plan, name, j))
                 estimates.append(max(reply["estimate_s"] for reply in replies))
                 if j == 0:  # a baseline whose engine predates the census replies without one
                     self.censuses[name] = combine_census([reply.get("census") for reply in replies])
@@ -422,8 +422,10 @@ _SIDES = (schedule.BASELINE, schedule.CANDIDATE)
 
 
 def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeout_s: float,
-             case_id: str, seed: int = 0) -> ABOutcome:
-    """Measure ``workload`` on both sides' pools (keys "baseline" and "candidate", each a list of
+             case_id: str, seed: int = 0, baseline_workload=None) -> ABOutcome:
+    """Measure ``workload`` on the candidate's pools and ``baseline_workload`` (the baseline's own,
+    built by its code: gates/ab/baseline_workloads.py; None: the same object) on the baseline's
+    (``pools``: keys "baseline" and "candidate", each a list of
     ``settings.pools_per_side`` pools), interleaved, in the block order ``seed`` draws for this
     case. Stages of pairs run until the verdict is clear or the next stage would pass the time cap;
     look k is tested at the k-th of ``settings.alpha_per_look`` and a last look at what is left of
@@ -434,7 +436,8 @@ def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeo
     started = time.monotonic()
     case = _Case(pools, settings, timeout_s, case_id)
     try:
-        rounds = case.start(workload, plan)
+        rounds = case.start({schedule.BASELINE: workload if baseline_workload is None else baseline_workload,
+                             schedule.CANDIDATE: workload}, plan)
         stopped_by_structure = (_structural_regression(case.censuses) if settings.stop_on_structural_regression
                                 else None)
         stopped_by_memory = _memory_regression(case.memories) if settings.stop_on_memory_regression else None

@@ -1,5 +1,5 @@
 """Block summaries that compare like with like where the ranks' placement sets a round's time
-(``--dist-ab-stratify-placement``; docs/design/ab.md#placement-strata)."""
+(``--dist-ab-stratify-cpu-sharing``; docs/design/ab.md#cpu-sharing-strata)."""
 
 from __future__ import annotations
 

@@ -203,11 +203,11 @@ def grown_ops(baseline: dict[tuple[str, str], float], candidate: dict[tuple[str,
     return grown[:top]
 
 
-def profile_case(pools: dict[str, Any], workload, plan, rounds: int, folder: Path, case_id: str,
+def profile_case(pools: dict[str, Any], workloads: dict[str, Any], plan, rounds: int, folder: Path, case_id: str,
                  verdict: str, timeout_s: float) -> CaseProfile:
-    """Profile ``rounds`` rounds of the case on each side's pool (``pools``: side -> pool), one
-    side after the other, and compare their ops. Never raises for a side's failure: it is named
-    in :attr:`CaseProfile.errors`."""
+    """Profile ``rounds`` rounds of the case on each side's pool (``pools``: side -> pool), each
+    side's own workload (``workloads``: side -> workload), one side after the other, and compare
+    their ops. Never raises for a side's failure: it is named in :attr:`CaseProfile.errors`."""
     from ...pool import PoolError
 
     started = time.monotonic()
@@ -216,7 +216,7 @@ def profile_case(pools: dict[str, Any], workload, plan, rounds: int, folder: Pat
     per_side: dict[str, dict[tuple[str, str], float]] = {}
     for side in ("baseline", "candidate"):
         try:
-            ranks = pools[side].run(profile_rounds, workload, plan, rounds,
+            ranks = pools[side].run(profile_rounds, workloads[side], plan, rounds,
                                     str(folder / f"{side}-rank{{rank}}.json"), timeout_s=timeout_s)
         except PoolError as exc:
             profile.errors[side] = _first_line(str(exc))

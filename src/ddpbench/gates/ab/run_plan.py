@@ -16,7 +16,7 @@ from .pairs_loop import ABSettings
 from .profiling import DEFAULT_PROFILE
 from .schedule import new_seed
 
-OPTION_PREFIX = "--dist-ab-"  # how the gate's own options are spelled in pytest
+OPTION_PREFIX = "--dist-"  # the gate's own options in pytest: --dist- and the words ddpbench compare takes
 DEFAULT_MAX_TIME_S = 60.0  # a case's cap for adding pairs without --dist-ab-max-time or a run budget
 
 
@@ -27,14 +27,14 @@ class ABPlan:
     settings: ABSettings
     heap: str = DEFAULT_HEAP  # --dist-ab-heap (ddpbench.gates.ab.heap)
     seed: int = 0  # --dist-ab-seed, or drawn for this run
-    allow_missing: bool = False  # --dist-ab-allow-missing
-    allow_baseline_failure: bool = False  # --dist-ab-allow-baseline-failure
-    fail_on_inconclusive: bool = False  # --dist-ab-fail-on-inconclusive
-    accept_structure_change: bool = False  # --dist-ab-accept-structure-change
-    accept_memory_change: bool = False  # --dist-ab-accept-memory-change
-    memory_tolerance: float | None = None  # --dist-ab-memory-tolerance (None: measured figures not judged)
-    accept_numerics_change: bool = False  # --dist-ab-accept-numerics-change
-    numerics_tolerance: float | None = None  # --dist-ab-numerics-tolerance (None: the default, none)
+    allow_missing: bool = False  # --dist-allow-missing
+    allow_baseline_failure: bool = False  # --dist-allow-baseline-failure
+    fail_on_inconclusive: bool = False  # --dist-fail-on-inconclusive
+    accept_structure_change: bool = False  # --dist-accept-structure-change
+    accept_memory_change: bool = False  # --dist-accept-memory-change
+    memory_tolerance: float | None = None  # --dist-memory-tolerance (None: measured figures not judged)
+    accept_numerics_change: bool = False  # --dist-accept-numerics-change
+    numerics_tolerance: float | None = None  # --dist-numerics-tolerance (None: the default, none)
     profile: str = DEFAULT_PROFILE  # --dist-ab-profile (ddpbench.gates.ab.profiling)
     profile_root: Path = Path(".benchmarks/ab-profiles")  # this run's folder of traces
     run_budget_s: float | None = None  # --dist-ab-run-budget: each case's cap is its share of what is left
@@ -54,13 +54,13 @@ def plan_from_options(config) -> ABPlan:
                           max_time_s=max_time or (run_budget or DEFAULT_MAX_TIME_S),
                           block_time_s=config.getoption("dist_ab_block_time"),
                           pools_per_side=config.getoption("dist_ab_pools_per_side"),
-                          stratify_placement=config.getoption("dist_ab_stratify_placement", False),
-                          stop_on_structural_regression=not config.getoption("dist_ab_accept_structure_change",
+                          stratify_placement=config.getoption("dist_ab_stratify_cpu_sharing", False),
+                          stop_on_structural_regression=not config.getoption("dist_accept_structure_change",
                                                                              False),
-                          stop_on_memory_regression=not config.getoption("dist_ab_accept_memory_change", False),
-                          stop_on_numerics_regression=not config.getoption("dist_ab_accept_numerics_change",
+                          stop_on_memory_regression=not config.getoption("dist_accept_memory_change", False),
+                          stop_on_numerics_regression=not config.getoption("dist_accept_numerics_change",
                                                                            False),
-                          numerics_tolerance=config.getoption("dist_ab_numerics_tolerance", None))
+                          numerics_tolerance=config.getoption("dist_numerics_tolerance", None))
     first_stage_blocks = 2 * settings.stage_sizes(settings.pools_per_side)[0]
     if first_stage_blocks * settings.block_time_s > settings.max_time_s:
         option = "--dist-ab-max-time" if max_time or not run_budget else "--dist-ab-run-budget"
@@ -72,14 +72,14 @@ def plan_from_options(config) -> ABPlan:
     seed = config.getoption("dist_ab_seed")
     seed = new_seed() if seed is None else seed
     return ABPlan(settings, config.getoption("dist_ab_heap", DEFAULT_HEAP), seed=seed,
-                  allow_missing=config.getoption("dist_ab_allow_missing"),
-                  allow_baseline_failure=config.getoption("dist_ab_allow_baseline_failure", False),
-                  fail_on_inconclusive=config.getoption("dist_ab_fail_on_inconclusive"),
-                  accept_structure_change=config.getoption("dist_ab_accept_structure_change", False),
-                  accept_memory_change=config.getoption("dist_ab_accept_memory_change", False),
-                  memory_tolerance=config.getoption("dist_ab_memory_tolerance", None),
-                  accept_numerics_change=config.getoption("dist_ab_accept_numerics_change", False),
-                  numerics_tolerance=config.getoption("dist_ab_numerics_tolerance", None),
+                  allow_missing=config.getoption("dist_allow_missing"),
+                  allow_baseline_failure=config.getoption("dist_allow_baseline_failure", False),
+                  fail_on_inconclusive=config.getoption("dist_fail_on_inconclusive"),
+                  accept_structure_change=config.getoption("dist_accept_structure_change", False),
+                  accept_memory_change=config.getoption("dist_accept_memory_change", False),
+                  memory_tolerance=config.getoption("dist_memory_tolerance", None),
+                  accept_numerics_change=config.getoption("dist_accept_numerics_change", False),
+                  numerics_tolerance=config.getoption("dist_numerics_tolerance", None),
                   profile=config.getoption("dist_ab_profile", DEFAULT_PROFILE),
                   profile_root=_profile_root(config, seed),
                   run_budget_s=run_budget or None, max_time_given_s=max_time)

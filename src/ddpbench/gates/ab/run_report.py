@@ -4,7 +4,7 @@ ddpbench.gates.verdicts and the exit by ddpbench.gates.exit_decision; this modul
 
 from __future__ import annotations
 
-from ..exit_decision import ExitDecision, exit_lines
+from ..exit_decision import LINE_WIDTH, ExitDecision, exit_lines
 from ..verdict_words import Verdict
 from ..verdicts import GateReport, ab_report, ab_verdicts, format_text, record_decision
 from .profiling import CaseProfile
@@ -51,6 +51,24 @@ def code_under_test_lines(sides: Sides) -> list[str]:
     return [f"{PREFIX}where each side's ranks import the code under test from:"] + [PREFIX + line for line in lines]
 
 
+def baseline_build_lines(builds) -> list[str]:
+    """What the baseline's build of its own workloads found (gates/ab/baseline_workloads.py)."""
+    if builds is None:
+        return []
+    counts: dict[str, int] = {}
+    for case in builds.cases.values():
+        counts[case.status] = counts.get(case.status, 0) + 1
+    where = (f"its own checkout {builds.folder}" if builds.own_checkout
+             else f"the candidate's test files in {builds.folder} (the baseline names no checkout of its own)")
+    built = counts.pop("built", 0)
+    rest = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    lines = [f"{PREFIX}the baseline's workloads, built by its own code from {where}: {built} of "
+             f"{len(builds.cases)} case(s)" + (f" ({rest})" if rest else "")]
+    lines += [f"{PREFIX}  {case_id}: {case.detail.splitlines()[0][:200]}"
+              for case_id, case in builds.cases.items() if case.status != "built"][:8]
+    return lines
+
+
 def decided_report(results: list, plan: ABPlan, sides: Sides) -> GateReport:
     """The run's verdicts, each case's decided verdict written back into its extra_info["ab"]
     (record_decision): the run file says what the gate decided and exited on."""
@@ -71,7 +89,7 @@ def summary_lines(report: GateReport, decision: ExitDecision, seed: int,
         lines += [(PREFIX + line, False) for line in profile.lines()]
     lines.append((PREFIX + seed_line(seed), False))
     lines += [(PREFIX + line, "exit status 1" in line)
-              for line in exit_lines(decision, OPTION_PREFIX, report.current_label)]
+              for line in exit_lines(decision, OPTION_PREFIX, report.current_label, LINE_WIDTH - len(PREFIX))]
     lines.append((exit_line(decision.status, report), bool(decision.status)))
     return lines
 
@@ -83,9 +101,16 @@ def exit_line(status: int, report: GateReport) -> str:
     if not status:
         return f"{PREFIX}exit status 0: no case fails the gate ({counts})"
     failing = [c.fullname or c.name for c in report.sorted_cases() if c.verdict.fails]
-    shown = ", ".join(failing[:3]) + (" ..." if len(failing) > 3 else "")
-    why = f"{counts} ({shown})" if failing else f"{counts}; --dist-ab-fail-on-inconclusive"
-    return f"{PREFIX}exit status 1: {why}, whatever pytest's count of passed tests says"
+    tail = ", whatever pytest counts as passed"
+    if not failing:
+        return f"{PREFIX}exit status 1: {counts}; {OPTION_PREFIX}fail-on-inconclusive{tail}"
+    names = "the cases marked << above"  # unless some of them fit in LINE_WIDTH (at most three)
+    for shown in range(min(3, len(failing)), 0, -1):
+        listed = ", ".join(failing[:shown]) + (" ..." if len(failing) > shown else "")
+        if len(f"{PREFIX}exit status 1: {counts} ({listed}){tail}") <= LINE_WIDTH:
+            names = listed
+            break
+    return f"{PREFIX}exit status 1: {counts} ({names}){tail}"
 
 
 def lost_cases(results: list) -> list[dict]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from .baseline_checkout import check_checkout_copies, find_checkout
+from .baseline_workloads import BaselineBuildError, BaselineBuilds, build_on_baseline, forwarded_args
 from .heap import DEFAULT_HEAP, heap_env
 from .side_environments import (ImportIsolationError, SameCodeError, Side, SideError, check_import_isolation,
                                 check_modules_differ, local_facts, make_side, modules_under_test,
@@ -67,14 +69,67 @@ def resolve_code_under_test(sides: Sides, session) -> None:
         # torch slow our step?): torch counts then, and the header shows both sides' torch.
         names.add("torch")
     names = sorted(names)
+    root = os.path.realpath(str(session.config.rootpath))
+    test_files = _test_files(session.items)
+    if sides.baseline.paths:
+        checkout = find_checkout(root, test_files, sides.baseline.paths)
+        if checkout is not None:  # its ranks and its build take its own test files and source
+            sides.baseline = dataclasses.replace(sides.baseline, checkout=checkout, project_root=root)
     try:
         sides.baseline = resolve_modules(sides.baseline, names)
         sides.candidate = resolve_modules(sides.candidate, names)
+        _check_the_baselines_checkout(sides, root, test_files)
         check_modules_differ(sides.baseline, sides.candidate)
     except (ImportIsolationError, SameCodeError) as exc:
         refuse_mixed_environments(exc)
     except SideError as exc:
         raise pytest.UsageError(f"ddpbench A/B: {exc}") from None
+
+
+def _test_files(items) -> list[str]:
+    return sorted({str(item.path) for item in items if getattr(item, "path", None) is not None})
+
+
+def _check_the_baselines_checkout(sides: Sides, root: str, test_files: list[str]) -> None:
+    """A baseline whose paths name its checkout, or whose interpreter lives in one (a venv under
+    ../base), must import the modules under test from that checkout's own copies where they
+    differ from what its ranks would otherwise import (baseline_checkout.check_checkout_copies)."""
+    import sys
+
+    baseline = sides.baseline
+    if baseline.checkout is not None:
+        check_checkout_copies(baseline, sides.candidate, root, baseline.checkout, sys.path,
+                              f"--dist-baseline-path names the baseline's checkout {baseline.checkout}")
+        return
+    if not baseline.launch.foreign_interpreter:
+        return
+    from ...pool.rank_launch import interpreter_environment
+
+    environment = interpreter_environment(baseline.python)
+    checkout = find_checkout(root, test_files, [environment[0]]) if environment else None
+    if checkout is not None:
+        check_checkout_copies(baseline, sides.candidate, root, checkout, sys.path,
+                              f"the baseline's interpreter {baseline.python} lives in the checkout {checkout}")
+
+
+def build_baseline_cases(sides: Sides, session) -> BaselineBuilds:
+    """The baseline's own workload for each A/B case, built by its own code
+    (ddpbench.gates.ab.baseline_workloads); exit 2 when they cannot be built there."""
+    config = session.config
+    items = [item for item in session.items if "dist_benchmark" in getattr(item, "fixturenames", ())]
+    try:
+        builds = build_on_baseline(sides.baseline, items, str(config.rootpath), str(config.invocation_params.dir),
+                                   forwarded_args(config))
+        enforce_import_isolation(sides)  # the build ran the baseline's interpreter: it, too, imports its own
+        unbuildable = builds.unbuildable()
+        if unbuildable:
+            shown = "; ".join(f"{case_id}: {case.detail}" for case_id, case in unbuildable[:3])
+            raise BaselineBuildError(
+                f"{len(unbuildable)} case(s) cannot be built on the baseline side ({shown}). Each side runs its "
+                f"own workload, which must pickle on its side: define its functions and classes at module level")
+    except BaselineBuildError as exc:
+        pytest.exit(f"ddpbench A/B: {exc}", returncode=exc.EXIT_STATUS)
+    return builds
 
 
 def enforce_import_isolation(sides: Sides) -> None:

@@ -17,7 +17,7 @@ from . import run_report
 from .case_runner import CaseRunner
 from .pairs_loop import ABSettings
 from .run_plan import ABPlan, plan_from_options, refuse_what_ab_cannot_measure
-from .run_sides import Sides, resolve_code_under_test, sides_from_options
+from .run_sides import Sides, build_baseline_cases, resolve_code_under_test, sides_from_options
 
 
 @dataclass
@@ -60,10 +60,15 @@ class ABSession:
         return run_report.header_lines(self.plan, self.sides, world_sizes, cores, pin_cores)
 
     def resolve_modules(self, session) -> list[str]:
-        """Where each side's ranks import the modules under test from (lines for the terminal);
-        a usage error when a baseline that names other code would import the candidate's."""
+        """Where each side's ranks import the modules under test from, then the baseline's own
+        workloads built by its own code (lines for the terminal); exit 2 when a baseline that
+        names other code would import the candidate's, or its cases cannot be built there."""
         resolve_code_under_test(self.sides, session)
-        return run_report.code_under_test_lines(self.sides)
+        lines = run_report.code_under_test_lines(self.sides)
+        if not session.config.getoption("collectonly", False):  # listing the cases builds nothing
+            self.runner.baseline_builds = build_baseline_cases(self.sides, session)
+            lines += run_report.baseline_build_lines(self.runner.baseline_builds)
+        return lines
 
     def plan_cases(self, session) -> None:
         self.runner.plan_cases(session.items)

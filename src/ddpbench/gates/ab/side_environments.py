@@ -15,7 +15,7 @@ import sysconfig
 import types
 from dataclasses import dataclass, field
 
-from ...identity import DIGEST_SOURCE, source_digest
+from ...identity import DIGEST_SOURCE, identity, source_digest, torch_version_without_import
 from ...pool import RankLaunch
 from ...pool.rank_launch import read_import_guard_log
 
@@ -84,6 +84,21 @@ for name in request["modules"]:
     modules[name] = None if spec is None else (spec.origin or "(namespace package)")
 out["modules"] = modules
 out["module_errors"] = errors
+try:
+    from importlib import metadata as _metadata
+    _providers = _metadata.packages_distributions()
+except Exception:
+    _providers = {}
+packages = {}
+for name, origin in modules.items():
+    found = {}
+    for dist in _providers.get(name.split(".", 1)[0], []) if origin else []:
+        try:
+            found[str(dist).lower().replace("_", "-")] = _metadata.version(dist)
+        except Exception:
+            pass
+    packages[name] = found
+out["module_packages"] = packages
 print("DDPBENCH_PROBE " + json.dumps(out))
 '''
 
@@ -130,12 +145,21 @@ class Side:
     # Where the ranks' import guard records imports from the candidate's environment (set by
     # with_import_guard for a side that names another interpreter; see ddpbench.pool.rank_launch).
     import_guard_log: str | None = None
+    # Filled by resolve_modules(): module name -> {distribution: version} of the installed
+    # distribution that provides it (empty for the project's own modules).
+    module_packages: dict = field(default_factory=dict, compare=False, hash=False)
+    # The side's own copy of the project (ddpbench.gates.ab.baseline_checkout), and the candidate's
+    # project folder it stands for: the side's ranks import its folders instead of the candidate's.
+    checkout: str | None = None
+    project_root: str | None = None
 
     @property
     def launch(self) -> RankLaunch:
         return RankLaunch(python=self.python, paths=self.paths,
                           env=tuple({**dict(self.common_env), **dict(self.env)}.items()),
-                          import_guard_log=self.import_guard_log)
+                          import_guard_log=self.import_guard_log,
+                          project_map=((self.project_root, self.checkout) if self.checkout and self.project_root
+                                       else None))
 
     @property
     def names_other_code(self) -> bool:
@@ -156,6 +180,7 @@ class Side:
             "env": dict(self.env),
             "common_env": dict(self.common_env),
             "modules": dict(self.modules),
+            "checkout": self.checkout,
         }
 
     def short(self) -> str:
@@ -164,6 +189,8 @@ class Side:
                  f"ddpbench {self.facts.get('ddpbench_version', '?')} "
                  f"#{(self.facts.get('ddpbench_source_sha256') or '?')[:12]}"]
         parts += [f"path {p}" for p in self.paths]
+        if self.checkout:
+            parts.append(f"checkout {self.checkout}")
         parts += [f"{k}={v}" for k, v in self.env]
         return ", ".join(parts)
 
@@ -210,6 +237,15 @@ def check_import_isolation(side: Side, candidate_prefix: str = sys.prefix) -> No
     first = found[0]
     modules = list(dict.fromkeys(f"{f.get('module')} from {f.get('file')}" for f in found))
     shown = "; ".join(modules[:4]) + (f"; and {len(modules) - 4} more" if len(modules) > 4 else "")
+    project = [f for f in found if f.get("where") == "project"]
+    if project and side.checkout is not None:
+        shown = "; ".join(list(dict.fromkeys(f"{f.get('module')} from {f.get('file')}" for f in project))[:4])
+        raise ImportIsolationError(
+            f"the {side.name} side has its own checkout of the project ({side.checkout}), but its ranks "
+            f"imported {shown}: the candidate's project folder. The verdict would compare the candidate's "
+            f"code with itself, so the run is refused. Look for a path into the candidate's checkout among "
+            f"--dist-{side.name}-path, --dist-{side.name}-env PYTHONPATH=..., and the .pth files of "
+            f"{first.get('prefix')}'s site-packages")
     editable = [f for f in found if f.get("where") == "editable"]
     if editable:
         shown = "; ".join(list(dict.fromkeys(f"{f.get('module')} from {f.get('file')}" for f in editable))[:4])
@@ -272,48 +308,19 @@ def probe(side: Side, expected_protocol: int | None) -> Side:
     return dataclasses.replace(side, facts=facts)
 
 
-def _torch_version_without_import() -> str | None:
-    """``torch.__version__`` as the ranks' probe reports it (local tag included: 2.11.0+cu130),
-    read from torch/version.py so the controller need not import torch; the distribution's
-    metadata may lack the tag, and one torch must not read as two."""
-    import importlib.util
-    import re
-
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        try:
-            text = open(os.path.join(folder, "version.py"), encoding="utf-8").read()
-        except OSError:
-            continue
-        match = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
-        if match:
-            return match.group(1)
-    return None
+# The controller's torch version, read as the side's check reads it (ddpbench.identity: one torch
+# must not read as two). The old name stays importable.
+_torch_version_without_import = torch_version_without_import
 
 
 def local_facts() -> dict:
     """The controller's own interpreter, ddpbench (engine identity) and torch versions, without
-    importing torch."""
-    from importlib.metadata import PackageNotFoundError, version
-
+    importing torch: :func:`ddpbench.identity.identity`, with where they come from."""
     import ddpbench
 
-    from ... import rank_process
-
-    torch_version = _torch_version_without_import()
-    if torch_version is None:
-        try:
-            torch_version = version("torch")
-        except PackageNotFoundError:
-            torch_version = None
     return {"python": sys.executable, "python_version": sys.version.split()[0],
-            "ddpbench_file": ddpbench.__file__, "ddpbench_version": ddpbench.__version__,
-            "rank_protocol": rank_process.RANK_PROTOCOL,
-            "ddpbench_source_sha256": source_digest(os.path.dirname(ddpbench.__file__)),
-            "torch_version": torch_version, "distributions": installed_distributions()}
+            "ddpbench_file": ddpbench.__file__, **identity(import_torch=False),
+            "distributions": installed_distributions()}
 
 
 def engines_differ(baseline: Side, candidate: Side) -> bool:
@@ -386,19 +393,23 @@ def modules_under_test(test_modules, project_dirs) -> list[str]:
         else:
             names.add(name)
 
-    for module in test_modules:
-        add(module.__name__)
+    def add_references(module) -> None:
         for value in list(vars(module).values()):
             if isinstance(value, types.ModuleType):
                 add(value.__name__)
             elif isinstance(value, (type, types.FunctionType)):
                 add(getattr(value, "__module__", None))
+
+    for module in test_modules:
+        add(module.__name__)
+        add_references(module)
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         # Absolute files only: some packages register stand-in modules whose __file__ is a bare
         # name (torch.ops: "_ops.py"), which would otherwise resolve against the working directory.
         if isinstance(file, str) and os.path.isabs(file) and _under(file, project) and not _installed(file, installed):
             add(name)
+            add_references(module)  # what the project's own code imports counts too (numpy, ...)
     return sorted(names)
 
 
@@ -409,7 +420,8 @@ def resolve_modules(side: Side, names: list[str]) -> Side:
         return side
     resolved = _run_probe(side, {"facts": False, "modules": list(names)})
     check_import_isolation(side)
-    return dataclasses.replace(side, modules={**side.modules, **resolved["modules"]})
+    return dataclasses.replace(side, modules={**side.modules, **resolved["modules"]},
+                               module_packages={**side.module_packages, **resolved.get("module_packages", {})})
 
 
 class SameCodeError(SideError):
@@ -430,8 +442,13 @@ _TOOLING = {"pip", "setuptools", "wheel", "uv", "ddpbench", "pytest", "pluggy", 
             "pytest-benchmark", "py-cpuinfo", "pytest-xdist", "execnet", "pytest-timeout", "ruff"}
 
 
-def _packages(side: Side) -> dict:
-    return {k: v for k, v in (side.facts.get("distributions") or {}).items() if k not in _TOOLING}
+def _packages(side: Side, names: list[str]) -> dict:
+    """The installed distributions (name -> version) that provide the modules ``names`` on this
+    side: what the code under test imports, not whatever else its environment holds."""
+    found: dict = {}
+    for name in names:
+        found.update(side.module_packages.get(name) or {})
+    return {k: v for k, v in found.items() if k not in _TOOLING}
 
 
 def _content_digest(path: str) -> str | None:
@@ -462,8 +479,8 @@ def what_differs(baseline: Side, candidate: Side, names: list[str]) -> str | Non
     roots = [os.path.realpath(p) for p in baseline.paths]
     if any(_under(baseline.modules[n], roots) for n in apart if os.path.isabs(baseline.modules[n])):
         return "modules imported through --dist-baseline-path"
-    if _packages(baseline) != _packages(candidate):
-        return "installed distributions"
+    if _packages(baseline, names) != _packages(candidate, names):
+        return "the installed distributions the code under test imports"
     for name in apart:
         if name.split(".", 1)[0] == "torch":
             continue  # torch is compared by its version above: hashing it would cost seconds

@@ -160,11 +160,10 @@ class Training(TrainingWorkload):
 
     def census_details(self, state) -> dict[str, Any]:
         """DDP's bucket sizes where the loop trains with DDP (the manual loop's buckets are its
-        own all_reduce calls, which the census counts)."""
+        own all_reduce calls, which the census counts; Lightning's Trainer steps on its thread
+        under the round's dispatch modes, so the census counts its step as the round's own)."""
         from ...engine.census import ddp_bucket_sizes
 
-        if self.impl == "lightning":  # Trainer.fit steps on a thread of its own, out of the census's sight
-            return {"incomplete": "Lightning's Trainer runs its steps on a thread the census does not see"}
         ddp = state["loop"].ddp_module()
         return {"ddp_buckets": ddp_bucket_sizes(ddp)} if ddp is not None else {}
 

@@ -117,14 +117,13 @@ MEMORY_TOLERANCE = shared(
 ACCEPT_NUMERICS_CHANGE = shared(
     "accept-numerics-change", action="store_true",
     help="a numerics change (a seeded replay of the first steps computes other values than the baseline's, "
-         "past its own replay-to-replay band and the tolerance) made on purpose: shown as accepted instead of "
-         "failing the gate")
+         "past the band its rounding-level perturbations grow into and the tolerance, or an exact figure such "
+         "as a learning rate moved) made on purpose: shown as accepted instead of failing the gate")
 NUMERICS_TOLERANCE = shared(
     "numerics-tolerance", type=opts.parse_numerics_tolerance, default=None, metavar="PCT",
     help="a relative difference of the replayed steps' figures (norms and sums of parameters, gradients, "
-         "optimizer state, loss) up to PCT (e.g. 0.01%%) reads 'within noise' instead of 'changed', for "
-         "teams that allow floating-point reordering. Default: 0, bitwise unless the baseline's own replays "
-         "differ")
+         "optimizer state, loss) up to PCT (e.g. 0.01%%) reads 'rounding' instead of 'changed' where the "
+         "band the baseline measured is narrower. Default: 0, the measured band alone")
 FAIL_ON_INCONCLUSIVE = shared(
     "fail-on-inconclusive", action="store_true",
     help="exit 1 when a case is inconclusive (neither a change nor the same within the threshold); by "
@@ -206,7 +205,9 @@ CASES = OptionGroup("ddpbench", "ddpbench distributed benchmarks", (
            help="after the recorded rounds (A/B: before the blocks), twice on a state of its own (every "
                 "rank's torch, random and numpy seeded before a second set-up, torn down after): K untimed "
                 "steps, each with a SHA-256 and norms of the parameters, gradients, optimizer state and "
-                "loss, into extra_info['numerics'] for the numerics verdict; 0: none. Default: 3"),
+                "loss and the exact figures (learning rates...), and twice more with every parameter moved "
+                "by one unit in the last place for the band rounding grows into, into extra_info['numerics'] "
+                "for the numerics verdict; 0: none. Default: 3"),
 ))
 
 NODES = OptionGroup("ddpbench-nodes", "ddpbench across nodes (ranks started by torchrun)", (

@@ -213,7 +213,8 @@ def parse_censuses(text: str) -> tuple[str, ...]:
 
 def parse_numerics_tolerance(text: str) -> float:
     """'0.01%' or '0.01' -> 1e-04: the relative difference of the numerics replay's figures that still
-    reads 'within noise', written as every gate's threshold is (:func:`parse_percent`)."""
+    reads 'rounding' where the measured band is narrower, written as every gate's threshold is
+    (:func:`parse_percent`)."""
     return parse_percent(text, allow_zero=True)
 
 

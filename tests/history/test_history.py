@@ -160,34 +160,41 @@ def numerics_record(scale: float = 1.0) -> dict:
         steps.append({"param w": [f"p{s}-{scale}", 4.0 - s * scale * 0.1, 8.0, 1.0],
                       "grad w": [f"g{s}-{scale}", 2.0 * scale, 4.0 * scale, -scale], "loss": ["l", 2.0, 2.0, 2.0]})
     rank = {"version": 1, "seed": 0, "steps": 2, "replays": 2, "digests": [str(sorted(step.items())) for step in steps],
-            "tensors": steps, "replay_spread": 0.0, "first_nondeterministic_step": None}
+            "tensors": steps, "replay_spread": 0.0, "first_nondeterministic_step": None,
+            "band": [{}, {"param": 1e-4, "grad": 1e-4}, {"param": 1e-4, "grad": 1e-4}], "band_replays": 2}
     return combine_numerics([rank, copy.deepcopy(rank)])
 
 
 def test_numerics_changes_from_run_to_run_reach_the_points_the_page_and_the_command(tmp_path, capsys):
     storage = tmp_path / ".benchmarks"
-    for i, numerics in enumerate([numerics_record(), numerics_record(), None, numerics_record(2.0)]):
+    records = [numerics_record(), numerics_record(), None, numerics_record(2.0), numerics_record(2.0000002)]
+    for i, numerics in enumerate(records):
         save(storage, i, [bench("test_step", [0.01] * 3, {"numerics": numerics} if numerics else {})])
     history = build_history(storage)
     points = history.series[0].points
     digest = points[0].numerics.digests[-1][:12]
-    assert [p.numerics_state for p in points] == [f"2 steps, digest {digest}"] * 2 + [
+    assert [p.numerics_state for p in points[:4]] == [f"2 steps, digest {digest}"] * 2 + [
         None, f"2 steps, digest {points[3].numerics.digests[-1][:12]}"]
-    assert points[0].numerics_line is None and points[1].numerics_line == "same (bitwise): 2 steps on 2 ranks"
+    assert points[0].numerics_line is None
+    assert points[1].numerics_line == "same (bitwise): 2 steps on 2 ranks, 3 tensors"
     assert points[3].numerics_line.startswith("changed from step 1 of 2: largest relative difference 1 (100%) "
                                               "in grad w")  # against the run before that has a replay
-    (change,) = history.numerics_changes
-    assert (change.before, change.after) == (points[1], points[3])
+    assert points[4].numerics_line.startswith("rounding: bits differ from step 1 of 2")  # within 4 x 1e-4
+    change, rounding = history.numerics_changes
+    assert (change.before, change.after, change.outcome) == (points[1], points[3], "changed")
+    assert (rounding.before, rounding.after, rounding.outcome) == (points[3], points[4], "rounding")
     rows = page_data(history)["series"][0]["points"]
     assert rows[1][4:] == [None, None, None, points[1].numerics_state, points[1].numerics_line]
     assert rows[2][4:] == []
     page = render_page(history)
     assert "<h2>Numerics changes</h2>" in page and html_escape(change.line) in page
     rc, out, err = _main(capsys, "history", "--storage", storage, "--output", tmp_path / "h.html", "--json")
-    assert rc == 0 and "1 numerics change(s) from one run to the next" in err
+    assert rc == 0 and "2 numerics change(s) from one run to the next (1 changed, 1 within rounding)" in err
     assert f": numerics {commit_of(1)[:7]} -> {commit_of(3)[:7]}: changed from step 1 of 2" in err
-    (shown,) = json.loads(out)["numerics_changes"]
+    assert f": numerics {commit_of(3)[:7]} -> {commit_of(4)[:7]}: rounding: bits differ" in err
+    shown, shown_rounding = json.loads(out)["numerics_changes"]
     assert shown["line"] == change.line and shown["after"]["commit"] == commit_of(3)[:7]
+    assert shown["outcome"] == "changed" and shown_rounding["outcome"] == "rounding"
 
 
 def test_a_history_without_numerics_changes_says_why(tmp_path):

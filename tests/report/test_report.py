@@ -453,14 +453,16 @@ def test_the_numerics_table_shows_each_case_s_replay_and_leaves_out_what_is_not_
         return dict({"version": 1, "steps": 1, "digests": ["a" * 64, "b" * 64], "tensors": [steps],
                      "replay_spread": spread, "first_nondeterministic_step": first}, **more)
 
-    benches = [bench("test_exact", [0.01], {"numerics": record()}),
+    band = {"band": [{}, {"grad": 2.5e-7, "param": 1e-6}], "band_replays": 2}
+    benches = [bench("test_exact", [0.01], {"numerics": record(**band)}),
                bench("test_noisy", [0.01], {"numerics": record(2e-7, 1)}),
                bench("test_unseeded", [0.01], {"numerics": record(not_reproducible="rank 0: the set-up differs")})]
     text = report.markdown_report(load_run(write(tmp_path / "run.json", run_doc(benches))))
     header, rows = _table_rows(text, "## Numerics")
-    assert header == ["Case", "Steps", "Ranks", "Replays agree", "Last step digest", "Loss (rank 0)"]
-    assert rows == [["test_exact", "1", "1", "bitwise", "bbbbbbbbbbbb", "2.5"],
-                    ["test_noisy", "1", "1", "from step 1, up to 2e-07", "bbbbbbbbbbbb", "2.5"]]
+    assert header == ["Case", "Steps", "Ranks", "Tensors", "Replays agree", "Band, step 1 gradients",
+                      "Last step digest", "Loss (rank 0)"]
+    assert rows == [["test_exact", "1", "1", "2", "bitwise", "1e-06", "bbbbbbbbbbbb", "2.5"],  # 4 x 2.5e-7
+                    ["test_noisy", "1", "1", "2", "from step 1, up to 2e-07", "-", "bbbbbbbbbbbb", "2.5"]]
     damaged = write(tmp_path / "bad.json", run_doc([bench("test_x", [0.01], {"numerics": record(digests="x")})]))
     assert cli.main(["report", str(damaged), "--no-chart"]) == 2
     assert "test_x: extra_info numerics.digests is 'x'" in capsys.readouterr().err

@@ -65,7 +65,9 @@ def run(args) -> int:
     if len(history.steps) > shown:
         print(f"  ... and {len(history.steps) - shown} more on the page", file=out)
     changes = history.numerics_changes
-    print(f"{len(changes)} numerics change(s) from one run to the next", file=out)
+    rounding = sum(change.outcome == "rounding" for change in changes)
+    print(f"{len(changes)} numerics change(s) from one run to the next"
+          + (f" ({len(changes) - rounding} changed, {rounding} within rounding)" if rounding else ""), file=out)
     for change in changes[:shown]:
         print(f"  {change.describe()}", file=out)
     if len(changes) > shown:

@@ -17,6 +17,8 @@ from ..pool.base import TaskError
 from .census import combine_census, dynamo_snapshot, take_census_round
 from .compiled_frames import CompiledFrameEntries, EntryHistory, check_rounds, frames_compiled
 from .memory import combine_memory, measured_cuda, take_memory_census_round
+from .numerics import BAND_REPLAYS as NUMERICS_BAND_REPLAYS
+from .numerics import REPLAYS as NUMERICS_REPLAYS
 from .numerics import combine_numerics, take_numerics
 from .phases import PhaseClock
 from .rounds import (ThreadCpuReader, agreed_max, capture_cuda_graph, pinned_to, refuse_uncapturable, repeated, replay,
@@ -75,6 +77,11 @@ class RoundPlan:
     # Steps of the numerics replay (ddpbench.engine.numerics): on a state of its own, set up and torn
     # down around it, after the recorded rounds (A/B: before the blocks); 0: none.
     numerics_steps: int = 3
+    # Perturbed replays that measure the numerics band (ddpbench.engine.numerics.BAND_REPLAYS); 0:
+    # none (A/B: only the baseline's first pool needs the band the verdict judges against).
+    numerics_band_replays: int = NUMERICS_BAND_REPLAYS
+    # Plain replays (ddpbench.engine.numerics.REPLAYS): two tell whether the step is deterministic.
+    numerics_replays: int = NUMERICS_REPLAYS
     # After the recorded rounds, this many rounds of each of the workload's variants
     # (Workload.variants), interleaved with as many more rounds of the workload itself; 0: none.
     variant_rounds: int = 0
@@ -326,7 +333,9 @@ class RankSession:
             with self.clock.phase("setup"):
                 self.close()
             with self.clock.phase("numerics"):
-                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps)
+                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps,
+                                              replays=getattr(self.plan, "numerics_replays", 2),
+                                              band_replays=getattr(self.plan, "numerics_band_replays", 0))
         if rebuild:
             self.refresh(max(1, self.plan.warmup))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The names the replay gives a module's parameters and their gradients (:func:`.numerics._named_tensors`).
+#: The names the replay gives a module's parameters and their gradients (:class:`.numerics.Fingerprint`).
 PARAM, GRAD = "param ", "grad "
 
 

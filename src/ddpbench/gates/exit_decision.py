@@ -119,8 +119,8 @@ def exit_lines(decision: ExitDecision, option_prefix: str = "--", candidate_labe
                      f"({_shown(decision.memory_accepted)}): shown, not failing")
     if decision.numerics:
         lines.append(f"{len(decision.numerics)} numerics change(s) ({_shown(decision.numerics)}): a seeded replay "
-                     f"of the first steps computes other values than the baseline's, past its own replay-to-replay "
-                     f"band, a regression whatever the timing says ({accept_numerics} accepts a change made on "
+                     f"of the first steps computes other values than the baseline's, past the band its rounding-level "
+                     f"perturbations grow into or in a figure rounding cannot move, a regression whatever the timing says ({accept_numerics} accepts a change made on "
                      f"purpose)")
     if decision.numerics_accepted:
         lines.append(f"{len(decision.numerics_accepted)} numerics change(s) accepted by {accept_numerics} "

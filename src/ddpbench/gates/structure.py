@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -352,4 +353,4 @@ def accept(verdict: StructureVerdict) -> StructureVerdict:
     """The verdict with a regression accepted as made on purpose (an option of the gate)."""
     if verdict.verdict is not Verdict.REGRESSION:
         return verdict
-    return StructureVerdict(verdict.verdict, verdict.line, accepted=True)
+    return dataclasses.replace(verdict, accepted=True)  # a subclass (the numerics verdict) keeps its figures

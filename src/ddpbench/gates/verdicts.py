@@ -174,6 +174,8 @@ def record_decision(ab: dict[str, Any], case: CaseVerdict) -> None:
         ab["numerics_line"] = case.numerics.line
         if case.numerics.accepted:
             ab["numerics_accepted"] = True
+        if hasattr(case.numerics, "to_record"):  # its outcome, difference, band, ratio (gates.numerics)
+            ab.update(case.numerics.to_record())
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,7 @@ MEMORY_COLUMN = Column("memory", lambda case: case.memory.cell() if case.memory 
 
 
 def numerics_cell(case: CaseVerdict) -> str:
-    """The numerics column: its line, which starts with its own word (same (bitwise), within noise,
+    """The numerics column: its line, which starts with its own word (same (bitwise), rounding,
     changed), or ``not counted: why``."""
     judged = case.numerics
     if judged is None:
@@ -313,6 +315,9 @@ def _case_dict(case: CaseVerdict) -> dict[str, Any]:
     for key in ("ci_low", "ci_high"):  # an unbounded interval (too few rounds): JSON has no inf
         if isinstance(out[key], float) and not math.isfinite(out[key]):
             out[key] = None
+    if out.get("numerics"):  # a change outside a band of 0 has an infinite ratio
+        out["numerics"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                           for k, v in out["numerics"].items()}
     return out
 
 

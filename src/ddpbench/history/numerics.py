@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..gates.numerics import compare_numerics
+from ..gates.numerics import CHANGED, ROUNDING, compare_numerics
 from ..gates.verdict_words import Verdict
 from ..storage.records import Numerics, NotCounted
 from .series import Point, Series
@@ -25,13 +25,15 @@ def numerics_state(record: Numerics | NotCounted | None) -> str | None:
 
 @dataclass(frozen=True)
 class NumericsChange:
-    """A point whose replay differs from the previous point's with one (``changed``: a regression
-    between the two runs, as the gates would read it)."""
+    """A point whose replay differs from the previous point's: ``changed`` (a regression between
+    the two runs, as the gates would read it) or ``rounding`` (the bits differ within the earlier
+    run's band: shown, not failed)."""
 
     series: Series
     before: Point
     after: Point
     line: str
+    outcome: str = CHANGED
 
     def describe(self) -> str:
         return (f"{self.series.name} [{self.series.machine.label}, {self.series.backend}]: numerics "
@@ -40,12 +42,14 @@ class NumericsChange:
     def to_dict(self) -> dict:
         return {"case": self.series.fullname, "machine": self.series.machine.label, "backend": self.series.backend,
                 "before": {"commit": self.before.record.commit, "file": self.before.record.file},
-                "after": {"commit": self.after.record.commit, "file": self.after.record.file}, "line": self.line}
+                "after": {"commit": self.after.record.commit, "file": self.after.record.file}, "line": self.line,
+                "outcome": self.outcome}
 
 
 def compare_points(series: list[Series]) -> list[NumericsChange]:
     """Fill each point's ``numerics_state`` and its ``numerics_line``: the verdict against the series'
-    previous point with a counted replay (the first such point gets none). Returns the changes."""
+    previous point with a counted replay (the first such point gets none). Returns the changes:
+    ``changed`` and ``rounding`` alike, each with its outcome."""
     changes: list[NumericsChange] = []
     for one in series:
         previous: Point | None = None
@@ -59,5 +63,7 @@ def compare_points(series: list[Series]) -> list[NumericsChange]:
                 point.numerics_line = verdict.line
                 if verdict.verdict is Verdict.REGRESSION:
                     changes.append(NumericsChange(one, previous, point, verdict.line))
+                elif verdict.outcome == ROUNDING:
+                    changes.append(NumericsChange(one, previous, point, verdict.line, ROUNDING))
             previous = point
     return changes

@@ -33,8 +33,10 @@ RUN_FACTS_KEY = FINGERPRINT_KEY = "ddpbench_fingerprint"
 
 READABLE_CENSUS_VERSIONS = (1, 2)  # version 1: entries keyed by kind, dtype and group size only
 MEMORY_VERSION = 1
-NUMERICS_VERSION = 2
-READABLE_NUMERICS_VERSIONS = (1, 2)  # version 1: each rank's steps as {name: [figures]}, names at every step
+NUMERICS_VERSION = 3
+# version 1: each rank's steps as {name: [figures]}, names at every step; version 2: no exact figures, band
+# or spread per group (its replays' spread is its band)
+READABLE_NUMERICS_VERSIONS = (1, 2, 3)
 RUN_FACTS_VERSION = FINGERPRINT_VERSION = 1
 
 
@@ -440,6 +442,19 @@ def _figures(value: Any) -> bool:
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value[1:]))
 
 
+def _groups(value: Any) -> bool:
+    """Per step, ``{tensor group: a relative difference >= 0, or null (from zero)}``."""
+    return isinstance(value, list) and all(
+        isinstance(step, dict) and all(_text(k) and (v is None or _count(v)) for k, v in step.items()) for step in value)
+
+
+def _exact(value: Any) -> bool:
+    """An exact figure: a number, a bool, a list of numbers."""
+    if isinstance(value, list):
+        return bool(value) and all(_exact(v) and not isinstance(v, list) for v in value)
+    return isinstance(value, (bool, int, float))
+
+
 NUMERICS = Shape(_object("the case's numerics (an object)"), (
     Field("version", VERSION, required=True),
     Field("incomplete", expect("text (why part of the replay is missing)", _text)),
@@ -451,27 +466,60 @@ NUMERICS = Shape(_object("the case's numerics (an object)"), (
     Field("digests", expect("a list of digests (text), one per step and the set-up", _digest_list), required=True),
     Field("rank_digests", expect("per rank, a list of digests (text)", lambda value: isinstance(value, list)
                                  and all(_digest_list(v) for v in value))),
-    Field("names", expect("a list of tensor names (text)", lambda value: isinstance(value, list)
-                          and all(_text(v) for v in value))),
+    Field("names", expect("a list of distinct tensor names (text)", lambda value: isinstance(value, list)
+                          and all(_text(v) for v in value) and len(set(value)) == len(value))),
     Field("tensors", expect("per rank, per step, the tensors' figures", lambda value: isinstance(value, list)
                             and bool(value) and all(isinstance(r, list) for r in value)), required=True),
+    Field("scalars", expect("per rank, per step, {name: an exact figure}", lambda value: isinstance(value, list)
+                            and all(isinstance(r, list) and all(isinstance(step, dict) and all(
+                                _text(k) and (v is None or _exact(v)) for k, v in step.items()) for step in r)
+                                    for r in value))),
     Field("replay_spread", expect("a number >= 0 or null", _count)),
     Field("first_nondeterministic_step", expect("a step (a whole number >= 0) or null",
                                                 lambda value: _whole(value) and value >= 0)),
+    Field("spread", expect("per step, {tensor group: a number >= 0 or null}", _groups)),
+    Field("band", expect("per step, {tensor group: a number >= 0 or null}", _groups)),
+    Field("band_replays", expect("a whole number of replays >= 0", lambda value: _whole(value) and value >= 0)),
+    Field("band_bits", expect("a whole number of significand bits >= 1", lambda value: _whole(value) and value >= 1)),
+    Field("rounding_scalars", expect("a list of names (text)", lambda value: isinstance(value, list)
+                                     and all(_text(v) for v in value))),
+    Field("compute_dtypes", expect("a list of dtype names (text)", lambda value: isinstance(value, list)
+                                   and all(_text(v) for v in value))),
 ))
+
+#: Groups read from a record: per step, ``{group: relative difference}`` (inf where a figure moved
+#: from zero).
+Groups = list
 
 
 @dataclass(frozen=True)
 class Numerics:
     """A numerics record as read: the steps replayed, one digest per step over every rank (step 0:
     the freshly set-up state), per rank per step ``{tensor: [digest, l2, l1, sum]}`` (a later
-    rank's filled in from rank 0's), and its own replay-to-replay band (0.0: bitwise equal)."""
+    rank's filled in from rank 0's), and its replays' spread (0.0: bitwise equal).
+    Version 3 adds per rank per step the exact figures (``scalars``: None in older records), per
+    step and tensor group the replays' spread and the band perturbed replays grew into (None where
+    not measured), and the exact figures rounding did move (``rounding_scalars``)."""
 
     steps: int
     digests: tuple[str, ...]
     ranks: list[list[dict[str, list]]]
     replay_spread: float
     first_nondeterministic_step: int | None
+    seed: int | None = None
+    scalars: list[list[dict[str, Any]]] | None = None
+    spread: Groups | None = None
+    band: Groups | None = None
+    band_replays: int = 0
+    band_bits: int | None = None
+    rounding_scalars: tuple[str, ...] = ()
+    compute_dtypes: tuple[str, ...] = ()
+    version: int = NUMERICS_VERSION
+
+    @property
+    def tensor_count(self) -> int:
+        """Tensors it fingerprinted (every name any rank held at any step)."""
+        return len({name for rank in self.ranks for step in rank for name in step})
 
 
 def _step_v1(tensors: Any, names: None, base: dict[str, list] | None, where: str) -> dict[str, list]:
@@ -517,6 +565,35 @@ def _step_v2(cells: Any, names: list[str], base: dict[str, list] | None, where: 
     return step
 
 
+def _read_groups(value: list | None, steps: int, key: str, where: str) -> Groups | None:
+    if value is None:
+        return None
+    if len(value) != steps:
+        raise RecordError(f"{where}.{key} holds {len(value)} steps, expected {steps}")
+    return [{g: (math.inf if v is None else float(v)) for g, v in step.items()} for step in value]
+
+
+def _read_scalars(value: list | None, ranks: int, steps: int, where: str) -> list[list[dict[str, Any]]] | None:
+    """Per rank per step the exact figures, a later rank's filled in from rank 0's."""
+    if value is None:
+        return None
+    if len(value) != ranks:
+        raise RecordError(f"{where}.scalars holds {len(value)} ranks, expected {ranks}")
+    out: list[list[dict[str, Any]]] = []
+    for r, rank in enumerate(value):
+        if len(rank) != steps:
+            raise RecordError(f"{where}.scalars[{r}] holds {len(rank)} steps, expected {steps}")
+        if r == 0:
+            out.append([dict(step) for step in rank])
+            continue
+        filled = []
+        for s, step in enumerate(rank):
+            one = {**out[0][s], **step}
+            filled.append({k: v for k, v in one.items() if v is not None})
+        out.append(filled)
+    return out
+
+
 def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCounted:
     """The numerics record checked, or why it is not counted (another version, marked incomplete,
     a set-up not reproducible under fixed seeds); ``where`` names it in messages. A record read
@@ -532,9 +609,13 @@ def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCount
     if incomplete is not None:
         return NotCounted(f"its numerics replay is incomplete ({incomplete})")
     NUMERICS.check(record, where)
+    first_nondeterministic = NUMERICS["first_nondeterministic_step"].read(record, where)
+    if first_nondeterministic is not None and first_nondeterministic > record["steps"]:
+        raise RecordError(f"{where}.first_nondeterministic_step is {first_nondeterministic}, past its "
+                          f"{record['steps']} steps")
     why = record.get("not_reproducible")
     if why is not None:
-        return NotCounted(f"its set-up is not reproducible under fixed seeds ({why})")
+        return partially_counted(f"its set-up is not reproducible under fixed seeds ({why})")
     digests = record["digests"]
     if len(digests) != record["steps"] + 1:
         raise RecordError(f"{where}.digests holds {len(digests)} digests, expected {record['steps'] + 1} "
@@ -553,10 +634,17 @@ def read_numerics(record: Any, where: str = NUMERICS_KEY) -> Numerics | NotCount
         ranks.append([read_step(tensors, names, ranks[0][s] if r else None, f"{where}.tensors[{r}][{s}]")
                       for s, tensors in enumerate(steps)])
     spread = NUMERICS["replay_spread"].read(record, where)
-    if spread is None and record.get("first_nondeterministic_step") is not None:
+    if spread is None and first_nondeterministic is not None:
         return NotCounted("its replays differ by an amount that cannot be stated")
-    return Numerics(record["steps"], tuple(digests), ranks, float(spread or 0.0),
-                    NUMERICS["first_nondeterministic_step"].read(record, where))
+    return Numerics(record["steps"], tuple(digests), ranks, float(spread or 0.0), first_nondeterministic,
+                    seed=NUMERICS["seed"].read(record, where),
+                    scalars=_read_scalars(record.get("scalars"), len(ranks), len(digests), where),
+                    spread=_read_groups(record.get("spread"), len(digests), "spread", where),
+                    band=_read_groups(record.get("band"), len(digests), "band", where),
+                    band_replays=int(record.get("band_replays") or 0),
+                    band_bits=record.get("band_bits"),
+                    rounding_scalars=tuple(record.get("rounding_scalars") or ()),
+                    compute_dtypes=tuple(record.get("compute_dtypes") or ()), version=version)
 
 
 # ----------------------------------------------------------------------------------------------

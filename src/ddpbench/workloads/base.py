@@ -81,14 +81,26 @@ class Workload:
 
         return discover_targets(state)
 
-    def numerics_targets(self, state: Any) -> list:
+    def numerics_targets(self, state: Any) -> list | dict:
         """What the numerics replay (``extra_info["numerics"]``: a few seeded, untimed steps on a
         state of their own) fingerprints after set-up and after each step: the ``nn.Module``
         objects (parameters, gradients, buffers), optimizers (their state) and tensors of the
-        training state, besides the loss ``run_round`` returns. The default is what the memory
-        census follows (:meth:`memory_census_targets`); override it to leave out what may differ
-        from run to run without changing what the step computes (a timestamp, a cache)."""
+        training state, besides the loss ``run_round`` returns; a list, or a dict naming each (a
+        tensor is then named by its key). Modules are named through their wrappers (DDP,
+        ``torch.compile``) and order-free. The default is what the memory census follows where a
+        workload overrides :meth:`memory_census_targets`, else what the replay finds in the state
+        (dicts, lists, tuples, objects' attributes, callable ones too, three levels deep); override
+        it to leave out what may differ from run to run without changing what the step computes (a
+        timestamp, a cache), or to name what the state does not hold (a model kept elsewhere)."""
         return self.memory_census_targets(state)
+
+    def numerics_scalars(self, state: Any) -> dict[str, Any]:
+        """Figures of the step that rounding cannot move, compared exactly by the numerics verdict
+        after each replayed step: ``{name: number or bool}`` (tokens seen, whether the gradient
+        clip fired, the loss scale). Beside them the replay compares each optimizer parameter
+        group's hyperparameters (the learning rate...), its parameter count and how many had a
+        gradient, and the optimizer's steps. Default: none."""
+        return {}
 
     def extra_info(self, world_size: int, median_s: float,
                    rank_metrics: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...engine.census import combine_census
 from ...engine.memory import combine_memory
-from ...engine.numerics import combine_numerics
+from ...engine.numerics import across_processes, combine_numerics, mark_not_reproducible, numerics_band_plan
 from ...engine.modes import placement_info
 from ...engine.timing import max_over_ranks
 from ...storage.records import RecordError
@@ -331,17 +331,20 @@ class _Case:
     def start(self, workloads: dict[str, Any], plan) -> int:
         """Set each side's own workload up on its pools and warm it up; returns the rounds per block."""
         estimates = []
+        replays: dict[str, list] = {name: [] for name in _SIDES}  # per side, each pool's numerics replay
         for j in range(self.pool_pairs):
             for name in _SIDES:
                 self.live.append(self.pools[name][j])
-                replies = self._run(name, j, tasks.start, self.key, workloads[name], plan)
+                replies = self._run(name, j, tasks.start, self.key, workloads[name], numerics_band_plan(plan, name, j))
                 estimates.append(max(reply["estimate_s"] for reply in replies))
                 if j == 0:  # a baseline whose engine predates the census replies without one
                     self.censuses[name] = combine_census([reply.get("census") for reply in replies])
                     self.memories[name] = combine_memory([reply.get("memory") for reply in replies])
-                    self.numerics[name] = combine_numerics([reply.get("numerics") for reply in replies])
+                replays[name].append(combine_numerics([reply.get("numerics") for reply in replies]))
                 # Every pool times the ops per round the first one chose ("auto" chooses once).
                 plan = dataclasses.replace(plan, ops_per_round=replies[0]["ops_per_round"])
+        # The first pool's replay, marked where another pool's (another process's) differs from it.
+        self.numerics = {name: across_processes(replays[name]) for name in _SIDES}
         if not all(math.isfinite(e) and e > 0 for e in estimates):
             raise ValueError(
                 f"ddpbench A/B: the warm-up gave no round time to size the blocks by (estimates "
@@ -401,8 +404,8 @@ class _Case:
             for name in _SIDES:
                 self.live.remove(self.pools[name][j])
                 ranks = self._run(name, j, tasks.finish, self.key)
-                if j == 0:
-                    metrics[name] = ranks
+                if j == 0:  # what the two-process check found goes into the saved record
+                    metrics[name] = mark_not_reproducible(ranks, self.numerics.get(name))
         return metrics
 
     def stop(self) -> None:

@@ -109,8 +109,8 @@ class TrainingWorkload(Workload):
         loop = self.build_loop(ctx)
         return {"ctx": ctx, "loop": loop, "setup_seconds": time.perf_counter() - started}
 
-    def run_round(self, state) -> None:
-        state["loop"].step()
+    def run_round(self, state) -> float:
+        return state["loop"].step()  # the step's loss: the numerics replay fingerprints it
 
     @property
     def single_process(self) -> bool:

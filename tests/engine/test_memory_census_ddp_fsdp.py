@@ -60,8 +60,27 @@ SCRIPT = textwrap.dedent("""
         fully_shard(net.a), fully_shard(net.b)
         return fully_shard(net)
 
+    def tutorial(view=False, reduce_loss=False):
+        # pytorch/examples' DDP tutorial series: Linear(20, 1), SGD, zero_grad() (set to None)
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(20, 1), gradient_as_bucket_view=view)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        source, targets = torch.rand(32, 20), torch.rand(32, 1)
+
+        def step():
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(source), targets)
+            loss.backward()
+            if reduce_loss:  # the user's own all_reduce of the loss, for logging
+                dist.all_reduce(loss.detach())
+            optimizer.step()
+
+        step(), step()
+        return take_memory_census(step, [model, optimizer, source, targets], steps=2)
+
     ddp = lambda net: torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=64)
-    out = {"manual": census(lambda net: net), "ddp": census(ddp),
+    out = {"tutorial": tutorial(), "tutorial_view": tutorial(view=True), "tutorial_loss": tutorial(reduce_loss=True),
+           "manual": census(lambda net: net), "ddp": census(ddp),
            "ddp_view": census(lambda net: torch.nn.parallel.DistributedDataParallel(
                net, bucket_cap_mb=64, gradient_as_bucket_view=True)),
            "thread_small": census(lambda net: net, thread_bytes=1 << 20),
@@ -116,3 +135,33 @@ def test_a_compiled_fsdp2_step_is_censused(records):
     # Main: FSDPMemTracker's `assert mod_fqn is not None` (no module named inside the compiled one).
     record = records["fsdp_compiled"]
     assert record["method"] == "FSDPMemTracker" and record["peak_bytes"] > 0
+
+
+@pytest.mark.pool
+def test_gradient_as_bucket_view_is_the_same_bytes_held_otherwise_and_less_kept(records):
+    # Issue 60 item 3, pytorch/examples' DDP tutorial model: main read "peak same: DDP buckets -84 B,
+    # gradients +84 B ...; mixed: some figures up, some down (a regression)", exit 1.
+    from ddpbench.gates.memory import compare_memory
+
+    plain, view = records["tutorial"], records["tutorial_view"]
+    assert plain["peak_bytes"] == view["peak_bytes"]  # the same peak, held otherwise
+    verdict = compare_memory(plain, view)
+    assert verdict.verdict == "improvement", verdict.line
+    assert verdict.line.startswith("peak same: DDP buckets -84 B, gradients +84 B, outside the model; "
+                                   "kept after the step -84 B (DDP buckets -84 B)"), verdict.line
+    assert "mixed" not in verdict.line
+    assert compare_memory(view, plain).verdict == "regression"  # the bucket copy back: 84 B more kept
+
+
+@pytest.mark.pool
+def test_a_loss_all_reduced_in_a_ddp_model_is_a_collective_buffer_not_a_ddp_bucket(records):
+    # Main: "DDP buckets +4 B" and a mixed regression for the same peak.
+    from ddpbench.gates.memory import compare_memory
+
+    plain, logged = records["tutorial"], records["tutorial_loss"]
+    assert logged["at_peak"]["ddp_buckets"] == plain["at_peak"]["ddp_buckets"] == 84  # DDP's own bucket alone
+    assert logged["at_peak"]["collective_buffers"] == 4  # the loss, handed to the user's all_reduce
+    verdict = compare_memory(plain, logged)
+    assert verdict.verdict == "same", verdict.line
+    assert verdict.line.startswith("peak same: activations -4 B, collective buffers +4 B, outside the model; "
+                                   "the same bytes held otherwise (shown, not judged)"), verdict.line

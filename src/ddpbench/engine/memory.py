@@ -19,23 +19,26 @@ _CATEGORY_NAMES = {
     "Sharded Param": "sharded_parameters", "Unsharded Param": "unsharded_parameters",
     "Sharded Grad": "sharded_gradients", "Unsharded Grad": "unsharded_gradients",
     "All Gather": "all_gather_buffers", "Reduce Scatter": "reduce_scatter_buffers", "Inputs": "inputs",
-    "Collective buffer": "collective_buffers",
+    "Collective buffer": "collective_buffers", "DDP bucket": "ddp_buckets",
 }
 #: The categories a record may hold, in the order reports show them.
 CATEGORIES = ("parameters", "sharded_parameters", "unsharded_parameters", "buffers", "gradients",
               "sharded_gradients", "unsharded_gradients", "optimizer_state", "activations", "temporaries",
               "ddp_buckets", "collective_buffers", "all_gather_buffers", "reduce_scatter_buffers", "inputs", "other")
 # What a provisional label at the peak may turn into once a hook or a collective says more.
-_FINAL_LABELS = ("Gradient", "Collective buffer", "Sharded Grad", "Unsharded Grad", "All Gather", "Reduce Scatter")
+_FINAL_LABELS = ("Gradient", "Collective buffer", "DDP bucket", "Sharded Grad", "Unsharded Grad", "All Gather",
+                 "Reduce Scatter")
 
 
 def _collective_ref_type(base):
-    """``base`` (torch's category enum) with one more category: buffers handed to a collective. The
+    """``base`` (torch's category enum) with two more categories: DDP's bucket buffers, and other
+    buffers handed to a collective (a hand-written loop's, a loss all-reduced in a DDP model). The
     members keep torch's names and values, so torch's own members index the same snapshot keys."""
     from torch.distributed._tools.mem_tracker import _RefType
 
     members = {member.name: member.value for member in base}
     members["COLLECTIVE"] = "Collective buffer"
+    members["DDP_BUCKET"] = "DDP bucket"
     return _RefType(f"_Census{base.__name__.lstrip('_')}", members, module=__name__)
 
 
@@ -139,7 +142,7 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
             snapshot.setdefault("Total", 0)
             for nbytes in sizes:
                 self._bucket_placeholders.append((device, int(nbytes)))
-                snapshot[refs.COLLECTIVE] += int(nbytes)
+                snapshot[refs.DDP_BUCKET] += int(nbytes)
                 snapshot["Total"] += int(nbytes)
 
         def _track(self, reftype, t) -> None:
@@ -150,7 +153,7 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
 
         def _maybe_bucket(self, storage, t) -> None:
             """A storage the step did not make, first written now, with a counted bucket's size:
-            that bucket, from now on counted as the storage itself (a collective buffer)."""
+            that bucket, from now on counted as the storage itself."""
             if storage in self._WINFO or id(storage) not in self._untracked_inputs:
                 return
             key = (t.device, int(storage.nbytes()))
@@ -158,9 +161,9 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
                 return
             self._bucket_placeholders.remove(key)
             snapshot = self._curr_mem_snap[t.device]
-            snapshot[refs.COLLECTIVE] -= key[1]
+            snapshot[refs.DDP_BUCKET] -= key[1]
             snapshot["Total"] -= key[1]
-            self._update_and_maybe_create_winfos(t, refs.COLLECTIVE)
+            self._update_and_maybe_create_winfos(t, refs.DDP_BUCKET)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self._bucket_placeholders:  # the storages that existed before this op and are not counted yet
@@ -323,14 +326,12 @@ def optimizer_facts(optimizer) -> dict[str, Any]:
     return facts
 
 
-def _bytes_by_category(snapshot: dict, ddp: bool) -> dict[str, int]:
+def _bytes_by_category(snapshot: dict) -> dict[str, int]:
     out: dict[str, int] = {}
     for key, value in snapshot.items():
         name = _CATEGORY_NAMES.get(str(getattr(key, "value", key)))
         if name is None or not value:
             continue
-        if name == "collective_buffers" and ddp:
-            name = "ddp_buckets"
         out[name] = out.get(name, 0) + int(value)
     return {name: out[name] for name in CATEGORIES if name in out}
 
@@ -414,18 +415,17 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
         chosen = sorted(peak, key=str)[0]
     wrapped = {type(m).__name__: type(m.module).__name__ for m in modules if _is_ddp(m)}
     where = tracker.peak_where.get(chosen, (None, "outside the model"))
-    ddp = bool(ddps)
     record: dict[str, Any] = {
         "version": MEMORY_VERSION,
         "method": method,
         "device": dev.type,
         "steps_counted": steps,
         "peak_bytes": _total(peak.get(chosen, {})),
-        "at_peak": _bytes_by_category(peak.get(chosen, {}), ddp),
+        "at_peak": _bytes_by_category(peak.get(chosen, {})),
         "peak_at": {"module": _module_name(where[0], wrapped), "phase": where[1]},
         "before_step_bytes": _total(before.get(chosen, {})),
         "after_step_bytes": _total(after.get(chosen, {})),
-        "after_step": _bytes_by_category(after.get(chosen, {}), ddp),
+        "after_step": _bytes_by_category(after.get(chosen, {})),
         "optimizers": [optimizer_facts(o) for o in optimizers],
         "not_counted": not_counted,
     }

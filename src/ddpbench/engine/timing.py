@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 
 from ..pool.base import TaskError
 from .census import combine_census, dynamo_snapshot, take_census_round
-from .compiled_frames import CompiledFrameEntries, EntryHistory, check_rounds, frames_compiled
+from .compiled_frames import CompiledFrameEntries, EntryHistory, check_rounds, frames_compiled, round_entries
 from .memory import HandedCollectives, combine_memory, measured_cuda, take_memory_census_round
 from .numerics import combine_numerics, take_numerics
 from .phases import PhaseClock
@@ -235,8 +235,9 @@ class RankSession:
         with self.clock.phase("warmup"), CompiledFrameEntries() as entries:
             times = []
             for _ in range(warmup):
+                compiled = frames_compiled()
                 times.append(self._round())
-                self._compiled_entries.add([entries.take()])
+                self._compiled_entries.add([round_entries(entries.take(), compiled, frames_compiled())])
         return times
 
     def start(self) -> None:

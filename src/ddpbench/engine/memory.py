@@ -240,6 +240,8 @@ class HandedCollectives:
         # id of the storage -> (the aliases handed for it, ids of the collectives' Work in _works)
         self._handed: dict[int, tuple[list, set]] = {}
         self._works: dict[int, Any] = {}
+        # Measured here, out of the tracker's sight: under it their probe tensors would be counted.
+        _storage_refs_baseline(), _held_once_refcounts()
 
     def __bool__(self) -> bool:
         return bool(self._handed)
@@ -267,14 +269,14 @@ class HandedCollectives:
         collectives completed: no tensor of its own on them, only the aliases, and no Work or
         alias (a future's value) referenced from Python but here. They are no longer followed."""
         base = _storage_refs_baseline()
-        if base is None:  # a torch that keeps its references otherwise: nothing is settled early
+        if base is None or not self._handed:  # a torch that keeps its references otherwise: none settled early
             return []
         freed = []
         for key, (aliases, work_ids) in list(self._handed.items()):
-            if not all(self._works[i].is_completed() for i in work_ids):
-                continue
             if _storage_refs(aliases[0]) != len(aliases) + base:
                 continue  # the program still holds a tensor on it
+            if not all(self._works[i].is_completed() for i in work_ids):
+                continue
             held = aliases + [self._works[i] for i in work_ids]
             if _refcounts(held) != [_unshared_refcount(value) for value in held]:
                 continue  # ...or a Work, or an alias, from Python

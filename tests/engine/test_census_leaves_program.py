@@ -30,8 +30,8 @@ class _Compiled(Workload):
     """A step through a torch.compile'd module whose backend counts the compiled graph's calls;
     ``mode_from``: from that step on, the step runs under a (non-infra) dispatch mode."""
 
-    def __init__(self, mode_from: int | None = None, grow_from: int | None = None):
-        self.mode_from, self.grow_from = mode_from, grow_from
+    def __init__(self, mode_from: int | None = None, grow_from: int | None = None, every: int = 1):
+        self.mode_from, self.grow_from, self.every = mode_from, grow_from, every
 
     def setup(self, ctx):
         calls = [0]
@@ -56,6 +56,8 @@ class _Compiled(Workload):
                 return func(*args, **(kwargs or {}))
 
         state["steps"] += 1
+        if state["steps"] % self.every:  # a step that runs its compiled part only every Nth round
+            return
         x = state["x"]
         if self.grow_from is not None and state["steps"] >= self.grow_from:
             x = torch.randn(4 + state["steps"], 16)  # a new shape: dynamo compiles again
@@ -113,6 +115,45 @@ def test_rounds_whose_compiled_code_fell_back_to_eager_are_refused():
     session.close()
 
 
+def test_a_step_that_enters_compiled_code_every_4th_round_is_judged_by_whole_cycles():
+    # Issue 60: a compiled part every 4th round, --dist-warmup=4 --dist-rounds=6. Main refused it
+    # ("compiled code stopped running: recorded rounds 5 to 6 of 6"): the warm-up's round 4
+    # compiled (no cache hit counted), so rounds 9-11 read as a stop, 8 rounds passed.
+    session = _session(_Compiled(every=4), RoundPlan(warmup=4, rounds=6))
+    session.start()
+    before = session.state["calls"][0]
+    times, _ = session.record(6)
+    assert len(times) == 6 and session.state["calls"][0] - before == 1  # round 12 of the step's count
+    session.close()
+
+
+def test_the_first_compile_s_advice_leads_to_a_plan_that_runs():
+    # The compile falls in the recorded rounds: the message names the warm-up that works...
+    session = _session(_Compiled(every=4), RoundPlan(warmup=2, rounds=6, census=False, memory_census=False))
+    session.start()
+    with pytest.raises(ProgramChanged, match=r"dynamo compiled 1 frame\(s\) during the recorded rounds.*"
+                                             r"compiles it in its Nth round: --dist-warmup=N"):
+        session.record(6)
+    session.close()
+    # ...which then runs (main: it led into "compiled code stopped running").
+    session = _session(_Compiled(every=4), RoundPlan(warmup=4, rounds=6, census=False, memory_census=False))
+    session.start()
+    session.record(6)
+    session.close()
+
+
+def test_a_periodic_step_whose_compiled_code_stops_is_still_refused():
+    # Compiled code every 2nd round, seen twice in the warm-up (a cycle of 2); from step 10 on it
+    # runs under a dispatch mode: dynamo skips the frame and the rounds after run eager.
+    session = _session(_Compiled(mode_from=10, every=2), RoundPlan(warmup=4, rounds=10, census=False,
+                                                                   memory_census=False))
+    session.start()
+    with pytest.raises(ProgramChanged, match=r"compiled code stopped running: recorded rounds \d+ to 10 of 10 .*"
+                                             r"\(at most 1\)"):
+        session.record(10)
+    session.close()
+
+
 def test_rounds_that_compiled_are_refused():
     session = _session(_Compiled(grow_from=8), RoundPlan(warmup=2, rounds=10, census=False, memory_census=False))
     session.start()
@@ -132,8 +173,11 @@ def test_the_program_check_reads_the_counts():
     check_rounds([0, 0, 1, 0, 0], 3, 3, history(0, 1, 0, 0))  # ...every third
     check_rounds([0, 0], None, None, history(0, 0))  # nothing compiled anywhere
     check_rounds([None, None], None, None, history(None, None))  # not counting (no dynamo hook)
+    # One round that entered compiled code (its compile) tells no cycle: rounds without are not judged...
+    check_rounds([0, 0, 0], 3, 3, history(0, 0, 0, 1))
+    check_rounds([0, 0, 0, 1, 0, 0], 3, 3, history(0, 0, 0, 1))  # ...and then the cycle is 4 rounds
     with pytest.raises(ProgramChanged, match="rounds 1 to 2 of 2 entered no compiled frame"):
-        check_rounds([0, 0], 3, 3, history(0, 1))
+        check_rounds([0, 0], 3, 3, history(1, 1))  # the compile's round, then a cache hit: a cycle of 1
     with pytest.raises(ProgramChanged, match="rounds 3 to 5 of 5 entered no compiled frame"):
         check_rounds([1, 1, 0, 0, 0], 3, 3, history(0, 1))
     with pytest.raises(ProgramChanged, match="dynamo compiled 2 frame"):

@@ -111,6 +111,29 @@ def test_a_malformed_rank_record_is_an_error_naming_its_field(change, message):
     assert str(caught.value) == message and caught.value.side == "current"
 
 
+@pytest.mark.parametrize("groups, message", [
+    # Issue 60: rank 0's record is the record itself; named with fields it read as a regression.
+    ([{"ranks": "0", "fields": {"collectives": []}}], "census.other_ranks[0].ranks is '0': rank 0's record is the "
+                                                       "record itself (rank 0 is named here only with fields null, "
+                                                       "when it recorded none)"),
+    ([{"ranks": "0", "fields": None}, {"ranks": "1-2", "fields": {}}],
+     "census.other_ranks names all 3 ranks: the record itself is no rank's"),
+], ids=["rank-0-with-fields", "every-rank-named"])
+def test_a_group_naming_rank_zero_s_record_is_a_named_error(groups, message, tmp_path, capsys):
+    bad = dict(combine_census(PIPELINE), other_ranks=groups)
+    with pytest.raises(RecordError) as caught:
+        compare_census(combine_census(PIPELINE), bad)
+    assert str(caught.value) == message
+    b = write(tmp_path / "base.json", run_doc([bench(NAME, STEADY, {"census": combine_census(PIPELINE)})]))
+    c = write(tmp_path / "cur.json", run_doc([bench(NAME, STEADY, {"census": bad})]))
+    rc, out, err = run_cli(capsys, "compare", str(b), str(c))
+    assert rc == 2 and out == "" and message in err  # bad input, not a regression (exit 1)
+    # Rank 0 that recorded none is named there, fields null, as combine writes it.
+    absent = combine_census([None, PIPELINE[1], PIPELINE[1]])
+    assert absent["other_ranks"] == [{"ranks": "0", "fields": None}]
+    assert compare_census(absent, absent).verdict == "not counted"
+
+
 def test_a_malformed_rank_group_is_a_named_error(tmp_path, capsys):
     bad = dict(combine_census(TWICE), other_ranks=[{"ranks": "3", "fields": {}}])
     b = write(tmp_path / "base.json", run_doc([bench(NAME, STEADY, {"census": combine_census(PIPELINE)})]))
@@ -172,3 +195,34 @@ def test_a_rank_s_larger_peak_below_rank_zero_s_is_a_memory_regression_naming_it
     c = write(tmp_path / "cur.json", run_doc([bench(NAME, STEADY, {"memory": cur})]))
     rc, _, _ = run_cli(capsys, "compare", str(b), str(c))
     assert rc == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    # Issue 60: a largest peak below the record's own was accepted, and judged.
+    (lambda r: dict(r, max_peak_bytes=r["peak_bytes"] - 1), "memory.max_peak_bytes is 8388607, below peak_bytes "
+                                                             "(8388608): the largest rank's peak is at least the "
+                                                             "record's own"),
+    (lambda r: dict(r, max_peak_bytes=9 * MiB), "memory.max_peak_bytes is 9437184, but the largest of "
+                                                "peak_bytes_per_rank is 8388608"),
+    (lambda r: dict(r, peak_bytes_per_rank=[8 * MiB, 4 * MiB]), "memory.peak_bytes_per_rank holds 2 peaks for 3 "
+                                                                "ranks counted"),
+    (lambda r: dict(r, peak_bytes_per_rank=[8 * MiB, 2 * MiB, 4 * MiB]), "memory.peak_bytes_per_rank[1] is 2097152, "
+                                                                         "but rank 1's record holds 4194304"),
+    (lambda r: dict(r, other_ranks=[{"ranks": "0-1", "fields": {"peak_bytes": MiB}}]),
+     "memory.other_ranks[0].ranks is '0-1': rank 0's record is the record itself (rank 0 is named here only with "
+     "fields null, when it recorded none)"),
+], ids=["max-below-own", "max-not-largest", "a-peak-short", "a-peak-not-its-rank-s", "rank-0-named"])
+def test_a_memory_record_whose_peaks_disagree_is_a_named_error(change, message, tmp_path, capsys):
+    stages = [memory(8 * MiB, 6 * MiB), memory(4 * MiB, 2 * MiB), memory(2 * MiB, MiB)]
+    base = combine_memory(stages)
+    with pytest.raises(RecordError) as caught:
+        compare_memory(base, change(base))
+    assert str(caught.value) == message and caught.value.side == "current"
+    b = write(tmp_path / "base.json", run_doc([bench(NAME, STEADY, {"memory": base})]))
+    c = write(tmp_path / "cur.json", run_doc([bench(NAME, STEADY, {"memory": change(base)})]))
+    rc, out, err = run_cli(capsys, "compare", str(b), str(c))
+    assert rc == 2 and out == "" and message in err
+    alone = dict(stages[0], peak_bytes_per_rank=[8 * MiB, 4 * MiB, 2 * MiB], max_peak_bytes=8 * MiB)
+    assert compare_memory(alone, alone).verdict == "same"  # saved before every rank's record was kept
+    with pytest.raises(RecordError, match=r"peak_bytes_per_rank\[0\] is 4194304, but rank 0's peak_bytes is 8388608"):
+        compare_memory(alone, dict(alone, peak_bytes_per_rank=[4 * MiB, 8 * MiB, 2 * MiB]))

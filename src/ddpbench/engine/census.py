@@ -299,9 +299,10 @@ def _census_mode_class(skip_dynamo: bool):
     class _CollectiveCounter(TorchDispatchMode):
         """Notes every c10d / functional collective that passes, then runs it unchanged."""
 
-        def __init__(self, calls: list, uncounted: list, lock: threading.Lock, active: list[bool]):
+        def __init__(self, calls: list, uncounted: list, lock: threading.Lock, active: list[bool], handed=None):
             super().__init__()
             self.calls, self.uncounted, self.lock, self.active = calls, uncounted, lock, active
+            self.handed = handed  # HandedCollectives: c10d collectives run on aliases (engine.memory)
 
         @classmethod
         def is_infra_mode(cls) -> bool:
@@ -324,6 +325,8 @@ def _census_mode_class(skip_dynamo: bool):
                         self.uncounted.append(calls)
                     else:
                         self.calls.extend(calls)
+                if self.handed is not None and not isinstance(calls, str) and func.namespace == "c10d":
+                    return self.handed.run(lambda a, k: func(*a, **(k or {})), args, kwargs)
             return func(*args, **(kwargs or {}))
 
     return _CollectiveCounter
@@ -376,8 +379,9 @@ class CollectiveCensus:
         record = census.record(ops_per_round=1)
     """
 
-    def __init__(self, count_kernel_launches: bool = False):
+    def __init__(self, count_kernel_launches: bool = False, handed=None):
         self.count_kernel_launches = count_kernel_launches
+        self.handed = handed  # see take_census
         self.calls: list[Call] = []
         self.uncounted: list[str] = []  # ops seen that communicate but are not counted
         self.op_starts: list[int] = [0]  # where each op's calls begin in ``calls``
@@ -404,7 +408,7 @@ class CollectiveCensus:
             self._profiler.__enter__()
         self._sequence_before = _sequence_numbers()
         self._active = [True]  # a thread's mode outliving the census counts no more once it is False
-        self._mode = mode_class(self.calls, self.uncounted, self._lock, self._active)
+        self._mode = mode_class(self.calls, self.uncounted, self._lock, self._active, self.handed)
         self._count_in_new_threads(mode_class)
         self._mode.__enter__()
         return self
@@ -612,15 +616,18 @@ def ddp_bucket_sizes(ddp) -> list[int]:
 
 def take_census(run: Callable[[], Any], *, ops_per_round: int = 1, ddp_buckets: list[int] | None = None,
                 count_kernel_launches: bool = False, dynamo_at_start: dict | None = None,
-                ops_counted: int | None = None) -> dict[str, Any]:
+                ops_counted: int | None = None, handed=None) -> dict[str, Any]:
     """Run ``run()`` under a :class:`CollectiveCensus` and return its record; the record's figures
     are per op. Without ``ops_counted``, ``run`` is a whole round of ``ops_per_round`` ops, run
     once; with it, ``run`` is one op, run ``ops_counted`` times, each op's calls kept apart, so that
     a step whose collectives vary between steps is told (``varies_between_steps``).
     ``dynamo_at_start``: the :func:`dynamo_snapshot` taken when the case began (before its model
-    was compiled); None counts from the process's start."""
+    was compiled); None counts from the process's start. ``handed``: a
+    :class:`ddpbench.engine.memory.HandedCollectives` the c10d collectives of the census's own
+    thread run through, on aliases, so that the memory census after it tells what the program
+    still holds of them from what a backend's thread has yet to drop."""
     before = dynamo_snapshot()
-    with CollectiveCensus(count_kernel_launches) as census:
+    with CollectiveCensus(count_kernel_launches, handed) as census:
         if ops_counted is None:
             run()
         else:
@@ -639,15 +646,17 @@ def workload_census_details(workload, state) -> dict[str, Any]:
 
 
 def take_census_round(workload, state, *, ops_per_round: int = 1, count_kernel_launches: bool = False,
-                      dynamo_at_start: dict | None = None) -> dict[str, Any]:
+                      dynamo_at_start: dict | None = None, handed=None) -> dict[str, Any]:
     """The engine's census round: one untimed round of ``ops_per_round`` ops, and at least
     :data:`CENSUS_MIN_OPS`, under the collective census, on every rank (each rank counts what it
     issues), each op's collectives kept apart: a step whose collectives differ from one step to the
     next (one every other step) is marked ``varies_between_steps`` and left unjudged, whatever phase
-    the round began in. The workload's ``census_details`` adds what only it knows (DDP's buckets)."""
+    the round began in. The workload's ``census_details`` adds what only it knows (DDP's buckets).
+    ``handed``: as :func:`take_census`'s."""
     record = take_census(lambda: workload.run_round(state), ops_per_round=ops_per_round,
                          ops_counted=max(ops_per_round, CENSUS_MIN_OPS),
-                         count_kernel_launches=count_kernel_launches, dynamo_at_start=dynamo_at_start)
+                         count_kernel_launches=count_kernel_launches, dynamo_at_start=dynamo_at_start,
+                         handed=handed)
     details = workload_census_details(workload, state)
     if details.get("ddp_buckets") is not None:
         record["ddp_buckets"] = [int(b) for b in details["ddp_buckets"]]

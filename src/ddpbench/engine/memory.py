@@ -19,23 +19,26 @@ _CATEGORY_NAMES = {
     "Sharded Param": "sharded_parameters", "Unsharded Param": "unsharded_parameters",
     "Sharded Grad": "sharded_gradients", "Unsharded Grad": "unsharded_gradients",
     "All Gather": "all_gather_buffers", "Reduce Scatter": "reduce_scatter_buffers", "Inputs": "inputs",
-    "Collective buffer": "collective_buffers",
+    "Collective buffer": "collective_buffers", "DDP bucket": "ddp_buckets",
 }
 #: The categories a record may hold, in the order reports show them.
 CATEGORIES = ("parameters", "sharded_parameters", "unsharded_parameters", "buffers", "gradients",
               "sharded_gradients", "unsharded_gradients", "optimizer_state", "activations", "temporaries",
               "ddp_buckets", "collective_buffers", "all_gather_buffers", "reduce_scatter_buffers", "inputs", "other")
 # What a provisional label at the peak may turn into once a hook or a collective says more.
-_FINAL_LABELS = ("Gradient", "Collective buffer", "Sharded Grad", "Unsharded Grad", "All Gather", "Reduce Scatter")
+_FINAL_LABELS = ("Gradient", "Collective buffer", "DDP bucket", "Sharded Grad", "Unsharded Grad", "All Gather",
+                 "Reduce Scatter")
 
 
 def _collective_ref_type(base):
-    """``base`` (torch's category enum) with one more category: buffers handed to a collective. The
+    """``base`` (torch's category enum) with two more categories: DDP's bucket buffers, and other
+    buffers handed to a collective (a hand-written loop's, a loss all-reduced in a DDP model). The
     members keep torch's names and values, so torch's own members index the same snapshot keys."""
     from torch.distributed._tools.mem_tracker import _RefType
 
     members = {member.name: member.value for member in base}
     members["COLLECTIVE"] = "Collective buffer"
+    members["DDP_BUCKET"] = "DDP bucket"
     return _RefType(f"_Census{base.__name__.lstrip('_')}", members, module=__name__)
 
 
@@ -69,6 +72,8 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
             # Per device, the storages provisionally labelled at the peak (a temporary, an
             # activation, "other") with their label and bytes then: see relabeled_peak.
             self._peak_provisional: dict[Any, list] = {}
+            self.collectives = HandedCollectives()  # what the step hands to collectives (settle)
+            self._freed_here: set = set()  # the _WeakRefInfo whose free settle() counted (held: ids are reused)
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
@@ -106,6 +111,9 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
             return pre_forward
 
         def _update_peak_stats(self, peak_state) -> None:
+            if self.collectives and any(snap.get("Total", 0) > self._peak_mem.get(dev, 0)
+                                    for dev, snap in self._curr_mem_snap.items()):
+                self.settle()  # a new peak: first what the program let go of is gone
             before = dict(self._peak_mem)
             super()._update_peak_stats(peak_state)
             for dev, peak in self._peak_mem.items():
@@ -139,7 +147,7 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
             snapshot.setdefault("Total", 0)
             for nbytes in sizes:
                 self._bucket_placeholders.append((device, int(nbytes)))
-                snapshot[refs.COLLECTIVE] += int(nbytes)
+                snapshot[refs.DDP_BUCKET] += int(nbytes)
                 snapshot["Total"] += int(nbytes)
 
         def _track(self, reftype, t) -> None:
@@ -150,7 +158,7 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
 
         def _maybe_bucket(self, storage, t) -> None:
             """A storage the step did not make, first written now, with a counted bucket's size:
-            that bucket, from now on counted as the storage itself (a collective buffer)."""
+            that bucket, from now on counted as the storage itself."""
             if storage in self._WINFO or id(storage) not in self._untracked_inputs:
                 return
             key = (t.device, int(storage.nbytes()))
@@ -158,19 +166,48 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
                 return
             self._bucket_placeholders.remove(key)
             snapshot = self._curr_mem_snap[t.device]
-            snapshot[refs.COLLECTIVE] -= key[1]
+            snapshot[refs.DDP_BUCKET] -= key[1]
             snapshot["Total"] -= key[1]
-            self._update_and_maybe_create_winfos(t, refs.COLLECTIVE)
+            self._update_and_maybe_create_winfos(t, refs.DDP_BUCKET)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self._bucket_placeholders:  # the storages that existed before this op and are not counted yet
                 self._untracked_inputs = _untracked_storages(self._WINFO, args, kwargs)
-            res = super().__torch_dispatch__(func, types, args, kwargs)
+            namespace = getattr(func, "namespace", None)
+            collective = namespace in ("c10d", "_c10d_functional") and describe_call(func, args, kwargs) is not None
+            if collective and namespace == "c10d":
+                res = self.collectives.run(lambda a, k: super(_CensusTracker, self).__torch_dispatch__(func, types, a, k),
+                                           args, kwargs)
+            else:
+                res = super().__torch_dispatch__(func, types, args, kwargs)
             self._untracked_inputs = {}
-            if getattr(func, "namespace", None) in ("c10d", "_c10d_functional") and res is not NotImplemented \
-                    and describe_call(func, args, kwargs) is not None:
+            if collective and res is not NotImplemented:
                 self._label_collective_buffers(args)
             return res
+
+        def adopt(self, handed: "HandedCollectives") -> None:
+            """Settle what an earlier census handed to collectives (the round just before this
+            census): a storage its Works still hold is counted as the program holds it, the same."""
+            self.collectives = handed
+
+        def settle(self) -> None:
+            """Count the free of every storage handed to a collective that the program no longer
+            holds (:meth:`HandedCollectives.settle`). Called before a new peak is taken and after
+            each step, so that the peak and what stays after the step count what the program
+            holds, not what a backend's thread has yet to drop."""
+            for storage in self.collectives.settle():
+                winfo, _ = self._WINFO.get(storage, (None, None))
+                if winfo is not None:
+                    del self._WINFO[storage]
+                    self._freed_here.add(winfo)
+                    if winfo.mem_consumed > 0:
+                        self._update_snap(_update_type().DEL, winfo)
+
+        def _delete_callback(self, winfo, w_st) -> None:
+            if winfo in self._freed_here:  # counted already, when the program let it go
+                self._freed_here.discard(winfo)
+                return
+            super()._delete_callback(winfo, w_st)
 
         def _label_collective_buffers(self, args) -> None:
             import torch
@@ -186,6 +223,164 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
                         break
 
     return _CensusTracker
+
+
+class HandedCollectives:
+    """The storages a census hands to collectives, and the collectives' Work. A backend that
+    completes a collective on its own thread (gloo's worker, NCCL's watchdog) drops its reference
+    to the collective's tensors there, after the program's wait returned: holding the program's
+    tensor, it made a storage the program had let go of outlive it for as long as that thread
+    waited for a CPU (a census's peak then held the previous step's gradient in some runs). Under
+    a census the collective runs on aliases instead (:func:`_aliased`: new tensors on the same
+    storages, so it computes the same, in the same memory); the backend holds those, this object
+    holds them too, and :meth:`settle` names each storage the program holds nothing on any more,
+    whatever the backend's thread does."""
+
+    def __init__(self) -> None:
+        # id of the storage -> (the aliases handed for it, ids of the collectives' Work in _works)
+        self._handed: dict[int, tuple[list, set]] = {}
+        self._works: dict[int, Any] = {}
+        # Measured here, out of the tracker's sight: under it their probe tensors would be counted.
+        _storage_refs_baseline(), _held_once_refcounts()
+
+    def __bool__(self) -> bool:
+        return bool(self._handed)
+
+    def run(self, call: Callable[[tuple, dict], Any], args, kwargs):
+        """``call(args, kwargs)`` (a c10d collective) on aliases of its tensors; returns its result
+        with the program's own tensors where the op returns its inputs."""
+        from torch.utils._pytree import tree_flatten, tree_map
+
+        args, kwargs, aliases = _aliased(args, kwargs)
+        res = call(args, kwargs)
+        if not aliases or res is NotImplemented:
+            return res
+        works = [w for w in map(_work, tree_flatten(res)[0]) if w is not None]
+        self._works.update((id(w), w) for w in works)
+        for _, alias in aliases.values():
+            held, work_ids = self._handed.setdefault(id(alias.untyped_storage()), ([], set()))
+            held.append(alias)
+            work_ids.update(id(w) for w in works)
+        originals = {id(alias): tensor for tensor, alias in aliases.values()}
+        return tree_map(lambda value: originals.get(id(value), value), res)
+
+    def settle(self) -> list:
+        """The storages (torch's storage objects) the program no longer holds, once their
+        collectives completed: no tensor of its own on them, only the aliases, and no Work or
+        alias (a future's value) referenced from Python but here. They are no longer followed."""
+        base = _storage_refs_baseline()
+        if base is None or not self._handed:  # a torch that keeps its references otherwise: none settled early
+            return []
+        freed = []
+        for key, (aliases, work_ids) in list(self._handed.items()):
+            if _storage_refs(aliases[0]) != len(aliases) + base:
+                continue  # the program still holds a tensor on it
+            if not all(self._works[i].is_completed() for i in work_ids):
+                continue
+            held = aliases + [self._works[i] for i in work_ids]
+            if _refcounts(held) != [_unshared_refcount(value) for value in held]:
+                continue  # ...or a Work, or an alias, from Python
+            del self._handed[key]
+            kept = set().union(*(ids for _, ids in self._handed.values()))
+            for i in work_ids - kept:  # a Work no other storage waits on
+                del self._works[i]
+            freed.append(aliases[0].untyped_storage())
+        return freed
+
+    def release(self) -> None:
+        """Drop the aliases and Work objects kept (after the census)."""
+        self._handed.clear()
+        self._works.clear()
+
+
+def _aliased(args, kwargs):
+    """``args`` and ``kwargs`` with each plain tensor replaced by an alias (a new tensor on the same
+    storage, ``detach()``), and {id: (tensor, alias)}: a collective run on the aliases computes the
+    same, in the same memory."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    aliases: dict[int, Any] = {}
+
+    def alias(value):
+        if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.layout != torch.strided \
+                or value.device.type == "meta":
+            return value
+        if id(value) not in aliases:
+            aliases[id(value)] = (value, value.detach())
+        return aliases[id(value)][1]
+
+    return tree_map(alias, tuple(args)), tree_map(alias, dict(kwargs or {})), aliases
+
+
+def _work(value):
+    """The c10d Work ``value`` is (as a collective op returns it), or None."""
+    import torch
+
+    if not isinstance(value, torch.ScriptObject):
+        return None
+    try:
+        from torch._C._distributed_c10d import Work
+
+        return Work.unbox(value)
+    except (ImportError, RuntimeError, TypeError):
+        return None
+
+
+def _refcounts(objects: list) -> list[int]:
+    """Each of ``objects``' Python reference count, read as :func:`_unshared_refcount` reads it."""
+    return [sys.getrefcount(value) for value in objects]
+
+
+def _unshared_refcount(value) -> int:
+    """What :func:`_refcounts` reads for ``value`` held by one container besides its argument (the
+    census's own hold on an alias or a Work, no one else's): a tensor that C++ shares (a Work
+    holds it) keeps one more, from torch's hold on its Python object."""
+    import torch
+
+    return _held_once_refcounts()[isinstance(value, torch.Tensor) and value._use_count() > 1]
+
+
+@functools.cache
+def _held_once_refcounts() -> tuple[int, int]:
+    """:func:`_refcounts` of an object held once, and of a tensor held once in Python and once in C++."""
+    import torch
+
+    alone, shared = [object()], [torch.empty(1)]
+    owner = torch.nn.Parameter(torch.empty(1))
+    owner.grad = shared[0]
+    return _refcounts(list(alone))[0], _refcounts(list(shared))[0]
+
+
+def _update_type():
+    from torch.distributed._tools.mem_tracker import _UpdateType
+
+    return _UpdateType
+
+
+def _storage_refs(tensor) -> int:
+    """The references to ``tensor``'s storage (one per tensor on it, and its Python object's)."""
+    import torch
+
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+@functools.cache
+def _storage_refs_baseline() -> int | None:
+    """What :func:`_storage_refs` reads beyond one reference per tensor on a storage (measured on a
+    storage of our own), or None where it does not grow by one per tensor (this torch keeps its
+    references otherwise: then no storage is settled early, as before)."""
+    import torch
+
+    owner = torch.empty(1)
+    first, second = owner.detach(), owner.detach()
+    _storage_refs(first)  # its Python object exists from here on, as a tracked storage's does
+    three = _storage_refs(first) - 3
+    del second
+    two = _storage_refs(first) - 2
+    del owner
+    one = _storage_refs(first) - 1
+    return one if one == two == three else None
 
 
 def _storages(tensor) -> list:
@@ -323,14 +518,12 @@ def optimizer_facts(optimizer) -> dict[str, Any]:
     return facts
 
 
-def _bytes_by_category(snapshot: dict, ddp: bool) -> dict[str, int]:
+def _bytes_by_category(snapshot: dict) -> dict[str, int]:
     out: dict[str, int] = {}
     for key, value in snapshot.items():
         name = _CATEGORY_NAMES.get(str(getattr(key, "value", key)))
         if name is None or not value:
             continue
-        if name == "collective_buffers" and ddp:
-            name = "ddp_buckets"
         out[name] = out.get(name, 0) + int(value)
     return {name: out[name] for name in CATEGORIES if name in out}
 
@@ -368,7 +561,8 @@ NOT_COUNTED = (
 
 
 def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
-                       incomplete: str | None = None, steps: int = 1) -> dict[str, Any]:
+                       incomplete: str | None = None, steps: int = 1,
+                       handed: HandedCollectives | None = None) -> dict[str, Any]:
     """Run ``run()`` (one step) ``steps`` times under the memory tracker and return the record: the
     peak over them all (a step that allocates more every other step shows with ``steps=2``).
     ``targets``: the modules, optimizers and tensors alive before the step (:func:`discover_targets`);
@@ -402,30 +596,35 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
         missing = _count_ddp_buckets(tracker, ddp)
         if missing:
             not_counted.append(missing)
+    if handed is not None:
+        tracker.adopt(handed)
     before = tracker.get_tracker_snapshot("current")
-    with _compiled_code_runs_eager(), tracker:
-        for _ in range(steps):
-            run()
-    after = tracker.get_tracker_snapshot("current")
-    peak = tracker.relabeled_peak()
+    try:
+        with _compiled_code_runs_eager(), tracker:
+            for _ in range(steps):
+                run()
+                tracker.settle()
+        after = tracker.get_tracker_snapshot("current")
+        peak = tracker.relabeled_peak()
+    finally:
+        tracker.collectives.release()
     dev = torch.device(device) if device is not None else torch.device("cpu")
     chosen = next((d for d in sorted(peak, key=str) if d.type == dev.type), None)
     if chosen is None and peak:
         chosen = sorted(peak, key=str)[0]
     wrapped = {type(m).__name__: type(m.module).__name__ for m in modules if _is_ddp(m)}
     where = tracker.peak_where.get(chosen, (None, "outside the model"))
-    ddp = bool(ddps)
     record: dict[str, Any] = {
         "version": MEMORY_VERSION,
         "method": method,
         "device": dev.type,
         "steps_counted": steps,
         "peak_bytes": _total(peak.get(chosen, {})),
-        "at_peak": _bytes_by_category(peak.get(chosen, {}), ddp),
+        "at_peak": _bytes_by_category(peak.get(chosen, {})),
         "peak_at": {"module": _module_name(where[0], wrapped), "phase": where[1]},
         "before_step_bytes": _total(before.get(chosen, {})),
         "after_step_bytes": _total(after.get(chosen, {})),
-        "after_step": _bytes_by_category(after.get(chosen, {}), ddp),
+        "after_step": _bytes_by_category(after.get(chosen, {})),
         "optimizers": [optimizer_facts(o) for o in optimizers],
         "not_counted": not_counted,
     }
@@ -460,7 +659,8 @@ def _count_ddp_buckets(tracker, ddp) -> str | None:
     return None
 
 
-def take_memory_census_round(workload, state, ctx, census: dict[str, Any] | None = None) -> dict[str, Any]:
+def take_memory_census_round(workload, state, ctx, census: dict[str, Any] | None = None,
+                             handed: HandedCollectives | None = None) -> dict[str, Any]:
     """The engine's memory census: untimed steps (each one ``run_round``) under the tracker, on every
     rank, as many as the collective census counted (``ops_counted``, at least
     :data:`~.census.CENSUS_MIN_OPS`), so that a step that allocates more every other step (the sync
@@ -468,13 +668,14 @@ def take_memory_census_round(workload, state, ctx, census: dict[str, Any] | None
     names (its modules, optimizers, tensors) counts from the start, every tensor the steps make as
     it is made. ``census``: the case's collective census record, whose ``incomplete`` this record
     shares; without one, the workload's ``census_details`` says what escapes the count (a step on
-    another thread)."""
+    another thread). ``handed``: what the collective census's round handed to collectives, settled
+    here as this census's own (:class:`HandedCollectives`), then released."""
     targets_of = getattr(workload, "memory_census_targets", None)  # duck-typed workloads lack it
     targets = list(targets_of(state) if targets_of is not None else discover_targets(state))
     steps = max(CENSUS_MIN_OPS, int((census or {}).get("ops_counted") or 1))
     try:
         record = take_memory_census(lambda: workload.run_round(state), targets, device=getattr(ctx, "device", None),
-                                    incomplete=(census or {}).get("incomplete"), steps=steps)
+                                    incomplete=(census or {}).get("incomplete"), steps=steps, handed=handed)
     except Exception as exc:
         raise RuntimeError(f"the memory census of {type(workload).__name__}'s step failed on rank {ctx.rank}: "
                            f"{type(exc).__name__}: {exc} (--dist-census=collectives runs the case without it)") from exc

@@ -15,8 +15,8 @@ from typing import Any, Callable, NamedTuple
 
 from ..pool.base import TaskError
 from .census import combine_census, dynamo_snapshot, take_census_round
-from .compiled_frames import CompiledFrameEntries, EntryHistory, check_rounds, frames_compiled
-from .memory import combine_memory, measured_cuda, take_memory_census_round
+from .compiled_frames import CompiledFrameEntries, EntryHistory, check_rounds, frames_compiled, round_entries
+from .memory import HandedCollectives, combine_memory, measured_cuda, take_memory_census_round
 from .numerics import BAND_REPLAYS as NUMERICS_BAND_REPLAYS
 from .numerics import REPLAYS as NUMERICS_REPLAYS
 from .numerics import combine_numerics, take_numerics
@@ -269,8 +269,9 @@ class RankSession:
         with self.clock.phase("warmup"), CompiledFrameEntries() as entries:
             times = []
             for _ in range(warmup):
+                compiled = frames_compiled()
                 times.append(self._round())
-                self._compiled_entries.add([entries.take()])
+                self._compiled_entries.add([round_entries(entries.take(), compiled, frames_compiled())])
         return times
 
     def start(self) -> None:
@@ -294,14 +295,23 @@ class RankSession:
                 else:
                     with self.clock.phase("warmup"):
                         times = [self._round() for _ in range(max(1, min(self.plan.warmup, 3)))]
-            if self.plan.census:  # before any capture: a graph's replay dispatches no collective
-                with self.clock.phase("census"):
-                    self.census = take_census_round(self.workload, self.state, ops_per_round=self.ops_per_round,
-                                                    count_kernel_launches=self.on_cuda,
-                                                    dynamo_at_start=self._dynamo_at_start)
-            if self.plan.memory_census:  # likewise: a graph's replay allocates nothing the tracker sees
-                with self.clock.phase("memory_census"):
-                    self.memory_census = take_memory_census_round(self.workload, self.state, self.ctx, self.census)
+            # The census round's collectives run on aliases the memory census then settles: what a
+            # backend's thread drops late of that round is not counted as the program's (memory.py).
+            handed = HandedCollectives() if self.plan.census and self.plan.memory_census else None
+            try:
+                if self.plan.census:  # before any capture: a graph's replay dispatches no collective
+                    with self.clock.phase("census"):
+                        self.census = take_census_round(self.workload, self.state,
+                                                        ops_per_round=self.ops_per_round,
+                                                        count_kernel_launches=self.on_cuda,
+                                                        dynamo_at_start=self._dynamo_at_start, handed=handed)
+                if self.plan.memory_census:  # likewise: a graph's replay allocates nothing the tracker sees
+                    with self.clock.phase("memory_census"):
+                        self.memory_census = take_memory_census_round(self.workload, self.state, self.ctx,
+                                                                      self.census, handed)
+            finally:
+                if handed is not None:
+                    handed.release()
             with self.clock.phase("warmup"):
                 if self.plan.cuda_graphs:
                     self._capture()

@@ -80,21 +80,19 @@ def _with_unseen(verdict: StructureVerdict, *sides: Any) -> StructureVerdict:
 
 
 def _compare_rank(base: MemoryCensus, cur: MemoryCensus, current_label: str) -> StructureVerdict:
-    """One rank's memory censuses compared (or, for records that kept rank 0's alone, the case's)."""
+    """One rank's memory censuses compared (or, for records that kept rank 0's alone, the case's).
+    The totals decide (the peak, what stays after the step, whether the ranks agree); what held them
+    is shown, not judged: the same bytes under another category (DDP's gradient_as_bucket_view turns
+    the bucket copy into the gradients) are neither more nor less memory."""
     for fact in ("method", "device"):
         if getattr(base, fact) != getattr(cur, fact):
             return StructureVerdict(NOT_COUNTED, f"counted differently (baseline {fact} {getattr(base, fact)}, "
                                                  f"{current_label} {getattr(cur, fact)})")
     parts: list[str] = []
-    up = down = False
     peak_change = cur.peak - base.peak
     at_peak = _category_changes(base.at_peak, cur.at_peak)
     moved = peak_place(base) != peak_place(cur)
-    up |= peak_change > 0
-    down |= peak_change < 0
-    if not peak_change and not moved:  # the same peak at the same moment: what held it compares too
-        up |= any(d > 0 for _, d in at_peak)
-        down |= any(d < 0 for _, d in at_peak)
+    up, down = peak_change > 0, peak_change < 0
     what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in at_peak)
     if (peak_change or at_peak) and not moved:
         head = f"peak {_delta(peak_change)}" if peak_change else "peak same"
@@ -109,12 +107,14 @@ def _compare_rank(base: MemoryCensus, cur: MemoryCensus, current_label: str) -> 
     elif moved:
         parts.append(f"peak same, now {peak_place(cur)} (was {peak_place(base)})")
     after_change = cur.after - base.after
+    kept = _category_changes(base.after_step, cur.after_step)
+    what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in kept)
     if after_change:
-        kept = _category_changes(base.after_step, cur.after_step)
-        what = ", ".join(f"{_LABELS.get(k, k)} {_delta(d)}" for k, d in kept)
         parts.append(f"kept after the step {_delta(after_change)}" + (f" ({what})" if what else ""))
         up |= after_change > 0
         down |= after_change < 0
+    elif kept:
+        parts.append(f"kept after the step same ({what})")
     if base.ranks_disagree != cur.ranks_disagree:
         parts.append("the ranks' memory censuses disagree" if cur.ranks_disagree
                      else "the ranks' memory censuses agree again")
@@ -122,5 +122,7 @@ def _compare_rank(base: MemoryCensus, cur: MemoryCensus, current_label: str) -> 
         down |= not cur.ranks_disagree
     if up and down:
         parts.append("mixed: some figures up, some down (a regression)")
+    elif not (up or down) and (at_peak or kept):
+        parts.append("the same bytes held otherwise (shown, not judged)")
     verdict = Verdict.REGRESSION if up else Verdict.IMPROVEMENT if down else Verdict.SAME
     return StructureVerdict(verdict, "; ".join(parts))

@@ -99,7 +99,12 @@ def expand(record: dict[str, Any], case_keys: tuple[str, ...] = ()) -> list[tupl
         fields = group.get("fields")
         if fields is not None and not isinstance(fields, dict):
             raise ValueError(f"{where}.fields is {type(fields).__name__}, expected an object or null")
+        if ranks[0] == 0 and fields is not None:  # rank 0's record is the record itself
+            raise ValueError(f"{where}.ranks is {group.get('ranks')!r}: rank 0's record is the record itself "
+                             f"(rank 0 is named here only with fields null, when it recorded none)")
         seen.update(ranks)
         groups.append((ranks, None if fields is None else dict(base, **fields)))
     first = [r for r in range(count) if r not in seen]
-    return ([(first, base)] if first else []) + groups
+    if not first:  # combine() keeps the first rank that recorded something as the record itself
+        raise ValueError(f"{OTHERS_KEY} names all {count} ranks: the record itself is no rank's")
+    return [(first, base)] + groups

@@ -403,7 +403,43 @@ def read_memory(record: Any, where: str = MEMORY_KEY) -> MemoryCensus | Ranks | 
     version = MEMORY["version"].read(record, where)
     if version != MEMORY_VERSION:
         return NotCounted(f"memory census version {shown(version)} (this ddpbench reads version {MEMORY_VERSION})")
-    return read_ranks(record, where, _read_rank_memory, MEMORY_CASE_KEYS)
+    read = read_ranks(record, where, _read_rank_memory, MEMORY_CASE_KEYS)
+    _check_peaks(record, where)
+    return read
+
+
+def _check_peaks(record: dict, where: str) -> None:
+    """The case's peaks agree with the ranks' records (:func:`ddpbench.engine.memory.combine_memory`):
+    ``max_peak_bytes`` is the largest of ``peak_bytes_per_rank``, one entry per rank counted, each
+    the peak that rank's record holds (null where it recorded none), and never below
+    ``peak_bytes``; a record that says otherwise was damaged, and a gate would judge figures no
+    census counted."""
+    peak, largest = MEMORY["peak_bytes"].read(record, where), MEMORY["max_peak_bytes"].read(record, where)
+    per_rank_peaks = MEMORY["peak_bytes_per_rank"].read(record, where)
+    if largest is not None and largest < peak:
+        raise RecordError(f"{where}.max_peak_bytes is {shown(largest)}, below peak_bytes ({shown(peak)}): the "
+                          f"largest rank's peak is at least the record's own")
+    if per_rank_peaks is None:
+        return
+    counted = [p for p in per_rank_peaks if p is not None]
+    if largest is not None and counted and largest != max(counted):
+        raise RecordError(f"{where}.max_peak_bytes is {shown(largest)}, but the largest of peak_bytes_per_rank is "
+                          f"{shown(max(counted))}")
+    groups = per_rank.expand(record, MEMORY_CASE_KEYS)  # checked by read_ranks already
+    if groups is None:  # rank 0's record alone: its own peak is the first
+        if per_rank_peaks and per_rank_peaks[0] is not None and per_rank_peaks[0] != peak:
+            raise RecordError(f"{where}.peak_bytes_per_rank[0] is {shown(per_rank_peaks[0])}, but rank 0's "
+                              f"peak_bytes is {shown(peak)}")
+        return
+    if len(per_rank_peaks) != record[per_rank.RANKS_KEY]:
+        raise RecordError(f"{where}.peak_bytes_per_rank holds {len(per_rank_peaks)} peaks for "
+                          f"{record[per_rank.RANKS_KEY]} ranks counted")
+    for ranks, one in groups:
+        own = None if one is None else one.get("peak_bytes")
+        for rank in ranks:
+            if per_rank_peaks[rank] != own:
+                raise RecordError(f"{where}.peak_bytes_per_rank[{rank}] is {shown(per_rank_peaks[rank])}, but rank "
+                                  f"{rank}'s record holds {shown(own)}")
 
 
 def _read_rank_memory(record: dict, where: str) -> MemoryCensus | NotCounted:

@@ -9,6 +9,7 @@ import sys
 from typing import Any, Callable, Iterable
 
 from .census import CENSUS_MIN_OPS, ddp_bucket_sizes, workload_census_details
+from .torch_trackers import dynamo_stand_in, tracker_module
 
 MEMORY_VERSION = 1
 
@@ -32,7 +33,7 @@ _FINAL_LABELS = ("Gradient", "Collective buffer", "Sharded Grad", "Unsharded Gra
 def _collective_ref_type(base):
     """``base`` (torch's category enum) with one more category: buffers handed to a collective. The
     members keep torch's names and values, so torch's own members index the same snapshot keys."""
-    from torch.distributed._tools.mem_tracker import _RefType
+    _RefType = tracker_module("mem_tracker")._RefType
 
     members = {member.name: member.value for member in base}
     members["COLLECTIVE"] = "Collective buffer"
@@ -44,15 +45,21 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
     """MemTracker (or FSDPMemTracker) that also labels collective buffers and notes where the peak
     falls. ``skip_dynamo``: as :func:`ddpbench.engine.census._census_mode_class`."""
     if fsdp:
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as Base
-        from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType as base_refs
+        tools = tracker_module("fsdp2_mem_tracker")
+        Base, base_refs = tools.FSDPMemTracker, tools._FSDPRefType
     else:
-        from torch.distributed._tools.mem_tracker import MemTracker as Base
-        from torch.distributed._tools.mem_tracker import _MemRefType as base_refs
+        tools = tracker_module("mem_tracker")
+        Base, base_refs = tools.MemTracker, tools._MemRefType
 
     from .census import describe_call
 
     refs = _collective_ref_type(base_refs)
+    # torch wraps the tracker's __torch_dispatch__ in torch._dynamo.disable, whose first call imports
+    # torch._dynamo (about 1.2 s of CPU); until it is imported no compiled frame can run under the
+    # tracker, so the census then calls torch's function itself, as the collective census's mode does.
+    base_dispatch = Base.__torch_dispatch__
+    if not skip_dynamo:
+        base_dispatch = getattr(base_dispatch, "__wrapped__", base_dispatch)
     relabel = ("Activation", "Temp", "Other")  # what a tensor handed to a collective was labelled
 
     class _CensusTracker(Base):
@@ -165,7 +172,7 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self._bucket_placeholders:  # the storages that existed before this op and are not counted yet
                 self._untracked_inputs = _untracked_storages(self._WINFO, args, kwargs)
-            res = super().__torch_dispatch__(func, types, args, kwargs)
+            res = base_dispatch(self, func, types, args, kwargs)
             self._untracked_inputs = {}
             if getattr(func, "namespace", None) in ("c10d", "_c10d_functional") and res is not NotImplemented \
                     and describe_call(func, args, kwargs) is not None:
@@ -189,9 +196,7 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
 
 
 def _storages(tensor) -> list:
-    from torch.distributed._tools.common_utils import get_untyped_storages
-
-    return list(get_untyped_storages(tensor))
+    return list(tracker_module("common_utils").get_untyped_storages(tensor))
 
 
 def _untracked_storages(tracked, args, kwargs) -> dict[int, Any]:
@@ -212,17 +217,20 @@ def _name_modules_inside_compiled_ones(mod_tracker) -> None:
     """Let ``mod_tracker`` (torch's ModTracker) see the modules a compiled module runs. It ignores
     every module inside an ``OptimizedModule`` (so that dynamo traces no hook), which leaves them
     unnamed: FSDPMemTracker then fails (``assert mod_fqn is not None``). Under the census the step
-    runs eager (:func:`_compiled_code_runs_eager`), so its hooks run as plain Python."""
-    if "torch._dynamo" not in sys.modules:
-        return
-    from torch._dynamo import eval_frame
-
+    runs eager (:func:`_compiled_code_runs_eager`), so its hooks run as plain Python. While
+    torch._dynamo is not imported no module runs inside a compiled one, and the hooks ask a stand-in
+    (:func:`.torch_trackers.dynamo_stand_in`): asking torch._dynamo would import it."""
     for name in ("_fw_pre_hook", "_fw_post_hook"):
         hook = getattr(mod_tracker, name, None)
         if hook is None:
             continue
 
         def outside(*args, _hook=hook, **kwargs):
+            if "torch._dynamo" not in sys.modules:
+                with dynamo_stand_in():
+                    return _hook(*args, **kwargs)
+            from torch._dynamo import eval_frame
+
             was = getattr(eval_frame, "_in_optimized_module", False)
             eval_frame._in_optimized_module = False
             try:
@@ -386,7 +394,7 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
     tensors = [t for t in targets if isinstance(t, torch.Tensor)]
     targets.clear()
     fsdp_roots = [m for m in modules if _is_fsdp2(m)]
-    skip_dynamo = "torch._dynamo" not in sys.modules
+    skip_dynamo = "torch._dynamo" in sys.modules  # as the collective census: see _tracker_class
     if fsdp_roots:
         tracker = _tracker_class(True, skip_dynamo)(fsdp_roots[0], optimizers[0] if optimizers else None)
         tracker.track_inputs(tuple(tensors))

@@ -1,20 +1,7 @@
 """torch's memory trackers (``torch.distributed._tools``), imported for what the memory census uses
-and no more.
-
-The package's ``__init__`` imports every tool it holds (the runtime estimator imports
-torch._inductor and torch._dynamo, the FSDP tracker torch.distributed.fsdp), and ``mem_tracker``
-imports DTensor only to recognise DTensor types at dispatch: together about 1.2 s of CPU in a rank
-process, which a collective's whole memory census (tens of milliseconds) paid in its first case.
-So :func:`tracker_module` imports one module of the package without running the package's
-``__init__`` (it runs, unchanged, the first time anything asks the package for a name it lacks:
-``from torch.distributed._tools import MemTracker`` works as ever), and, while DTensor is not
-imported in this process, hands ``mem_tracker`` a stand-in class that compares equal to (and
-checks instances as) the real DTensor from the moment DTensor is imported: a process that never
-imported DTensor holds none, and one that imports it later is judged by the real class. Likewise
-the tracker's module hooks ask ``torch._dynamo`` whether a compiled module is running, which
-imports torch._dynamo (another 1.2 s); while it is not imported none can be, and the hooks ask
-:func:`dynamo_stand_in`. docs/design/census-and-memory.md#memory-census.
-"""
+and no more: without the package's other tools (torch._inductor, FSDP), DTensor or torch._dynamo,
+about 1.2 s of CPU a rank process's first census paid
+(docs/design/census-and-memory.md#the-memory-record)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from ..pool.base import TaskError
 from .census import combine_census, dynamo_snapshot, take_census_round
 from .compiled_frames import CompiledFrameEntries, EntryHistory, check_rounds, frames_compiled
 from .memory import combine_memory, measured_cuda, take_memory_census_round
-from .numerics import combine_numerics, take_numerics
+from .numerics import REPLAYS, combine_numerics, replay_once, take_numerics
 from .phases import PhaseClock
 from .rounds import (ThreadCpuReader, agreed_max, capture_cuda_graph, pinned_to, refuse_uncapturable, repeated, replay,
                      time_round_cpu, time_round_cuda)
@@ -69,6 +69,10 @@ class RoundPlan:
     # Steps of the numerics replay (ddpbench.engine.numerics): on a state of its own, set up and torn
     # down around it, after the recorded rounds (A/B: before the blocks); 0: none.
     numerics_steps: int = 3
+    # Replays of those steps (engine.numerics.REPLAYS: two, whose difference is the run's own band).
+    # A/B mode asks the candidate for one, and for the second only where the first differs from the
+    # baseline's (gates/ab/pairs_loop.py); an engine that predates the field takes two.
+    numerics_replays: int = 2
     # After the recorded rounds, this many rounds of each of the workload's variants
     # (Workload.variants), interleaved with as many more rounds of the workload itself; 0: none.
     variant_rounds: int = 0
@@ -197,6 +201,7 @@ class RankSession:
         self.census: dict[str, Any] | None = None  # the census round's record (plan.census)
         self.memory_census: dict[str, Any] | None = None  # the memory census's record (plan.memory_census)
         self.numerics: dict[str, Any] | None = None  # the numerics replay's record (plan.numerics_steps)
+        self._numerics_first_run = None  # a lone replay's run, kept for replay_numerics_again
         self._dynamo_at_start = None
         self._compiled_entries = EntryHistory()  # the rounds' compiled-frame entries so far (check_rounds)
         self.variant_times: dict[str, list[float]] = {}
@@ -295,11 +300,41 @@ class RankSession:
         if (not self.plan.numerics_steps or self.numerics is not None
                 or not getattr(self.workload, "numerics_replay", True)):  # duck-typed workloads lack it
             return
+        replays = max(1, int(getattr(self.plan, "numerics_replays", REPLAYS) or REPLAYS))
+        first_run: list = []
+
+        def replay(workload, ctx, steps):  # keeps the first replay, should a second be asked for
+            run = replay_once(workload, ctx, steps)
+            first_run[:] = first_run or [run]
+            return run
+
         with pinned_to(self.core):
             with self.clock.phase("setup"):
                 self.close()
             with self.clock.phase("numerics"):
-                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps)
+                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps, replays, replay)
+        self._numerics_first_run = first_run[0] if first_run and replays < REPLAYS else None
+        if rebuild:
+            self.refresh(max(1, self.plan.warmup))
+
+    def replay_numerics_again(self, rebuild: bool = False) -> None:
+        """The second replay, after :meth:`replay_numerics` took one (``plan.numerics_replays`` 1):
+        the record becomes the one two replays give (their band, ``not_reproducible``); the state
+        is torn down first and, with ``rebuild``, built and warmed up anew."""
+        first = self._numerics_first_run
+        if first is None:
+            return
+        self._numerics_first_run = None
+        runs = iter([first])
+
+        def replay(workload, ctx, steps):  # the first replay as it was taken, then a new one
+            return next(runs, None) or replay_once(workload, ctx, steps)
+
+        with pinned_to(self.core):
+            with self.clock.phase("setup"):
+                self.close()
+            with self.clock.phase("numerics"):
+                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps, REPLAYS, replay)
         if rebuild:
             self.refresh(max(1, self.plan.warmup))
 

@@ -32,23 +32,34 @@ def _no_xdist_marks_for_child_pytest_runs(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+#: What a pytest run that a test starts leaves out unless the test carries the marker: each costs
+#: every case (or every A/B case) of such a run time that only the tests about it need.
+CHILD_RUN_DEFAULTS = (
+    # torch's memory tracker's steps, for a record only memory tests read
+    ("memory_census", "--dist-census=collectives"),
+    # the numerics replay's two more set-ups and six steps per case
+    ("numerics", "--dist-numerics-steps=0"),
+    # a second pool per A/B side: as many rank processes again to start, and its blocks
+    ("ab_pools", "--dist-ab-pools-per-side=1"),
+    # the training cases' variant rounds (compute only, collectives alone) after their own
+    ("exposed_comm", "--dist-exposed-comm=off"),
+    # a stored run's second pool per case (--dist-case-pools, 2 by default): a pool start and a set-up more
+    ("case_pools", "--dist-case-pools=1"),
+)
+
+
 @pytest.fixture(autouse=True)
 def _child_pytest_runs_without_the_memory_census(request, monkeypatch):
-    """Each rank of a pytest run that a test starts would import torch's memory tracker (a second or
-    more of CPU) for a record only memory tests read: theirs (marker ``memory_census``) keep it; likewise
-    the numerics replay (two more set-ups per case), kept by the marker ``numerics``, and each case's
-    second pool (a pool start and a set-up more), kept by the marker ``case_pools``."""
+    """A pytest run (or a ddpbench command running pytest) that a test starts gets the options of
+    CHILD_RUN_DEFAULTS in PYTEST_ADDOPTS, except those whose marker the test carries: a test about
+    the memory census, the numerics, A/B's pools or exposed communication keeps it. An option the
+    test's own command line gives wins (it comes after PYTEST_ADDOPTS)."""
     if "pytester" in request.fixturenames:
         request.getfixturevalue("pytester")  # first: pytester clears PYTEST_ADDOPTS when it starts
-    if request.node.get_closest_marker("memory_census") is None:
-        addopts = os.environ.get("PYTEST_ADDOPTS", "")
-        monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-census=collectives".strip())
-    if request.node.get_closest_marker("numerics") is None:  # likewise the numerics replay's two set-ups
-        addopts = os.environ.get("PYTEST_ADDOPTS", "")
-        monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-numerics-steps=0".strip())
-    if request.node.get_closest_marker("case_pools") is None:  # and the second pool of every case
-        addopts = os.environ.get("PYTEST_ADDOPTS", "")
-        monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} --dist-case-pools=1".strip())
+    for marker, option in CHILD_RUN_DEFAULTS:
+        if request.node.get_closest_marker(marker) is None:
+            addopts = os.environ.get("PYTEST_ADDOPTS", "")
+            monkeypatch.setenv("PYTEST_ADDOPTS", f"{addopts} {option}".strip())
 
 
 def pytest_collection_modifyitems(items):

@@ -22,13 +22,13 @@ def pool(request):
 
 
 def test_the_added_op_runs_and_passes_its_own_check(pool):
-    results = pool.run(measure_workload, ExtraCollective("all_to_all", 4003 * 4), RoundPlan(warmup=1, rounds=3))
+    results = pool.run(measure_workload, ExtraCollective("all_to_all", 4003 * 4), RoundPlan(warmup=1, rounds=3, numerics_steps=0))
     assert all(len(r.round_times) == 3 for r in results)
 
 
 def test_the_added_ops_check_catches_a_planted_bug(pool):
     with pytest.raises(TaskFailed, match="all_to_all_without_exchange on rank 1 returned a wrong result"):
-        pool.run(measure_workload, ExtraCollective("all_to_all_without_exchange", 4096), RoundPlan(warmup=0, rounds=1))
+        pool.run(measure_workload, ExtraCollective("all_to_all_without_exchange", 4096), RoundPlan(warmup=0, rounds=1, numerics_steps=0))
 
 
 def test_the_added_op_gets_bandwidths_and_a_report_table(tmp_path):

@@ -89,13 +89,13 @@ def pool(request):
 @pytest.mark.parametrize("op", OPS)
 def test_every_collective_passes_its_own_check(pool, op):
     # 1000 elements + an odd tail: exercises the rounding for all_gather / reduce_scatter.
-    results = pool.run(measure_workload, Collective(op, 4003 * 4), RoundPlan(warmup=1, rounds=3))
+    results = pool.run(measure_workload, Collective(op, 4003 * 4), RoundPlan(warmup=1, rounds=3, numerics_steps=0))
     assert all(len(r.round_times) == 3 for r in results)
 
 
 def test_a_wrong_result_fails_the_case(pool):
     with pytest.raises(TaskFailed, match="all_reduce on rank 1 returned a wrong result"):
-        pool.run(measure_workload, WrongAllReduce("all_reduce", 4096), RoundPlan(warmup=0, rounds=1))
+        pool.run(measure_workload, WrongAllReduce("all_reduce", 4096), RoundPlan(warmup=0, rounds=1, numerics_steps=0))
 
 
 def _shard_multiple_size(n, multiple):
@@ -109,7 +109,7 @@ def test_a_reduce_scatter_handing_out_the_wrong_shard_fails_the_case(pool, multi
     size = _shard_multiple_size(pool.spec.world_size, multiple)
     with pytest.raises(TaskFailed, match=r"reduce_scatter on rank 0 returned a wrong result: .* it holds "
                                          r"rank 1's shard of the sum .* instead of its own, shard 0"):
-        pool.run(measure_workload, WrongShardReduceScatter("reduce_scatter", size), RoundPlan(warmup=0, rounds=1))
+        pool.run(measure_workload, WrongShardReduceScatter("reduce_scatter", size), RoundPlan(warmup=0, rounds=1, numerics_steps=0))
 
 
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "broadcast"])
@@ -118,13 +118,13 @@ def test_an_op_that_writes_nothing_fails_the_case(pool, op):
     # still in the buffer, can no longer pass for this op's (rank 1: broadcast's root keeps its data).
     with pytest.raises(TaskFailed, match=rf"{op} on rank 1 returned a wrong result: .*got nan.* the op "
                                          r"wrote nothing: the buffer still holds the NaN"):
-        pool.run(measure_workload, NoOpCollective(op, 4003 * 4), RoundPlan(warmup=0, rounds=2))
+        pool.run(measure_workload, NoOpCollective(op, 4003 * 4), RoundPlan(warmup=0, rounds=2, numerics_steps=0))
 
 
 def test_an_all_reduce_that_reduces_nothing_fails_the_case(pool):
     with pytest.raises(TaskFailed, match=r"all_reduce on rank 0 returned a wrong result: .* it is this "
                                          r"rank's own input: nothing was reduced"):
-        pool.run(measure_workload, NoOpCollective("all_reduce", 4003 * 4), RoundPlan(warmup=0, rounds=2))
+        pool.run(measure_workload, NoOpCollective("all_reduce", 4003 * 4), RoundPlan(warmup=0, rounds=2, numerics_steps=0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ from helpers.broken_workloads import (AveragedOverTooMany, DroppedRankOne, InPla
                               WrongReduction)
 
 SPEC_2P = PoolSpec("gloo", 2, "cpu")
-ONE_ROUND = RoundPlan(warmup=0, rounds=1)
+ONE_ROUND = RoundPlan(warmup=0, rounds=1, numerics_steps=0)
 
 
 def _cases():
@@ -160,7 +160,7 @@ def test_every_dtype_reduction_and_placement_passes_its_own_check(pool):
 
 
 def _measure_all(ctx, cases):
-    return [measure_workload(ctx, case, RoundPlan(warmup=1, rounds=2)).round_times for case in cases]
+    return [measure_workload(ctx, case, RoundPlan(warmup=1, rounds=2, numerics_steps=0)).round_times for case in cases]
 
 
 def test_values_keep_every_sum_exact_in_its_type():

@@ -375,7 +375,7 @@ def test_reference_batch_norm_is_torch_batch_norm_in_float64():
 # unsynchronised module still gives each rank's output mean 0 / variance 1.
 @pytest.mark.parametrize("variant", ["fused", "naive", "torch_bn"])
 def test_benchmark_check_passes_the_real_variants(pool, variant):
-    pool.run(measure_workload, SyncBNCase(variant, 32, 128), RoundPlan(warmup=0, rounds=2), timeout_s=120)
+    pool.run(measure_workload, SyncBNCase(variant, 32, 128), RoundPlan(warmup=0, rounds=2, numerics_steps=0), timeout_s=120)
 
 
 @pytest.mark.parametrize("broken, message", [
@@ -389,7 +389,7 @@ def test_benchmark_check_passes_the_real_variants(pool, variant):
 def test_benchmark_check_catches_a_broken_syncbn(pool, broken, message):
     with pytest.raises(TaskFailed, match=r"fused on rank 0 differs from a float64 batch norm over the "
                                          r"all-gathered global batch of 96 samples: " + message):
-        pool.run(measure_workload, broken("fused", 32, 128), RoundPlan(warmup=0, rounds=1), timeout_s=120)
+        pool.run(measure_workload, broken("fused", 32, 128), RoundPlan(warmup=0, rounds=1, numerics_steps=0), timeout_s=120)
 
 
 # NCCL: one rank per GPU (1 rank on a single-GPU machine); gloo with CUDA tensors: 2 ranks that may
@@ -431,10 +431,10 @@ def test_benchmark_check_on_cuda(backend):
     try:
         pool = registry.get(spec)
         for variant in ("torch_bn", "torch_syncbn", "fused", "naive"):
-            pool.run(measure_workload, SyncBNCase(variant, 32, 128), RoundPlan(warmup=0, rounds=1), timeout_s=120)
+            pool.run(measure_workload, SyncBNCase(variant, 32, 128), RoundPlan(warmup=0, rounds=1, numerics_steps=0), timeout_s=120)
         if world_size > 1:
             with pytest.raises(TaskFailed, match="the statistics were not synchronised across ranks"):
-                pool.run(measure_workload, UnsyncedSyncBN("fused", 32, 128), RoundPlan(warmup=0, rounds=1),
+                pool.run(measure_workload, UnsyncedSyncBN("fused", 32, 128), RoundPlan(warmup=0, rounds=1, numerics_steps=0),
                          timeout_s=120)
     finally:
         registry.close()

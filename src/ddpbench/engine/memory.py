@@ -4,11 +4,13 @@ and where it fell (``extra_info["memory"]``; docs/design/census-and-memory.md#me
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import sys
 from typing import Any, Callable, Iterable
 
 from .census import CENSUS_MIN_OPS, ddp_bucket_sizes, workload_census_details
+from .torch_trackers import dynamo_stand_in, tracker_module
 
 MEMORY_VERSION = 1
 
@@ -34,7 +36,7 @@ def _collective_ref_type(base):
     """``base`` (torch's category enum) with two more categories: DDP's bucket buffers, and other
     buffers handed to a collective (a hand-written loop's, a loss all-reduced in a DDP model). The
     members keep torch's names and values, so torch's own members index the same snapshot keys."""
-    from torch.distributed._tools.mem_tracker import _RefType
+    _RefType = tracker_module("mem_tracker")._RefType
 
     members = {member.name: member.value for member in base}
     members["COLLECTIVE"] = "Collective buffer"
@@ -47,15 +49,21 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
     """MemTracker (or FSDPMemTracker) that also labels collective buffers and notes where the peak
     falls. ``skip_dynamo``: as :func:`ddpbench.engine.census._census_mode_class`."""
     if fsdp:
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as Base
-        from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType as base_refs
+        tools = tracker_module("fsdp2_mem_tracker")
+        Base, base_refs = tools.FSDPMemTracker, tools._FSDPRefType
     else:
-        from torch.distributed._tools.mem_tracker import MemTracker as Base
-        from torch.distributed._tools.mem_tracker import _MemRefType as base_refs
+        tools = tracker_module("mem_tracker")
+        Base, base_refs = tools.MemTracker, tools._MemRefType
 
     from .census import describe_call
 
     refs = _collective_ref_type(base_refs)
+    # torch wraps the tracker's __torch_dispatch__ in torch._dynamo.disable, whose first call imports
+    # torch._dynamo (about 1.2 s of CPU); until it is imported no compiled frame can run under the
+    # tracker, so the census then calls torch's function itself, as the collective census's mode does.
+    base_dispatch = Base.__torch_dispatch__
+    if not skip_dynamo:
+        base_dispatch = getattr(base_dispatch, "__wrapped__", base_dispatch)
     relabel = ("Activation", "Temp", "Other")  # what a tensor handed to a collective was labelled
 
     class _CensusTracker(Base):
@@ -114,8 +122,14 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
             if self.collectives and any(snap.get("Total", 0) > self._peak_mem.get(dev, 0)
                                     for dev, snap in self._curr_mem_snap.items()):
                 self.settle()  # a new peak: first what the program let go of is gone
+            # torch's own also keeps each tracked module's peak, walking every module's weak
+            # reference at every op (about 60% of a transformer census's CPU); the record uses
+            # the step's peak alone, kept as torch keeps it.
             before = dict(self._peak_mem)
-            super()._update_peak_stats(peak_state)
+            for dev, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snapshot["Total"]:
+                    self._peak_mem[dev] = snapshot["Total"]
+                    self._peak_mem_snap[dev] = copy.deepcopy(snapshot)
             for dev, peak in self._peak_mem.items():
                 if before.get(dev) != peak:
                     self.peak_where[dev] = self._where_now()
@@ -176,10 +190,9 @@ def _tracker_class(fsdp: bool, skip_dynamo: bool):
             namespace = getattr(func, "namespace", None)
             collective = namespace in ("c10d", "_c10d_functional") and describe_call(func, args, kwargs) is not None
             if collective and namespace == "c10d":
-                res = self.collectives.run(lambda a, k: super(_CensusTracker, self).__torch_dispatch__(func, types, a, k),
-                                           args, kwargs)
+                res = self.collectives.run(lambda a, k: base_dispatch(self, func, types, a, k), args, kwargs)
             else:
-                res = super().__torch_dispatch__(func, types, args, kwargs)
+                res = base_dispatch(self, func, types, args, kwargs)
             self._untracked_inputs = {}
             if collective and res is not NotImplemented:
                 self._label_collective_buffers(args)
@@ -353,9 +366,7 @@ def _held_once_refcounts() -> tuple[int, int]:
 
 
 def _update_type():
-    from torch.distributed._tools.mem_tracker import _UpdateType
-
-    return _UpdateType
+    return tracker_module("mem_tracker")._UpdateType
 
 
 def _storage_refs(tensor) -> int:
@@ -384,9 +395,7 @@ def _storage_refs_baseline() -> int | None:
 
 
 def _storages(tensor) -> list:
-    from torch.distributed._tools.common_utils import get_untyped_storages
-
-    return list(get_untyped_storages(tensor))
+    return list(tracker_module("common_utils").get_untyped_storages(tensor))
 
 
 def _untracked_storages(tracked, args, kwargs) -> dict[int, Any]:
@@ -407,17 +416,20 @@ def _name_modules_inside_compiled_ones(mod_tracker) -> None:
     """Let ``mod_tracker`` (torch's ModTracker) see the modules a compiled module runs. It ignores
     every module inside an ``OptimizedModule`` (so that dynamo traces no hook), which leaves them
     unnamed: FSDPMemTracker then fails (``assert mod_fqn is not None``). Under the census the step
-    runs eager (:func:`_compiled_code_runs_eager`), so its hooks run as plain Python."""
-    if "torch._dynamo" not in sys.modules:
-        return
-    from torch._dynamo import eval_frame
-
+    runs eager (:func:`_compiled_code_runs_eager`), so its hooks run as plain Python. While
+    torch._dynamo is not imported no module runs inside a compiled one, and the hooks ask a stand-in
+    (:func:`.torch_trackers.dynamo_stand_in`): asking torch._dynamo would import it."""
     for name in ("_fw_pre_hook", "_fw_post_hook"):
         hook = getattr(mod_tracker, name, None)
         if hook is None:
             continue
 
         def outside(*args, _hook=hook, **kwargs):
+            if "torch._dynamo" not in sys.modules:
+                with dynamo_stand_in():
+                    return _hook(*args, **kwargs)
+            from torch._dynamo import eval_frame
+
             was = getattr(eval_frame, "_in_optimized_module", False)
             eval_frame._in_optimized_module = False
             try:
@@ -580,7 +592,7 @@ def take_memory_census(run: Callable[[], Any], targets: list, *, device=None,
     tensors = [t for t in targets if isinstance(t, torch.Tensor)]
     targets.clear()
     fsdp_roots = [m for m in modules if _is_fsdp2(m)]
-    skip_dynamo = "torch._dynamo" not in sys.modules
+    skip_dynamo = "torch._dynamo" in sys.modules  # as the collective census: see _tracker_class
     if fsdp_roots:
         tracker = _tracker_class(True, skip_dynamo)(fsdp_roots[0], optimizers[0] if optimizers else None)
         tracker.track_inputs(tuple(tensors))

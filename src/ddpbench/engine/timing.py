@@ -19,7 +19,7 @@ from .compiled_frames import CompiledFrameEntries, EntryHistory, check_rounds, f
 from .memory import HandedCollectives, combine_memory, measured_cuda, take_memory_census_round
 from .numerics import BAND_REPLAYS as NUMERICS_BAND_REPLAYS
 from .numerics import REPLAYS as NUMERICS_REPLAYS
-from .numerics import combine_numerics, take_numerics
+from .numerics import combine_numerics, replay_once, take_numerics
 from .phases import PhaseClock
 from .rounds import (ThreadCpuReader, agreed_max, capture_cuda_graph, pinned_to, refuse_uncapturable, repeated, replay,
                      time_round_cpu, time_round_cuda)
@@ -80,7 +80,10 @@ class RoundPlan:
     # Perturbed replays that measure the numerics band (ddpbench.engine.numerics.BAND_REPLAYS); 0:
     # none (A/B: only the baseline's first pool needs the band the verdict judges against).
     numerics_band_replays: int = NUMERICS_BAND_REPLAYS
-    # Plain replays (ddpbench.engine.numerics.REPLAYS): two tell whether the step is deterministic.
+    # Plain replays (ddpbench.engine.numerics.REPLAYS: two, whose difference tells whether the step
+    # is deterministic). A/B mode asks the candidate for one, and for the second only where the
+    # first differs from the baseline's (gates/ab/pairs_loop.py); an engine that predates the field
+    # takes two.
     numerics_replays: int = NUMERICS_REPLAYS
     # After the recorded rounds, this many rounds of each of the workload's variants
     # (Workload.variants), interleaved with as many more rounds of the workload itself; 0: none.
@@ -231,6 +234,7 @@ class RankSession:
         self.census: dict[str, Any] | None = None  # the census round's record (plan.census)
         self.memory_census: dict[str, Any] | None = None  # the memory census's record (plan.memory_census)
         self.numerics: dict[str, Any] | None = None  # the numerics replay's record (plan.numerics_steps)
+        self._numerics_first_run = None  # a lone replay's run, kept for replay_numerics_again
         self._dynamo_at_start = None
         self._compiled_entries = EntryHistory()  # the rounds' compiled-frame entries so far (check_rounds)
         self.variant_times: dict[str, list[float]] = {}
@@ -339,13 +343,44 @@ class RankSession:
         if (not self.plan.numerics_steps or self.numerics is not None
                 or not getattr(self.workload, "numerics_replay", True)):  # duck-typed workloads lack it
             return
+        replays = max(1, int(getattr(self.plan, "numerics_replays", NUMERICS_REPLAYS) or NUMERICS_REPLAYS))
+        first_run: list = []
+
+        def replay(workload, ctx, steps, **options):  # keeps the first plain replay, should a second be asked for
+            run = replay_once(workload, ctx, steps, **options)
+            if options.get("perturbation") is None:
+                first_run[:] = first_run or [run]
+            return run
+
         with pinned_to(self.core):
             with self.clock.phase("setup"):
                 self.close()
             with self.clock.phase("numerics"):
-                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps,
-                                              replays=getattr(self.plan, "numerics_replays", 2),
-                                              band_replays=getattr(self.plan, "numerics_band_replays", 0))
+                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps, replays,
+                                              getattr(self.plan, "numerics_band_replays", 0), replay)
+        self._numerics_first_run = first_run[0] if first_run and replays < NUMERICS_REPLAYS else None
+        if rebuild:
+            self.refresh(max(1, self.plan.warmup))
+
+    def replay_numerics_again(self, rebuild: bool = False) -> None:
+        """The second replay, after :meth:`replay_numerics` took one (``plan.numerics_replays`` 1):
+        the record becomes the one two replays give (their band, ``not_reproducible``); the state
+        is torn down first and, with ``rebuild``, built and warmed up anew."""
+        first = self._numerics_first_run
+        if first is None:
+            return
+        self._numerics_first_run = None
+        runs = iter([first])
+
+        def replay(workload, ctx, steps, **options):  # the first replay as it was taken, then new ones
+            return next(runs, None) or replay_once(workload, ctx, steps, **options)
+
+        with pinned_to(self.core):
+            with self.clock.phase("setup"):
+                self.close()
+            with self.clock.phase("numerics"):
+                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps, NUMERICS_REPLAYS,
+                                              getattr(self.plan, "numerics_band_replays", 0), replay)
         if rebuild:
             self.refresh(max(1, self.plan.warmup))
 

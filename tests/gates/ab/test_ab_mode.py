@@ -162,6 +162,7 @@ def test_bad_sides_stop_the_run_with_a_usage_error(pytester, args, message):
     result.stderr.fnmatch_lines([message])
 
 
+@pytest.mark.ab_pools  # two pools per side, taking turns: every pool pair must see the slowdown
 def test_a_slowdown_on_the_candidate_side_is_a_regression_and_exits_1(pytester):
     pytester.makepyfile(test_bench=SLEEPY)
     # FAST's 8 s cap ends the case after a look or two: the last look taken spends what is left of

@@ -31,7 +31,8 @@ class NumericsPool(FakePool):
 
     def run(self, fn, *args, timeout_s=None):
         if fn is tasks.start:
-            self.plans.append((args[2].numerics_replays, args[2].numerics_band_replays))
+            plan = args[2]  # None: no replay asked of this pool
+            self.plans.append((plan.numerics_replays, plan.numerics_band_replays) if plan.numerics_steps else None)
             return [{"estimate_s": ROUND_S, "ops_per_round": 1, "numerics": _rank(self.salt)} for _ in range(2)]
         if fn is tasks.finish:
             return [{"numerics": _rank(self.salt)} for _ in range(2)]
@@ -49,9 +50,15 @@ def _case(salts: dict[str, list[str]]):
 
 def test_only_the_baseline_s_first_pool_measures_the_band():
     outcome, plans = _case({"baseline": ["a", "a"], "candidate": ["a", "a"]})
-    # (plain replays, perturbed ones) per pool: the band once, on the baseline's first pool
-    assert plans == {"baseline": [(2, BAND_REPLAYS), (1, 0)], "candidate": [(2, 0), (1, 0)]}
+    # (plain replays, perturbed ones) per pool: the band once, on the baseline's first pool; the
+    # candidate's first pool replays once (issue 62); sides that agree ask no later pool to replay
+    assert plans == {"baseline": [(2, BAND_REPLAYS), None], "candidate": [(1, 0), None]}
     assert outcome.stopped_by_numerics is None
+
+
+def test_sides_whose_first_replays_differ_replay_once_more_on_a_later_pool():
+    _, plans = _case({"baseline": ["a", "b"], "candidate": ["c", "d"]})
+    assert plans == {"baseline": [(2, BAND_REPLAYS), (1, 0)], "candidate": [(1, 0), (1, 0)]}
 
 
 def test_pools_of_one_side_that_replay_differently_are_a_per_process_salt():

@@ -22,7 +22,10 @@ from helpers.broken_workloads import (UnshardedEpoch, moved_boundaries, swapped_
                               transposed_shapes)
 
 SPEC = PoolSpec("gloo", 2, "cpu")
-ONE_ROUND = RoundPlan(warmup=0, rounds=1)
+# Not about the censuses: each of their four epochs would start every loader worker again (a
+# spawned worker imports torch), none of which any test here reads. (Datasets take no numerics replay.)
+NO_CENSUS = dict(census=False, memory_census=False)
+ONE_ROUND = RoundPlan(warmup=0, rounds=1, **NO_CENSUS)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +122,7 @@ def test_stacked_handover_with_spawned_workers_and_the_reported_loader(pool):
     spec = D.DatasetSpec("stacked", 64, shape=(3, 16, 16))
     with D.DatasetEpoch.handed_over(spec, "file_descriptor", num_workers=2, worker_start="spawn",
                                     batch_size=8, sampler="distributed", collate="stack") as epoch:
-        metrics = _measure(pool, epoch, RoundPlan(warmup=0, rounds=2), timeout_s=120)
+        metrics = _measure(pool, epoch, RoundPlan(warmup=0, rounds=2, **NO_CENSUS), timeout_s=120)
         info = epoch.extra_info(2, 0.5)
     assert [m["received_samples"] for m in metrics] == [64, 64]
     assert info["samples_per_rank"] == 32 and info["samples_per_second"] == 64.0
@@ -134,7 +137,7 @@ def test_ranks_build_their_own_data_with_persistent_workers(pool, layout):
     spec = D.DatasetSpec(layout, 48, shape=(3, 8, 8))
     with D.DatasetEpoch.built_in_ranks(spec, "file_descriptor", num_workers=2, persistent_workers=True,
                                        sampler="distributed", collate="stack", batch_size=8) as epoch:
-        metrics = _measure(pool, epoch, RoundPlan(warmup=1, rounds=2))
+        metrics = _measure(pool, epoch, RoundPlan(warmup=1, rounds=2, **NO_CENSUS))
         info = epoch.extra_info(2, 1.0)
     assert all(m["build_seconds"] > 0 and "share_seconds" not in m for m in metrics)
     assert info["data_source"] == "rank" and info["persistent_workers"] is True

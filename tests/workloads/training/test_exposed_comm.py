@@ -227,6 +227,7 @@ def test_one_rank(dist_benchmark):
 """
 
 
+@pytest.mark.exposed_comm
 def test_a_one_rank_transformer_case_records_its_exposed_communication(pytester):
     pytester.makepyfile(test_one=ONE_RANK)
     result = pytester.runpytest_subprocess("--dist-rounds=2", "--dist-warmup=1", "--benchmark-json=out.json",

@@ -96,7 +96,7 @@ def test_benchmark_check_fails_when_ranks_diverge(pool):
                                               ("manual", "lstm", 1)])
 def test_benchmark_check_passes_the_real_loops(pool, impl, model, accum):
     workload = Training(model, impl, batch_size=8, grad_accum=accum)
-    pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
+    pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2, numerics_steps=0), timeout_s=180)
 
 
 def test_benchmark_check_passes_once_the_model_fits_its_data(pool):
@@ -104,7 +104,7 @@ def test_benchmark_check_passes_once_the_model_fits_its_data(pool):
     rounding alone put the tiny gradient 6% off the float64 reference (and the cnn's on an H100
     after a default-length case). The check's step now trains on fresh batches."""
     workload = Training("mlp", "manual", batch_size=8, grad_accum=2)
-    results = pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=100), timeout_s=180)
+    results = pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=100, numerics_steps=0), timeout_s=180)
     assert results[0].metrics["final_loss"] < 1e-4  # the model did fit its data
 
 
@@ -114,7 +114,7 @@ def test_the_reference_pools_the_elements_the_float32_step_picked(pool):
     elsewhere, 0.6% off on the first convolution (make bench failed there 1 run in 8). The reference
     now follows the step's own routing."""
     workload = Training("cnn", "ddp", batch_size=32, grad_accum=1)  # as the benchmark builds it
-    pool.run(measure_workload, workload, RoundPlan(warmup=2, rounds=49), timeout_s=180)
+    pool.run(measure_workload, workload, RoundPlan(warmup=2, rounds=49, numerics_steps=0), timeout_s=180)
 
 
 def test_max_pool_routing_records_and_replays_the_picked_elements():
@@ -152,7 +152,7 @@ def test_benchmark_check_catches_a_broken_loop(pool, broken, samples, message):
     # Every one of these keeps the ranks equal, which is all the old check compared.
     workload = broken("mlp", "manual", batch_size=8, grad_accum=2 if samples == 32 else 1)
     with pytest.raises(TaskFailed, match=r"manual/mlp on rank 0: " + CHECK_FAILS.format(samples) + ": " + message):
-        pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
+        pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2, numerics_steps=0), timeout_s=180)
 
 
 @pytest.mark.pool
@@ -161,10 +161,10 @@ def test_benchmark_check_at_world_size_1_catches_a_skipped_step():
     single = RankPool(PoolSpec("gloo", 1, "cpu"))
     try:
         single.run(measure_workload, Training("mlp", "manual", batch_size=8),
-                   RoundPlan(warmup=0, rounds=1), timeout_s=180)
+                   RoundPlan(warmup=0, rounds=1, numerics_steps=0), timeout_s=180)
         with pytest.raises(TaskFailed, match=CHECK_FAILS.format(8) + ": the parameters did not move"):
             single.run(measure_workload, SkippedStepTraining("mlp", "manual", batch_size=8),
-                       RoundPlan(warmup=0, rounds=1), timeout_s=180)
+                       RoundPlan(warmup=0, rounds=1, numerics_steps=0), timeout_s=180)
     finally:
         single.close()
 
@@ -173,14 +173,14 @@ def _measure_with_broken_reduction(ctx, workload):
     original = loops.reduce_gradients
     loops.reduce_gradients = _broken_reduction
     try:
-        return measure_workload(ctx, workload, RoundPlan(warmup=0, rounds=2))
+        return measure_workload(ctx, workload, RoundPlan(warmup=0, rounds=2, numerics_steps=0))
     finally:
         loops.reduce_gradients = original
 
 
 def test_cpu_peak_memory_is_counted_by_the_memory_census(pool):
     results = pool.run(measure_workload, Training("mlp", "manual", batch_size=8),
-                       RoundPlan(warmup=0, rounds=1), timeout_s=180)
+                       RoundPlan(warmup=0, rounds=1, numerics_steps=0), timeout_s=180)
     param_bytes = sum(p.numel() * 4 for p in training.build_model("mlp").parameters())
     for measurement in results:
         memory = measurement.metrics["memory"]
@@ -210,7 +210,7 @@ def test_benchmark_check_passes_lightning(pool):
     # The reference step reads the micro-batches Lightning's training_step received (it prefetches,
     # so the data cursor runs ahead) and the gradients it leaves until the next step's backward.
     workload = Training("mlp", "lightning", batch_size=8, grad_accum=4)
-    pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2), timeout_s=180)
+    pool.run(measure_workload, workload, RoundPlan(warmup=0, rounds=2, numerics_steps=0), timeout_s=180)
 
 
 @pytest.mark.skipif(lightning_missing is not None, reason=lightning_missing or "")
@@ -361,7 +361,7 @@ def test_loops_agree_and_pass_their_checks_on_cuda_with_two_ranks_sharing_a_gpu(
         for impl in ["manual"] + impls:
             for model in ("mlp", "cnn", "lstm"):
                 gpu_pool.run(measure_workload, Training(model, impl, batch_size=8, grad_accum=2),
-                             RoundPlan(warmup=0, rounds=2), timeout_s=180)
+                             RoundPlan(warmup=0, rounds=2, numerics_steps=0), timeout_s=180)
         with pytest.raises(TaskFailed, match="gradient reduction is broken"):
             gpu_pool.run(_measure_with_broken_reduction, Training("mlp", "manual", batch_size=8,
                                                                    ), timeout_s=180)

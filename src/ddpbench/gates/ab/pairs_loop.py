@@ -328,6 +328,12 @@ class _Case:
     def _run(self, name: str, j: int, fn, *args):
         return _on(name, j, self.pools[name][j], fn, *args, timeout_s=self.timeout_s)
 
+    @staticmethod
+    def _sides_differ(replays: dict[str, list]) -> bool:
+        """Whether both sides' first pools replayed the numerics and their digests differ."""
+        firsts = [replays[name][0] if replays[name] else None for name in _SIDES]
+        return all(r is not None for r in firsts) and firsts[0].get("digests") != firsts[1].get("digests")
+
     def start(self, workloads: dict[str, Any], plan) -> int:
         """Set each side's own workload up on its pools and warm it up; returns the rounds per block."""
         estimates = []
@@ -335,11 +341,16 @@ class _Case:
         for j in range(self.pool_pairs):
             for name in _SIDES:
                 self.live.append(self.pools[name][j])
-                replies = self._run(name, j, tasks.start, self.key, workloads[name], numerics_band_plan(plan, name, j))
+                replies = self._run(name, j, tasks.start, self.key, workloads[name],
+                                    pool_plan(plan, name, j, sides_differ=self._sides_differ(replays)))
                 estimates.append(max(reply["estimate_s"] for reply in replies))
+                if j == 0 and name == schedule.CANDIDATE and lone_replay_differs(self.numerics, replies):
+                    again = self._run(name, j, tasks.numerics_again, self.key)
+                    replies = [dict(reply, numerics=more["numerics"]) for reply, more in zip(replies, again)]
                 if j == 0:  # a baseline whose engine predates the census replies without one
                     self.censuses[name] = combine_census([reply.get("census") for reply in replies])
                     self.memories[name] = combine_memory([reply.get("memory") for reply in replies])
+                    self.numerics[name] = combine_numerics([reply.get("numerics") for reply in replies])
                 replays[name].append(combine_numerics([reply.get("numerics") for reply in replies]))
                 # Every pool times the ops per round the first one chose ("auto" chooses once).
                 plan = dataclasses.replace(plan, ops_per_round=replies[0]["ops_per_round"])
@@ -419,6 +430,42 @@ class _Case:
 
 
 _SIDES = (schedule.BASELINE, schedule.CANDIDATE)
+
+
+def pool_plan(plan, side: str, j: int, sides_differ: bool = False):
+    """The plan pool ``j`` of ``side`` starts the case with. The exact answers (censuses, numerics)
+    are taken on each side's first pool: the baseline's replays twice and measures the band
+    (numerics_band_plan: the verdict judges against the baseline's), the candidate's replays once,
+    and a second time only where that replay differs from the baseline's
+    (:func:`lone_replay_differs`). A later pool takes no census, and replays the numerics (once,
+    plain) only where the two sides' first replays differ (``sides_differ``): whether each side
+    replays alike in two processes (engine.numerics.across_processes) is what tells a per-process
+    salt from a change, and where the sides agree two processes already replayed alike."""
+    if j > 0:
+        plan = dataclasses.replace(plan, census=False, memory_census=False)
+        if not sides_differ or not plan.numerics_steps:
+            return dataclasses.replace(plan, numerics_steps=0)
+        return numerics_band_plan(plan, side, j)
+    if not plan.numerics_steps:
+        return plan
+    if side == schedule.CANDIDATE:
+        plan = dataclasses.replace(plan, numerics_replays=1)
+    return numerics_band_plan(plan, side, j)
+
+
+def lone_replay_differs(numerics: dict[str, Any], replies: list[dict]) -> bool:
+    """Whether the candidate's first pool, which replayed the numerics once (its ranks' ``replies``
+    to tasks.start say ``replays: 1``; an engine that predates the choice replays twice), must replay
+    a second time: its digests differ from the baseline's (``numerics``: per side, the combined
+    record so far), so the verdict reads its band and whether it reproduces itself."""
+    records = [reply.get("numerics") for reply in replies]
+    if not records or any(r is None or r.get("replays") != 1 for r in records):
+        return False
+    baseline = numerics.get(schedule.BASELINE)
+    if baseline is None:  # nothing to compare with: the verdict is not counted whatever the replays
+        return False
+    candidate = combine_numerics(records)
+    return candidate is None or candidate.get("digests") != baseline.get("digests")
 
 
 def run_case(pools: dict[str, list], workload, plan, settings: ABSettings, timeout_s: float,

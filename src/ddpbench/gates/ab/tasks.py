@@ -25,6 +25,20 @@ def start(ctx, key: str, workload, plan) -> dict:
             "census": session.census, "memory": session.memory_census, "numerics": session.numerics}
 
 
+def numerics_again(ctx, key: str) -> dict:
+    """The numerics' second replay, asked for where a lone first replay (``plan.numerics_replays``
+    1) differs from the other side's: the state is torn down, replayed, built and warmed up anew
+    (as in :func:`start`); returns ``numerics``, this rank's record of both replays."""
+    session = ctx.scratch[key]
+    try:
+        session.replay_numerics_again(rebuild=True)
+    except BaseException:
+        ctx.scratch.pop(key, None)
+        session.close()
+        raise
+    return {"numerics": session.numerics}
+
+
 def block(ctx, key: str, rounds: int, fresh_state: bool = False) -> tuple[list[float], list | None]:
     """One block of recorded rounds: (this rank's round times, its CPU per round); with
     ``fresh_state``, the workload is set up anew (and warmed up one round) first, untimed."""

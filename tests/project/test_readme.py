@@ -299,8 +299,13 @@ def test_make_bench_runs_saves_and_reports(suite_copy, monkeypatch):
     # One small case instead of the whole suite; -o: never rebuild the venv from here.
     monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:cacheprovider -m 'not gpu and not slow' "
                        "-k test_all_reduce --dist-sizes=4KB --dist-rounds=3 --dist-warmup=1")
-    out = subprocess.run(["make", "bench", f"VENV={venv}", "-o", f"{venv}/.ddpbench-installed"],
-                         cwd=suite_copy, capture_output=True, text=True, timeout=300)
+    try:
+        out = subprocess.run(["make", "bench", f"VENV={venv}", "-o", f"{venv}/.ddpbench-installed"],
+                             cwd=suite_copy, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as exc:  # say where it stood, not only that it took too long
+        def text(data):
+            return (data.decode(errors="replace") if isinstance(data, bytes) else data or "")[-4000:]
+        pytest.fail(f"make bench ran past 300 s; its output so far:\n{text(exc.stdout)}\n{text(exc.stderr)}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "test_all_reduce[gloo-2p-4KB] PASSED" in out.stdout or "1 passed" in out.stdout
     assert "Bus Bandwidth (GB/s)" in out.stdout  # the report's collectives table

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from nanogpt_numerics import model_py  # its neighbour: nanoGPT's model.py read the same way
+
 from ddpbench.workloads import Workload
 from ddpbench.workloads.training.transformer import COMM_HOOKS, TransformerTraining, _TransformerLoop
 
@@ -351,20 +353,6 @@ def table_part(pools: dict, rows: dict) -> None:
                   f"{verdict.line} |", flush=True)
 
 
-def nanogpt_model(args, scratch: Path) -> str | None:
-    import subprocess
-
-    if args.model_py:
-        return args.model_py if Path(args.model_py).is_file() else None
-    shown = subprocess.run(["git", f"--git-dir={args.nanogpt_git_dir}", "show", "HEAD:model.py"],
-                           capture_output=True, text=True)
-    if shown.returncode != 0:
-        return None
-    path = scratch / "model.py"
-    path.write_text(shown.stdout)
-    return str(path)
-
-
 def transformer_rows(four: bool) -> list:
     t = TransformerLikeNanoGPT(grad_accum=2)
     rows = [("harmless", "gradient_as_bucket_view", dataclasses.replace(t, gradient_as_bucket_view=True), None),
@@ -419,7 +407,7 @@ def main() -> int:
         return pools[n]
 
     with tempfile.TemporaryDirectory() as scratch:
-        path = nanogpt_model(args, Path(scratch))
+        path = model_py(args, Path(scratch))
         families: dict = {}
         t = me.TransformerLikeNanoGPT(grad_accum=2)
         for n in (2, 4):

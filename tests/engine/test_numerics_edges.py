@@ -160,14 +160,8 @@ def test_modules_listed_in_another_order_are_the_same_tensors():
     assert verdict.line.startswith("same (bitwise)"), verdict.line
 
 
-class Compiled(Workload):
-    def __init__(self, compiled=False):
-        self.compiled = compiled
-
-    def setup(self, ctx):
-        model = _mlp()
-        return {"model": torch.compile(model, backend="eager") if self.compiled else model, "x": torch.randn(4, 8),
-                "optimizer": torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)}
+class _SquareLossStep(Workload):
+    """One SGD step on ``state``'s model, input and optimizer: the mean square of the output."""
 
     def run_round(self, state):
         state["optimizer"].zero_grad()
@@ -177,6 +171,16 @@ class Compiled(Workload):
         return loss
 
 
+class Compiled(_SquareLossStep):
+    def __init__(self, compiled=False):
+        self.compiled = compiled
+
+    def setup(self, ctx):
+        model = _mlp()
+        return {"model": torch.compile(model, backend="eager") if self.compiled else model, "x": torch.randn(4, 8),
+                "optimizer": torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)}
+
+
 def test_a_compiled_model_s_parameters_keep_their_names():
     compiled = _record(Compiled(compiled=True))
     assert not any("_orig_mod" in name for name in compiled["names"])
@@ -184,7 +188,7 @@ def test_a_compiled_model_s_parameters_keep_their_names():
     assert verdict.verdict == "same", verdict.line
 
 
-class Urandom(Workload):
+class Urandom(_SquareLossStep):
     """A set-up that draws from the OS on the candidate (``urandom``): not reproducible."""
 
     def __init__(self, urandom=False):
@@ -196,13 +200,6 @@ class Urandom(Workload):
             with torch.no_grad():
                 model[0].weight.add_(int.from_bytes(os.urandom(2), "little") * 1e-6)
         return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "x": torch.randn(4, 8)}
-
-    def run_round(self, state):
-        state["optimizer"].zero_grad()
-        loss = state["model"](state["x"]).square().mean()
-        loss.backward()
-        state["optimizer"].step()
-        return loss
 
 
 def test_a_candidate_whose_set_up_stops_being_reproducible_is_a_regression_until_accepted():

@@ -352,12 +352,7 @@ class RankSession:
                 first_run[:] = first_run or [run]
             return run
 
-        with pinned_to(self.core):
-            with self.clock.phase("setup"):
-                self.close()
-            with self.clock.phase("numerics"):
-                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps, replays,
-                                              getattr(self.plan, "numerics_band_replays", 0), replay)
+        self._take_numerics(replays, replay)
         self._numerics_first_run = first_run[0] if first_run and replays < NUMERICS_REPLAYS else None
         if rebuild:
             self.refresh(max(1, self.plan.warmup))
@@ -375,14 +370,19 @@ class RankSession:
         def replay(workload, ctx, steps, **options):  # the first replay as it was taken, then new ones
             return next(runs, None) or replay_once(workload, ctx, steps, **options)
 
+        self._take_numerics(NUMERICS_REPLAYS, replay)
+        if rebuild:
+            self.refresh(max(1, self.plan.warmup))
+
+    def _take_numerics(self, replays: int, replay) -> None:
+        """The session's state torn down, then the numerics record of ``replays`` plain replays (and
+        the plan's band) taken through ``replay``, pinned as the rounds are."""
         with pinned_to(self.core):
             with self.clock.phase("setup"):
                 self.close()
             with self.clock.phase("numerics"):
-                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps, NUMERICS_REPLAYS,
+                self.numerics = take_numerics(self.workload, self.ctx, self.plan.numerics_steps, replays,
                                               getattr(self.plan, "numerics_band_replays", 0), replay)
-        if rebuild:
-            self.refresh(max(1, self.plan.warmup))
 
     def record(self, rounds: int, stop_when_precise: bool = False) -> tuple[list[float], list | None]:
         """Up to ``rounds`` recorded rounds; with ``stop_when_precise``, fewer once the median of
